@@ -1,0 +1,1 @@
+"""orch agent: runs inside the container; imports the standard library, libtmux, pynvml and orchestrator.model only."""

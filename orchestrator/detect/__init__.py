@@ -1,0 +1,1 @@
+"""Pure detectors: a target's snapshot history (and host probes) in, findings out."""

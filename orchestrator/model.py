@@ -1,0 +1,407 @@
+"""The wire format shared by the operator side and the in-container agent.
+
+Plain frozen dataclasses with ``to_dict``/``from_dict``. This module is copied
+into the agent bundle, so it imports the standard library only. Every snapshot
+carries ``schema_version``; a reader refuses a version newer than it knows
+(:func:`check_schema`), because guessing at fields from the future would turn a
+protocol problem into a wrong diagnosis.
+
+Units live in field names (``memory_used_mib``, ``power_w``, ``taken_at`` is
+Unix seconds). A reading that is missing is ``None``, never a magic number.
+
+>>> g = GpuSample(index=3, uuid="GPU-3", name="H200", utilization_pct=100.0,
+...               memory_used_mib=0.0, memory_total_mib=143771.0)
+>>> GpuSample.from_dict(g.to_dict()) == g
+True
+>>> Severity.CRITICAL > Severity.WARNING
+True
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import sys
+import types
+import typing
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+
+class SchemaError(ValueError):
+    """A dict could not be read as the dataclass asked for (wrong type, future schema)."""
+
+
+class Severity(enum.IntEnum):
+    """How bad a finding is; ``max()`` of several gives the worst."""
+
+    INFO = 0
+    WARNING = 1
+    CRITICAL = 2
+
+    def __str__(self) -> str:
+        return self.name.lower()
+
+
+# --- generic conversion ----------------------------------------------------------------------
+
+_HINTS: dict[type, dict[str, Any]] = {}
+
+
+def _hints(cls: type) -> dict[str, Any]:
+    if cls not in _HINTS:
+        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
+    return _HINTS[cls]
+
+
+def _dump(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return {f.name: _dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
+    if isinstance(value, enum.Enum):
+        return str(value) if isinstance(value, Severity) else value.value
+    if isinstance(value, (list, tuple)):
+        return [_dump(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _dump(v) for k, v in value.items()}
+    return value
+
+
+def _load(tp: Any, value: Any, path: str) -> Any:
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None:
+            if type(None) in args:
+                return None
+            raise SchemaError(f"{path}: null not allowed")
+        last: Exception | None = None
+        for arg in args:
+            if arg is type(None):
+                continue
+            try:
+                return _load(arg, value, path)
+            except (SchemaError, TypeError, ValueError) as exc:
+                last = exc
+        raise SchemaError(str(last) if last else f"{path}: bad value")
+    if tp is Any:
+        return value
+    if origin is tuple:
+        if not isinstance(value, (list, tuple)):
+            raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
+        (item_tp, *_rest) = typing.get_args(tp) or (Any,)
+        return tuple(_load(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
+    if origin is dict:
+        if not isinstance(value, dict):
+            raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
+        _k, v_tp = typing.get_args(tp) or (str, Any)
+        return {str(k): _load(v_tp, v, f"{path}.{k}") for k, v in value.items()}
+    if isinstance(tp, type) and issubclass(tp, Severity):
+        if isinstance(value, str):
+            try:
+                return Severity[value.upper()]
+            except KeyError:
+                raise SchemaError(f"{path}: unknown severity {value!r}") from None
+        return Severity(int(value))
+    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, path)
+    if tp is float:
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise SchemaError(f"{path}: expected a number, got {value!r:.40}")
+        return float(value)
+    if tp is int:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise SchemaError(f"{path}: expected an integer, got {value!r:.40}")
+        return value
+    if tp is str:
+        if not isinstance(value, str):
+            raise SchemaError(f"{path}: expected a string, got {value!r:.40}")
+        return value
+    if tp is bool:
+        if not isinstance(value, bool):
+            raise SchemaError(f"{path}: expected true/false, got {value!r:.40}")
+        return value
+    return value
+
+
+def _from_dict(cls: type[T], data: Any, path: str = "") -> T:
+    if not isinstance(data, dict):
+        raise SchemaError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
+    hints = _hints(cls)
+    kwargs = {}
+    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+        if f.name in data:
+            kwargs[f.name] = _load(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name)
+    try:
+        return cls(**kwargs)
+    except TypeError as exc:
+        raise SchemaError(f"{path or cls.__name__}: {exc}") from None
+
+
+class Wire:
+    """Mixin: ``to_dict`` gives JSON-native data; ``from_dict`` ignores unknown keys."""
+
+    __slots__ = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return _dump(self)  # type: ignore[no-any-return]
+
+    @classmethod
+    def from_dict(cls: type[T], data: Any) -> T:
+        return _from_dict(cls, data)
+
+
+def check_schema(data: Any) -> None:
+    """Refuse a document from a newer orch (or one without a version).
+
+    >>> check_schema({"schema_version": 1})
+    >>> check_schema({"schema_version": 99})
+    Traceback (most recent call last):
+    ...
+    orchestrator.model.SchemaError: schema_version 99 is newer than this orch understands (1); upgrade orch
+    """
+    if not isinstance(data, dict):
+        raise SchemaError(f"expected a JSON object, got {type(data).__name__}")
+    version = data.get("schema_version")
+    if not isinstance(version, int) or isinstance(version, bool):
+        raise SchemaError(f"missing or bad schema_version: {version!r:.40}")
+    if version > SCHEMA_VERSION:
+        raise SchemaError(
+            f"schema_version {version} is newer than this orch understands "
+            f"({SCHEMA_VERSION}); upgrade orch"
+        )
+
+
+# --- GPUs ------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class GpuProcess(Wire):
+    """A compute process holding a GPU, as NVML reports it (a host PID inside LXC)."""
+
+    pid: int
+    used_memory_mib: float | None = None
+    name: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class GpuSample(Wire):
+    """One GPU at one instant.
+
+    ``error`` is set (e.g. ``"gpu-lost"``) when this device failed while others
+    answered; the readings are then ``None``.
+    """
+
+    index: int
+    uuid: str | None = None
+    name: str | None = None
+    utilization_pct: float | None = None
+    memory_used_mib: float | None = None
+    memory_total_mib: float | None = None
+    temperature_c: float | None = None
+    power_w: float | None = None
+    processes: tuple[GpuProcess, ...] | None = None
+    error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class NvmlStatus(Wire):
+    """How the GPU readings were obtained, or why they could not be.
+
+    ``source``: ``"nvml"`` (pynvml), ``"nvidia-smi"`` (fallback) or ``None``.
+    ``error_kind``: ``library-not-found``, ``driver-not-loaded``, ``driver-mismatch``,
+    ``gpu-lost``, ``timeout`` or ``other``; ``None`` when all went well.
+    """
+
+    ok: bool
+    source: str | None = None
+    error_kind: str | None = None
+    message: str | None = None
+    driver_version: str | None = None
+    elapsed_ms: float | None = None
+
+
+# --- tmux, processes, run --------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class SessionState(Wire):
+    """The run's tmux session. ``pane_dead_signal`` is set when a signal ended the pane."""
+
+    name: str
+    exists: bool
+    server_running: bool = True
+    pane_dead: bool | None = None
+    pane_dead_status: int | None = None
+    pane_dead_signal: int | None = None
+    pane_pid: int | None = None
+    pane_tail: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True, slots=True)
+class ProcessInfo(Wire):
+    """One process of the run's tree, from /proc. ``cpu_pct`` is over the last interval."""
+
+    pid: int
+    ppid: int
+    name: str
+    state: str
+    cpu_pct: float | None = None
+    rss_mib: float | None = None
+    threads: int | None = None
+    zombie: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class RunManifest(Wire):
+    """What was started, written to ``<run-dir>/manifest.json`` at launch.
+
+    ``env`` holds only the variables orch set, secret-looking values masked.
+    """
+
+    run_id: str
+    command: str
+    workdir: str
+    session: str
+    started_at: float
+    gpus: tuple[int, ...] = ()
+    env: dict[str, str] = field(default_factory=dict)
+    git_rev: str | None = None
+    orch_version: str | None = None
+    target: str | None = None
+    schema_version: int = SCHEMA_VERSION
+
+
+@dataclass(frozen=True, slots=True)
+class RunState(Wire):
+    """The newest run directory as seen by the agent.
+
+    ``new_log_lines`` are the complete lines appended since the previous snapshot
+    (by byte offset ``log_offset``); the first snapshot returns at most the tail.
+    """
+
+    run_id: str
+    run_dir: str
+    manifest: RunManifest | None = None
+    log_path: str | None = None
+    log_exists: bool = False
+    log_size_bytes: int | None = None
+    log_mtime: float | None = None
+    log_offset: int = 0
+    new_log_lines: tuple[str, ...] = ()
+    exit_status: int | None = None
+    exit_status_at: float | None = None
+    heartbeat_age_s: float | None = None
+    log_error: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics(Wire):
+    """Training progress parsed from the newest log lines (``None`` when not seen)."""
+
+    step: int | None = None
+    loss: float | None = None
+    tokens_per_s: float | None = None
+    acc_len: float | None = None
+    seen_at: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class AgentCost(Wire):
+    """What producing this snapshot cost inside the container."""
+
+    cpu_ms: float
+    bytes_read: int
+    wall_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Snapshot(Wire):
+    """Everything the agent saw in one observation of one container.
+
+    ``taken_at`` is Unix seconds from the container's clock; detectors use it as
+    their only clock. ``errors`` holds agent-side problems that are data, not
+    crashes (e.g. ``"log deleted"``).
+    """
+
+    target: str
+    taken_at: float
+    schema_version: int = SCHEMA_VERSION
+    session: SessionState | None = None
+    run: RunState | None = None
+    processes: tuple[ProcessInfo, ...] = ()
+    gpus: tuple[GpuSample, ...] = ()
+    nvml: NvmlStatus | None = None
+    metrics: Metrics | None = None
+    cost: AgentCost | None = None
+    errors: tuple[str, ...] = ()
+    reachable: bool = True
+    container_status: str | None = None
+
+    @classmethod
+    def unreachable(cls, target: str, at: float, reason: str) -> Snapshot:
+        """The marker the operator records when the transport failed: no data, not a death."""
+        return cls(target=target, taken_at=at, reachable=False, errors=(reason,))
+
+
+# --- host side -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent(Wire):
+    """A kernel-log line that matters: ``kind`` is ``xid``, ``fallen-off-bus`` or ``oom-killer``."""
+
+    kind: str
+    line: str
+    at: float | None = None
+    xid: int | None = None
+    pci: str | None = None
+    pid: int | None = None
+    process: str | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class HostProbe(Wire):
+    """What the Proxmox host says about a container: ``pct status``, kernel log, GPU PIDs.
+
+    ``gpu_pids`` maps a host PID holding a GPU to the vmid whose cgroup owns it
+    (``None`` for a host process).
+    """
+
+    host: str
+    taken_at: float
+    container_status: dict[int, str] = field(default_factory=dict)
+    kernel_events: tuple[KernelEvent, ...] = ()
+    gpu_pids: dict[str, int | None] = field(default_factory=dict)
+    kernel_log_source: str | None = None
+    errors: tuple[str, ...] = ()
+
+
+# --- judgement -------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Finding(Wire):
+    """One thing a detector concluded about a target.
+
+    ``kind`` is a stable kebab-case name (``ghost-utilization``) shared by the CLI
+    filter, the Prometheus label, the playbook id and the test-case folders.
+    ``since`` is the ``taken_at`` of the first sample that showed it.
+    """
+
+    kind: str
+    severity: Severity
+    target: str
+    summary: str
+    gpus: tuple[int, ...] = ()
+    since: float | None = None
+    evidence: tuple[str, ...] = ()
+    playbook: str | None = None
+
+    @property
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        """Identity for deduplicating alerts: the same kind on the same GPUs."""
+        return (self.target, self.kind, self.gpus)

@@ -1,0 +1,1 @@
+"""Renderers: watch (rich Live), check (exit codes, alerts), export (Prometheus), report (postmortem)."""
