@@ -138,6 +138,20 @@ class CommandTimeout(TransportError):
         )
 
 
+class CommandFailed(OrchError):
+    """A helper command orch itself needed (write a file, ``pct push``) failed remotely (exit 1).
+
+    >>> str(CommandFailed("pve1", "pct push 200 /tmp/x /root/a", 255, "failed to create file"))
+    "pve1: command failed (exit 255): 'pct push 200 /tmp/x /root/a': failed to create file"
+    """
+
+    def __init__(self, host: str, command: str, exit_status: int | None, stderr: str) -> None:
+        self.host, self.command, self.exit_status, self.stderr = host, command, exit_status, stderr
+        status = "unknown" if exit_status is None else str(exit_status)
+        detail = stderr.strip().splitlines()[-1][:300] if stderr.strip() else "no error output"
+        super().__init__(f"{host}: command failed (exit {status}): {command!r}: {detail}")
+
+
 class ContainerError(OrchError):
     """Something about the LXC container itself."""
 

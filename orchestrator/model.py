@@ -97,8 +97,8 @@ def _load(tp: Any, value: Any, path: str) -> Any:
     if origin is dict:
         if not isinstance(value, dict):
             raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
-        _k, v_tp = typing.get_args(tp) or (str, Any)
-        return {str(k): _load(v_tp, v, f"{path}.{k}") for k, v in value.items()}
+        k_tp, v_tp = typing.get_args(tp) or (str, Any)
+        return {_key(k_tp, k, path): _load(v_tp, v, f"{path}.{k}") for k, v in value.items()}
     if isinstance(tp, type) and issubclass(tp, Severity):
         if isinstance(value, str):
             try:
@@ -125,6 +125,16 @@ def _load(tp: Any, value: Any, path: str) -> Any:
             raise SchemaError(f"{path}: expected true/false, got {value!r:.40}")
         return value
     return value
+
+
+def _key(tp: Any, key: Any, path: str) -> Any:
+    """A mapping key read back from JSON, where every key is a string (``dict[int, ...]``)."""
+    if tp is int and not isinstance(key, int):
+        try:
+            return int(key)
+        except ValueError:
+            raise SchemaError(f"{path}: key {key!r:.40} is not an integer") from None
+    return key if tp is int else str(key)
 
 
 def _from_dict(cls: type[T], data: Any, path: str = "") -> T:

@@ -38,6 +38,10 @@ class Limits:
     min_free_disk_gib: float = 5.0
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     """Application-level Xids (per NVIDIA's k8s device plugin) that are not hardware faults."""
+    stall_busy_util_pct: float = 90.0
+    """A stalled run whose GPUs average at or above this is spinning (stuck kernel, NCCL hang)."""
+    throughput_baseline_samples: int = 10
+    """How many earlier tokens/s readings form the rolling baseline (their median)."""
 
     def merged(self, overrides: dict[str, Any]) -> Limits:
         """A copy with ``overrides`` applied (keys already validated by config.py)."""

@@ -1,0 +1,521 @@
+"""GPU readings inside the container: pynvml under a deadline, nvidia-smi as the fallback.
+
+Equivalent shell command (what the seeds ran every poll)::
+
+    nvidia-smi --query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,\
+temperature.gpu,power.draw,driver_version --format=csv,noheader,nounits
+    nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name \
+--format=csv,noheader,nounits
+
+NVML failures are data: :class:`GpuCollector.collect` never raises for them; it
+returns an :class:`~orchestrator.model.NvmlStatus` with ``error_kind`` one of
+``library-not-found``, ``driver-not-loaded``, ``driver-mismatch``, ``gpu-lost``,
+``timeout``, ``other``. A lost GPU can make NVML (and nvidia-smi) block forever,
+so every NVML call runs in one worker thread and the caller waits at most
+``deadline_s``; a call still blocked is reported as ``timeout`` naming the call,
+and later collections answer ``timeout`` at once until the worker comes back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import subprocess
+import threading
+import time
+from collections.abc import Callable
+from typing import Any
+
+from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
+
+log = logging.getLogger(__name__)
+
+SMI_GPU_FIELDS = (
+    "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
+    "driver_version"
+)
+SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
+
+# pynvml's NVML_ERROR_* codes -> our stable kinds.
+_NVML_KINDS = {
+    9: "driver-not-loaded",
+    10: "timeout",
+    12: "library-not-found",
+    15: "gpu-lost",
+    18: "driver-mismatch",
+}
+# pynvml codes meaning "this reading does not exist here", not a failure.
+_NVML_ABSENT = {3, 4, 13}  # NOT_SUPPORTED, NO_PERMISSION, FUNCTION_NOT_FOUND
+
+
+def nvml_error_kind(code: int | None) -> str:
+    """Our error kind for an NVML return code.
+
+    >>> nvml_error_kind(18), nvml_error_kind(15), nvml_error_kind(999)
+    ('driver-mismatch', 'gpu-lost', 'other')
+    """
+    return _NVML_KINDS.get(code or 0, "other")
+
+
+def smi_error_kind(text: str) -> str:
+    """Classify an nvidia-smi failure message.
+
+    >>> smi_error_kind("Failed to initialize NVML: Driver/library version mismatch")
+    'driver-mismatch'
+    >>> smi_error_kind("Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.")
+    'gpu-lost'
+    >>> smi_error_kind("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
+    'driver-not-loaded'
+    >>> smi_error_kind("NVML Shared Library Not Found")
+    'library-not-found'
+    >>> smi_error_kind("something odd")
+    'other'
+    """
+    low = text.lower()
+    if "version mismatch" in low:
+        return "driver-mismatch"
+    if "gpu is lost" in low or "fallen off the bus" in low or "requires reset" in low:
+        return "gpu-lost"
+    if "couldn't communicate with the nvidia driver" in low or "driver not loaded" in low:
+        return "driver-not-loaded"
+    if "library not found" in low or "not found" in low and "nvml" in low:
+        return "library-not-found"
+    if "timed out" in low or "timeout" in low:
+        return "timeout"
+    return "other"
+
+
+def _smi_number(text: str) -> float | None:
+    """A numeric csv cell, or ``None`` for ``[N/A]``, ``[Not Supported]``, ``[GPU requires reset]``.
+
+    >>> _smi_number(" 75.12 "), _smi_number("[N/A]"), _smi_number("[GPU requires reset]")
+    (75.12, None, None)
+    """
+    try:
+        return float(text.strip())
+    except ValueError:
+        return None
+
+
+def parse_smi_gpus(text: str) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parse ``--query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits`` output.
+
+    Returns (rows, other lines). A row is a dict of GpuSample fields plus
+    ``driver_version``; lines that are not rows (error messages) come back as-is.
+
+    >>> rows, rest = parse_smi_gpus(
+    ...     "0, GPU-a, NVIDIA H200, 0, 0, 143771, 30, 75.50, 550.54.15\\n"
+    ...     "3, GPU-d, NVIDIA H200, 100, 0, 143771, 41, [N/A], 550.54.15\\n"
+    ...     "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.\\n")
+    >>> rows[1]["utilization_pct"], rows[1]["memory_used_mib"], rows[1]["power_w"]
+    (100.0, 0.0, None)
+    >>> rest
+    ['Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.']
+    """
+    rows: list[dict[str, Any]] = []
+    rest: list[str] = []
+    for line in text.splitlines():
+        if not line.strip():
+            continue
+        cells = [c.strip() for c in line.split(",")]
+        if len(cells) < 9 or not cells[0].isdigit():
+            rest.append(line.strip())
+            continue
+        # a name holding commas: the fixed-width tail tells us where it ends
+        name = ", ".join(cells[2 : len(cells) - 6])
+        tail = cells[len(cells) - 6 :]
+        rows.append(
+            {
+                "index": int(cells[0]),
+                "uuid": cells[1] or None,
+                "name": name or None,
+                "utilization_pct": _smi_number(tail[0]),
+                "memory_used_mib": _smi_number(tail[1]),
+                "memory_total_mib": _smi_number(tail[2]),
+                "temperature_c": _smi_number(tail[3]),
+                "power_w": _smi_number(tail[4]),
+                "driver_version": tail[5] if tail[5] and not tail[5].startswith("[") else None,
+            }
+        )
+    return rows, rest
+
+
+def parse_smi_apps(text: str) -> dict[str, list[GpuProcess]]:
+    """Parse ``--query-compute-apps=SMI_APP_FIELDS --format=csv,noheader,nounits`` by GPU uuid.
+
+    >>> apps = parse_smi_apps("GPU-a, 4242, 80123, python3\\nGPU-a, 77, [N/A], x, y\\nNo running processes found\\n")
+    >>> apps["GPU-a"][0]
+    GpuProcess(pid=4242, used_memory_mib=80123.0, name='python3')
+    >>> apps["GPU-a"][1].name, apps["GPU-a"][1].used_memory_mib
+    ('x, y', None)
+    """
+    out: dict[str, list[GpuProcess]] = {}
+    for line in text.splitlines():
+        cells = [c.strip() for c in line.split(",", 3)]
+        if len(cells) < 3 or not cells[1].isdigit():
+            continue
+        name = cells[3] if len(cells) > 3 and cells[3] and not cells[3].startswith("[") else None
+        out.setdefault(cells[0], []).append(
+            GpuProcess(pid=int(cells[1]), used_memory_mib=_smi_number(cells[2]), name=name)
+        )
+    return out
+
+
+def _proc_name(pid: int) -> str | None:
+    """``/proc/<pid>/comm`` when that PID exists here (inside LXC, NVML gives host PIDs)."""
+    try:
+        with open(f"/proc/{pid}/comm", "rb") as fh:
+            return fh.read(64).decode("utf-8", "replace").strip() or None
+    except OSError:
+        return None
+
+
+class _Worker:
+    """One daemon thread that runs jobs one at a time; the caller waits at most a deadline.
+
+    Jobs always run on the same thread, so NVML sees a single caller. A job
+    that overruns leaves the worker busy; ``submit`` then refuses at once.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._cv = threading.Condition(self._lock)
+        self._job: Callable[[], Any] | None = None
+        self._done = True
+        self._result: Any = None
+        self._error: BaseException | None = None
+        self.busy_since: float | None = None
+        self.step = ""  # what the running job is doing, for the timeout message
+        self._thread = threading.Thread(target=self._loop, name="nvml", daemon=True)
+        self._thread.start()
+
+    def _loop(self) -> None:
+        while True:
+            with self._cv:
+                while self._job is None:
+                    self._cv.wait()
+                job = self._job
+            result: Any = None
+            error: BaseException | None = None
+            try:
+                result = job()
+            except BaseException as exc:  # noqa: BLE001 - handed to the caller
+                error = exc
+            with self._cv:
+                self._job = None
+                self._result, self._error = result, error
+                self._done = True
+                self.busy_since = None
+                self._cv.notify_all()
+
+    def submit(self, job: Callable[[], Any], deadline_s: float) -> tuple[bool, Any]:
+        """Run ``job`` on the worker; ``(True, result)`` or ``(False, None)`` after the deadline.
+
+        Raises whatever ``job`` raised.
+        """
+        with self._cv:
+            if not self._done:
+                return False, None
+            self._job, self._done = job, False
+            self.busy_since = time.monotonic()
+            self.step = ""
+            self._cv.notify_all()
+            end = time.monotonic() + deadline_s
+            while not self._done:
+                left = end - time.monotonic()
+                if left <= 0:
+                    return False, None
+                self._cv.wait(left)
+            if self._error is not None:
+                err, self._error = self._error, None
+                raise err
+            return True, self._result
+
+
+class GpuCollector:
+    """Reads every GPU once per :meth:`collect`; NVML is initialised once and kept.
+
+    Args:
+        deadline_s: longest a collection may wait on NVML or nvidia-smi (seconds).
+        source: ``auto`` (pynvml, falling back to nvidia-smi when pynvml or the
+            library cannot load), ``nvml`` or ``nvidia-smi``. Env
+            ``ORCH_AGENT_GPU_SOURCE`` overrides the default ``auto``.
+        smi: the nvidia-smi program.
+    """
+
+    def __init__(self, deadline_s: float = 2.0, source: str | None = None, smi: str = "nvidia-smi"):
+        self.deadline_s = deadline_s
+        self.source = source or os.environ.get("ORCH_AGENT_GPU_SOURCE") or "auto"
+        self.smi = smi
+        self._pynvml: Any = None
+        self._initialised = False
+        self._driver: str | None = None
+        self._devices: list[tuple[Any, int, str | None, str | None, float | None]] | None = None
+        self._worker: _Worker | None = None
+        self._fallback_reason: str | None = None
+
+    # --- public -----------------------------------------------------------------------------
+
+    def collect(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
+        """Read all GPUs. Never raises for NVML trouble; returns (samples, status)."""
+        start = time.monotonic()
+        if self.source != "nvidia-smi" and self._fallback_reason is None:
+            samples, status = self._collect_nvml()
+            if status.error_kind != "library-not-found" or self.source == "nvml":
+                return samples, _with_elapsed(status, start)
+            self._fallback_reason = status.message
+        samples, status = self._collect_smi()
+        return samples, _with_elapsed(status, start)
+
+    def preload(self) -> None:
+        """Import pynvml now (when the source may use it) so the first collection costs less."""
+        if self.source != "nvidia-smi":
+            self._load()
+
+    def close(self) -> None:
+        """Shut NVML down if it answered (best effort, never blocks past the deadline)."""
+        if self._initialised and self._worker is not None:
+            try:
+                self._worker.submit(self._pynvml.nvmlShutdown, min(self.deadline_s, 0.5))
+            except Exception:  # noqa: BLE001 - shutting down anyway
+                pass
+            self._initialised = False
+
+    # --- pynvml -----------------------------------------------------------------------------
+
+    def _load(self) -> str | None:
+        if self._pynvml is not None:
+            return None
+        try:
+            import pynvml
+        except ImportError as exc:
+            return f"pynvml not importable: {exc}"
+        self._pynvml = pynvml
+        self._worker = _Worker()
+        return None
+
+    def _collect_nvml(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
+        problem = self._load()
+        if problem:
+            return (), NvmlStatus(ok=False, source="nvml", error_kind="library-not-found",
+                                  message=problem)
+        assert self._worker is not None
+        worker = self._worker
+        if not worker._done:
+            stuck = time.monotonic() - (worker.busy_since or time.monotonic())
+            return self._timed_out_samples(), NvmlStatus(
+                ok=False, source="nvml", error_kind="timeout", driver_version=self._driver,
+                message=f"NVML still blocked in {worker.step or 'a call'} for {stuck:.1f} s",
+            )
+        progress: list[GpuSample] = []
+        try:
+            done, result = worker.submit(lambda: self._sweep(progress), self.deadline_s)
+        except self._pynvml.NVMLError as exc:
+            code = getattr(exc, "value", None)
+            return (), NvmlStatus(ok=False, source="nvml", error_kind=nvml_error_kind(code),
+                                  message=f"{worker.step}: {exc}", driver_version=self._driver)
+        except OSError as exc:  # a broken library file
+            return (), NvmlStatus(ok=False, source="nvml", error_kind="other", message=str(exc))
+        if not done:
+            seen = {s.index for s in progress}
+            rest = tuple(s for s in self._timed_out_samples() if s.index not in seen)
+            return tuple(progress) + rest, NvmlStatus(
+                ok=False, source="nvml", error_kind="timeout", driver_version=self._driver,
+                message=f"{worker.step or 'NVML'} did not return within {self.deadline_s} s",
+            )
+        samples: tuple[GpuSample, ...] = result
+        bad = [s for s in samples if s.error]
+        if bad:
+            return samples, NvmlStatus(
+                ok=False, source="nvml", error_kind=bad[0].error, driver_version=self._driver,
+                message="; ".join(f"GPU {s.index}: {s.error}" for s in bad),
+            )
+        return samples, NvmlStatus(ok=True, source="nvml", driver_version=self._driver)
+
+    def _timed_out_samples(self) -> tuple[GpuSample, ...]:
+        if not self._devices:
+            return ()
+        return tuple(
+            GpuSample(index=i, uuid=u, name=n, memory_total_mib=t, error="timeout")
+            for _h, i, u, n, t in self._devices
+        )
+
+    def _sweep(self, progress: list[GpuSample]) -> tuple[GpuSample, ...]:
+        """Runs on the worker thread: init once, then read every device."""
+        nv = self._pynvml
+        assert self._worker is not None
+        worker = self._worker
+        if self._devices is None:
+            worker.step = "nvmlInit"
+            nv.nvmlInit()
+            self._initialised = True
+            worker.step = "nvmlSystemGetDriverVersion"
+            self._driver = _text(nv.nvmlSystemGetDriverVersion())
+            worker.step = "nvmlDeviceGetCount"
+            count = nv.nvmlDeviceGetCount()
+            devices = []
+            for i in range(count):
+                worker.step = f"nvmlDeviceGetHandleByIndex(GPU {i})"
+                try:
+                    h = nv.nvmlDeviceGetHandleByIndex(i)
+                except nv.NVMLError:
+                    devices.append((None, i, None, None, None))
+                    continue
+                devices.append(self._identify(h, i))
+            self._devices = devices
+        assert self._devices is not None
+        for n, (h, i, uuid, name, _total) in enumerate(self._devices):
+            if h is None:  # lost at init: try again, it may be back after a reset
+                worker.step = f"nvmlDeviceGetHandleByIndex(GPU {i})"
+                try:
+                    self._devices[n] = self._identify(nv.nvmlDeviceGetHandleByIndex(i), i)
+                    h, i, uuid, name, _total = self._devices[n]
+                except nv.NVMLError:
+                    pass
+            progress.append(self._read_device(h, i, uuid, name))
+        return tuple(progress)
+
+    def _identify(self, h: Any, i: int) -> tuple[Any, int, str | None, str | None, float | None]:
+        """(handle, index, uuid, name, total MiB); uuid/name ``None`` when the GPU will not say."""
+        nv = self._pynvml
+        try:
+            uuid = self._field(lambda: _text(nv.nvmlDeviceGetUUID(h)), f"GetUUID(GPU {i})")
+            name = self._field(lambda: _text(nv.nvmlDeviceGetName(h)), f"GetName(GPU {i})")
+        except nv.NVMLError:
+            return (h, i, None, None, None)
+        return (h, i, uuid, name, None)
+
+    def _field(self, call: Callable[[], Any], step: str) -> Any:
+        """One optional reading: ``None`` when not supported; device errors propagate."""
+        assert self._worker is not None
+        self._worker.step = f"nvmlDevice{step}"
+        try:
+            return call()
+        except self._pynvml.NVMLError as exc:
+            if getattr(exc, "value", None) in _NVML_ABSENT:
+                return None
+            raise
+
+    def _read_device(self, h: Any, i: int, uuid: str | None, name: str | None) -> GpuSample:
+        nv = self._pynvml
+        if h is None:
+            return GpuSample(index=i, uuid=uuid, name=name, error="gpu-lost")
+        try:
+            util = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(h), f"GetUtilizationRates(GPU {i})")
+            mem = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(h), f"GetMemoryInfo(GPU {i})")
+            temp = self._field(
+                lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
+                f"GetTemperature(GPU {i})",
+            )
+            power_mw = self._field(lambda: nv.nvmlDeviceGetPowerUsage(h), f"GetPowerUsage(GPU {i})")
+            procs = self._field(
+                lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
+                f"GetComputeRunningProcesses(GPU {i})",
+            )
+        except nv.NVMLError as exc:
+            return GpuSample(index=i, uuid=uuid, name=name,
+                             error=nvml_error_kind(getattr(exc, "value", None)))
+        processes = None
+        if procs is not None:
+            processes = tuple(
+                GpuProcess(pid=int(p.pid), used_memory_mib=_mib(p.usedGpuMemory), name=_proc_name(int(p.pid)))
+                for p in procs
+            )
+        return GpuSample(
+            index=i,
+            uuid=uuid,
+            name=name,
+            utilization_pct=float(util.gpu) if util is not None else None,
+            memory_used_mib=_mib(mem.used) if mem is not None else None,
+            memory_total_mib=_mib(mem.total) if mem is not None else None,
+            temperature_c=float(temp) if temp is not None else None,
+            power_w=power_mw / 1000.0 if power_mw is not None else None,
+            processes=processes,
+        )
+
+    # --- nvidia-smi -------------------------------------------------------------------------
+
+    def _collect_smi(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
+        note = f" (pynvml unavailable: {self._fallback_reason})" if self._fallback_reason else ""
+        rc, out, err = _run_bounded(
+            [self.smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"],
+            self.deadline_s,
+        )
+        if rc == "missing":
+            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind="library-not-found",
+                                  message=f"{self.smi} not found{note}")
+        if rc == "timeout":
+            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind="timeout",
+                                  message=f"nvidia-smi did not return within {self.deadline_s} s")
+        rows, rest = parse_smi_gpus(out)
+        problems = [line for line in rest + err.splitlines() if line.strip()]
+        if not rows:
+            text = " ".join(problems) or f"nvidia-smi exited {rc} with no output"
+            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind=smi_error_kind(text),
+                                  message=text[:500])
+        rc2, out2, _err2 = _run_bounded(
+            [self.smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
+            self.deadline_s,
+        )
+        apps = parse_smi_apps(out2) if isinstance(rc2, int) else None
+        driver = next((r.pop("driver_version") for r in rows), None)
+        for r in rows:
+            r.pop("driver_version", None)
+        samples = tuple(
+            GpuSample(**r, processes=tuple(apps.get(r["uuid"] or "", ())) if apps is not None else None)
+            for r in rows
+        )
+        if problems:
+            kind = smi_error_kind(" ".join(problems))
+            # nvidia-smi prints no row for a failed GPU: the gaps in the index range are it
+            seen = {s.index for s in samples}
+            gaps = [i for i in range(max(seen) + 1) if i not in seen]
+            samples = tuple(sorted(samples + tuple(GpuSample(index=i, error=kind) for i in gaps),
+                                   key=lambda s: s.index))
+            return samples, NvmlStatus(ok=False, source="nvidia-smi", driver_version=driver,
+                                       error_kind=kind,
+                                       message=" ".join(problems)[:500])
+        return samples, NvmlStatus(ok=True, source="nvidia-smi", driver_version=driver,
+                                   message=note.strip(" ()") or None)
+
+
+def _run_bounded(argv: list[str], deadline_s: float) -> tuple[int | str, str, str]:
+    """Run argv for at most ``deadline_s``; rc is ``"missing"`` or ``"timeout"`` on those failures.
+
+    A hung nvidia-smi may sit in D state and ignore SIGKILL, so after killing it
+    we wait only briefly instead of blocking the snapshot on it.
+    """
+    try:
+        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+    except OSError:
+        return "missing", "", ""
+    try:
+        out, err = proc.communicate(timeout=deadline_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        try:
+            proc.wait(0.2)
+        except subprocess.TimeoutExpired:
+            log.warning("nvidia-smi pid %s did not die after SIGKILL", proc.pid)
+        return "timeout", "", ""
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+
+
+def _text(value: Any) -> str | None:
+    if value is None:
+        return None
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _mib(value: Any) -> float | None:
+    if value is None or not isinstance(value, int) or value < 0 or value >= 2**63:
+        return None
+    return round(value / 1048576.0, 1)
+
+
+def _with_elapsed(status: NvmlStatus, start: float) -> NvmlStatus:
+    return NvmlStatus(
+        ok=status.ok, source=status.source, error_kind=status.error_kind, message=status.message,
+        driver_version=status.driver_version, elapsed_ms=round((time.monotonic() - start) * 1000, 2),
+    )

@@ -1,0 +1,144 @@
+"""Incremental log reading by byte offset: a snapshot never re-reads a whole log.
+
+- First read (no offset): only the last ``tail_bytes`` are read; the partial
+  first line of that window is dropped.
+- Later reads: from the offset to the end, at most ``max_read_bytes``; when more
+  than that was appended the reader jumps to the tail and says how much it skipped.
+- Only complete lines are returned; an unterminated last line waits for its
+  newline unless it already exceeds ``max_line_bytes``.
+- A line longer than ``max_line_bytes`` is cut (``…[cut N bytes]``); invalid
+  UTF-8 and control characters are replaced; after a ``\\r`` only the last
+  segment is kept (what a terminal shows for progress bars).
+- A missing, deleted or truncated log is data (``error``), never an exception.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+
+@dataclass(frozen=True, slots=True)
+class LogChunk:
+    """What one read saw. ``offset`` is where the next read starts (bytes)."""
+
+    lines: tuple[str, ...]
+    offset: int
+    size_bytes: int | None
+    mtime: float | None
+    bytes_read: int
+    exists: bool
+    error: str | None = None
+    skipped_bytes: int = 0
+
+
+def clean_line(raw: bytes, max_line_bytes: int) -> str:
+    r"""Decode one log line safely and bound its length.
+
+    >>> clean_line(b"step 1\r step 2 loss=0.5\r", 100)
+    ' step 2 loss=0.5'
+    >>> clean_line(b"ok\x00\xff\x1b[31mred", 100)
+    'ok\ufffd\ufffd\ufffd[31mred'
+    >>> clean_line(b"x" * 20, 8)
+    'xxxxxxxx…[cut 12 bytes]'
+    """
+    if b"\r" in raw:
+        parts = [p for p in raw.split(b"\r") if p]
+        raw = parts[-1] if parts else b""
+    cut = len(raw) - max_line_bytes
+    if cut > 0:
+        raw = raw[:max_line_bytes]
+    text = _CONTROL.sub("\ufffd", raw.decode("utf-8", "replace"))
+    return f"{text}…[cut {cut} bytes]" if cut > 0 else text
+
+
+def split_lines(
+    data: bytes, max_line_bytes: int, *, at_start: bool, at_eof: bool
+) -> tuple[list[str], int]:
+    """Split ``data`` into complete lines; return (lines, bytes consumed).
+
+    ``at_start``: data begins at a line start (else the first partial line is
+    dropped). ``at_eof``: nothing follows, so an overlong partial last line is
+    emitted (cut) rather than kept waiting.
+
+    >>> split_lines(b"tail of a\\nline 2\\nline 3\\npart", 100, at_start=False, at_eof=True)
+    (['line 2', 'line 3'], 24)
+    >>> split_lines(b"a\\nb\\n", 100, at_start=True, at_eof=True)
+    (['a', 'b'], 4)
+    >>> split_lines(b"xxxxxxxxxx", 4, at_start=True, at_eof=True)
+    (['xxxx…[cut 6 bytes]'], 10)
+    """
+    start = 0
+    if not at_start:
+        nl = data.find(b"\n")
+        if nl < 0:
+            return [], 0 if len(data) <= max_line_bytes else len(data)
+        start = nl + 1
+    end = data.rfind(b"\n")
+    lines: list[str] = []
+    consumed = start
+    if end >= start:
+        for raw in data[start:end].split(b"\n"):
+            lines.append(clean_line(raw.rstrip(b"\r"), max_line_bytes))
+        consumed = end + 1
+    rest = len(data) - consumed
+    if at_eof and rest > max_line_bytes:
+        lines.append(clean_line(data[consumed:], max_line_bytes))
+        consumed = len(data)
+    return lines, consumed
+
+
+class LogReader:
+    """Reads one file incrementally; counts every byte it reads in ``bytes_read``.
+
+    Args:
+        tail_bytes: how much of the end a first read looks at.
+        max_read_bytes: most bytes one later read takes before jumping to the tail.
+        max_line_bytes: longest line kept whole.
+    """
+
+    def __init__(
+        self, tail_bytes: int = 16384, max_read_bytes: int = 1 << 20, max_line_bytes: int = 2000
+    ) -> None:
+        self.tail_bytes = tail_bytes
+        self.max_read_bytes = max_read_bytes
+        self.max_line_bytes = max_line_bytes
+
+    def read(self, path: str, offset: int | None) -> LogChunk:
+        """Lines appended to ``path`` since ``offset`` (``None``: the tail only)."""
+        try:
+            fh = open(path, "rb")  # noqa: SIM115 - closed below, fstat on the same fd
+        except FileNotFoundError:
+            err = "log deleted" if offset else None
+            return LogChunk((), 0, None, None, 0, exists=False, error=err)
+        except OSError as exc:
+            return LogChunk((), offset or 0, None, None, 0, exists=False,
+                            error=f"log unreadable: {exc.strerror}")
+        with fh:
+            st = os.fstat(fh.fileno())
+            size = st.st_size
+            error = None
+            skipped = 0
+            if offset is not None and offset > size:
+                error = f"log truncated ({offset} -> {size} bytes)"
+                offset = None
+            if offset is None:
+                start = max(0, size - self.tail_bytes)
+            elif size - offset > self.max_read_bytes:
+                start = size - self.tail_bytes
+                skipped = start - offset
+            else:
+                start = offset
+            fh.seek(start)
+            data = fh.read(size - start)
+            at_start = start == 0 or (offset is not None and start == offset)
+            lines, consumed = split_lines(data, self.max_line_bytes, at_start=at_start, at_eof=True)
+            if skipped:
+                lines.insert(0, f"…[skipped {skipped} bytes]")
+            return LogChunk(
+                tuple(lines), start + consumed, size, st.st_mtime, len(data), exists=True,
+                error=error, skipped_bytes=skipped,
+            )

@@ -1,0 +1,137 @@
+"""The run's process tree from /proc (pid, ppid, state, cpu %, rss, threads, zombies).
+
+Equivalent: ``ps -o pid,ppid,stat,pcpu,rss,nlwp,comm --ppid ... --forest``.
+Children are found through ``/proc/<pid>/task/<tid>/children`` when the kernel
+has it, else by one scan of ``/proc/*/stat``. ``cpu_pct`` is over the interval
+since the previous call of the same :class:`ProcSampler`; on the first call it is
+the average since the process started. A process that vanishes mid-read is
+skipped, never an error.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+from orchestrator.model import ProcessInfo
+
+_CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+_PAGE_MIB = (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096) / 1048576.0
+MAX_PROCS = 256
+
+
+def parse_stat(text: str) -> tuple[int, str, str, int, int, int, int, int]:
+    """Parse ``/proc/<pid>/stat`` into (pid, comm, state, ppid, cpu ticks, threads, start ticks, rss pages).
+
+    >>> parse_stat("42 (python3 (x)) S 1 42 42 0 -1 4194560 1 0 0 0 150 50 0 0 20 0 7 0 1000 1 2560 x")
+    (42, 'python3 (x)', 'S', 1, 200, 7, 1000, 2560)
+    """
+    left = text.index("(")
+    right = text.rindex(")")
+    pid = int(text[:left])
+    comm = text[left + 1 : right]
+    f = text[right + 2 :].split()
+    # f[0] is field 3 (state); utime=14, stime=15, threads=20, starttime=22, rss=24
+    return pid, comm, f[0], int(f[1]), int(f[11]) + int(f[12]), int(f[17]), int(f[19]), int(f[21])
+
+
+def _read(path: str) -> str | None:
+    try:
+        with open(path, "rb") as fh:
+            return fh.read(4096).decode("utf-8", "replace")
+    except OSError:
+        return None
+
+
+class ProcSampler:
+    """Samples the tree under a root pid; keeps CPU ticks between calls for ``cpu_pct``."""
+
+    def __init__(self, proc: str = "/proc") -> None:
+        self.proc = proc
+        self._prev: dict[int, tuple[int, float]] = {}
+        self._children_file: bool | None = None
+
+    def _uptime_s(self) -> float:
+        text = _read(f"{self.proc}/uptime")
+        return float(text.split()[0]) if text else 0.0
+
+    def _children(self, pid: int) -> list[int] | None:
+        """Child pids through the ``children`` files; ``None`` when the kernel lacks them."""
+        if self._children_file is None:
+            me = os.getpid()
+            self._children_file = os.path.exists(f"{self.proc}/{me}/task/{me}/children")
+        if not self._children_file:
+            return None
+        kids: list[int] = []
+        try:
+            tids = os.listdir(f"{self.proc}/{pid}/task")
+        except OSError:
+            return []
+        for tid in tids:
+            text = _read(f"{self.proc}/{pid}/task/{tid}/children")
+            if text:
+                kids.extend(int(x) for x in text.split())
+        return kids
+
+    def _scan_children(self) -> dict[int, list[int]]:
+        by_parent: dict[int, list[int]] = {}
+        for name in os.listdir(self.proc):
+            if not name.isdigit():
+                continue
+            text = _read(f"{self.proc}/{name}/stat")
+            if text:
+                try:
+                    st = parse_stat(text)
+                except (ValueError, IndexError):
+                    continue
+                by_parent.setdefault(st[3], []).append(st[0])
+        return by_parent
+
+    def tree(self, root: int | None) -> tuple[ProcessInfo, ...]:
+        """The processes under ``root`` (included), breadth first, at most ``MAX_PROCS``."""
+        if not root:
+            return ()
+        now = time.monotonic()
+        uptime = None
+        out: list[ProcessInfo] = []
+        scan: dict[int, list[int]] | None = None
+        queue = [root]
+        seen: set[int] = set()
+        prev, self._prev = self._prev, {}
+        while queue and len(out) < MAX_PROCS:
+            pid = queue.pop(0)
+            if pid in seen:
+                continue
+            seen.add(pid)
+            text = _read(f"{self.proc}/{pid}/stat")
+            if not text:
+                continue
+            try:
+                _pid, comm, state, ppid, ticks, threads, start, rss = parse_stat(text)
+            except (ValueError, IndexError):
+                continue
+            cpu_pct: float | None
+            if pid in prev:
+                last_ticks, last_t = prev[pid]
+                dt = now - last_t
+                cpu_pct = 100.0 * (ticks - last_ticks) / _CLK_TCK / dt if dt > 0 else None
+            else:
+                if uptime is None:
+                    uptime = self._uptime_s()
+                age_s = uptime - start / _CLK_TCK
+                cpu_pct = 100.0 * ticks / _CLK_TCK / age_s if age_s > 0 else None
+            self._prev[pid] = (ticks, now)
+            out.append(
+                ProcessInfo(
+                    pid=pid, ppid=ppid, name=comm, state=state,
+                    cpu_pct=round(cpu_pct, 1) if cpu_pct is not None else None,
+                    rss_mib=round(rss * _PAGE_MIB, 1), threads=threads, zombie=state == "Z",
+                )
+            )
+            kids = self._children(pid)
+            if kids is None:
+                if scan is None:
+                    scan = self._scan_children()
+                kids = scan.get(pid, [])
+            queue.extend(kids)
+        return tuple(out)

@@ -1,0 +1,831 @@
+"""Agent commands for the run lifecycle: ``launch``, ``stop``, ``runs``, ``logs``.
+
+Runs inside the container (standard library and ``orchestrator.model`` only).
+Each command prints one JSON document on stdout (``logs --follow`` prints one
+JSON line per chunk) and exits 0 (done), 1 (failed), 2 (bad arguments) or
+4 (refused: a live run is in the way; pass ``--force``).
+
+Run layout: ``<workdir>/runs/<run-id>/`` holds ``manifest.json``, ``command``
+(the shell text that runs), ``wrapper.sh``, ``train.log`` (tee -a),
+``exit_status`` (written by the wrapper, also on signals), ``wrapper.pid`` and
+``pgid`` (the command's process group). ``<workdir>/runs/current`` holds the
+newest run id, written atomically.
+
+The tmux session is built in one tmux command sequence: a placeholder window,
+then the session's ``history-limit``, then the run window (``-e`` for every
+variable: the tmux server keeps the environment it started with), then
+``remain-on-exit on``. The wrapper waits for a ``go`` file that the agent
+writes only after reading both options back, so even an instant crash leaves
+its pane, its exit status and its log (seed 000).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import re
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.model import RunManifest
+
+HISTORY_LIMIT = 200_000
+"""Lines of scrollback kept in the run's pane (tmux's default is 2000)."""
+RUN_WINDOW = "run"
+GO_TIMEOUT_S = 30.0
+"""Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
+TAIL_BLOCK_BYTES = 64 * 1024
+
+EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 4
+
+_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+_SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
+_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+"""Same rule as the operator's ``orchestrator.secrets`` (the agent cannot import it)."""
+MASK = "***"
+
+# Seed 000: an `exec` in the start script bypassed tee and no log was ever written.
+# Nothing below may put `exec` in front of the pipeline; tests/launch check the log exists.
+WRAPPER = r"""#!/usr/bin/env bash
+# Written by orch (orchestrator/agent/runs.py). Settings come from ORCH_* variables and
+# files in the run directory; no value is pasted into this text.
+set -o pipefail
+set -m  # background jobs get their own process group: `orch stop` signals the command, not tee
+RUN_DIR="${ORCH_RUN_DIR:?ORCH_RUN_DIR not set}"
+LOG="$RUN_DIR/train.log"
+put() { printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp" && mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"; }
+early() { put exit_status "$1"; exit "$1"; }
+trap 'early 130' INT
+trap 'early 143' TERM
+trap 'early 129' HUP
+# The launcher says go once remain-on-exit and history-limit are in force.
+for ((i = 0; i < __GO_TICKS__; i++)); do [[ -e "$RUN_DIR/go" ]] && break; sleep 0.05; done
+if [[ ! -e "$RUN_DIR/go" ]]; then
+  echo "orch: the launcher never said go; nothing was started" >&2
+  early 125
+fi
+: >>"$LOG"
+# Hold the pane's tty until this shell is gone, so tmux reaps it before it sees EOF: tmux with
+# libutempter loses a SIGCHLD that arrives while it handles EOF (no pane_dead_status/signal).
+ME=$$
+( trap '' INT TERM HUP; while kill -0 "$ME" 2>/dev/null; do sleep 0.2; done ) &
+CMD=$(<"$RUN_DIR/command")
+(
+  trap : INT TERM HUP  # caught, not ignored, so the command gets default handling
+  bash -c "$CMD" </dev/null 2>&1 | { trap '' INT TERM HUP; tee -a "$LOG"; }
+  st=${PIPESTATUS[0]}
+  printf '%s\n' "$st" >"$RUN_DIR/.pipestatus"
+  exit "$st"
+)&
+JOB=$!
+GOT=
+forward() { GOT=$1; kill -s "$1" -- "-$JOB" 2>/dev/null; }
+trap 'forward INT' INT
+trap 'forward TERM' TERM
+trap 'forward HUP' HUP
+put pgid "$JOB"
+REC=
+if [[ -n "${ORCH_AGENT_PATH:-}" ]]; then
+  PYTHONPATH="$ORCH_AGENT_PATH" "${ORCH_AGENT_PYTHON:-python3}" -S -m orchestrator.agent record \
+    --run-dir "$RUN_DIR" --interval "${ORCH_RECORD_INTERVAL_S:-2}" --pid "$JOB" \
+    </dev/null >>"$RUN_DIR/recorder.log" 2>&1 &
+  REC=$!
+fi
+while :; do
+  GOT=
+  wait "$JOB"
+  st=$?
+  [[ -z "$GOT" ]] && break
+done
+[[ -s "$RUN_DIR/.pipestatus" ]] && st=$(<"$RUN_DIR/.pipestatus")
+put exit_status "$st"
+if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null; fi
+printf '\n[orch] command exited with status %s at %s\n' "$st" "$(date '+%F %T')"
+exit "$st"
+""".replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05)))
+
+
+class RunError(Exception):
+    """A lifecycle command cannot go on; ``code`` is the agent's exit code."""
+
+    def __init__(self, code: int, kind: str, message: str, **facts: Any) -> None:
+        super().__init__(message)
+        self.code, self.kind, self.message, self.facts = code, kind, message, facts
+
+
+# --- pure helpers ----------------------------------------------------------------------------
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` with secret-looking values replaced by ``***`` (for the manifest).
+
+    The agent cannot import the operator's ``orchestrator.secrets``; this applies its rule.
+
+    >>> mask_env({"HF_TOKEN": "hf_abc", "WANDB_API_KEY": "k", "LR": "3e-4"})
+    {'HF_TOKEN': '***', 'WANDB_API_KEY': '***', 'LR': '3e-4'}
+    """
+    return {k: (MASK if any(w in k.upper() for w in SECRET_WORDS) else v) for k, v in env.items()}
+
+
+def parse_gpus(text: str) -> tuple[int, ...]:
+    """GPU indices from ``0-3,6`` (ranges inclusive); empty text gives ``()``.
+
+    >>> parse_gpus("0-3,6")
+    (0, 1, 2, 3, 6)
+    >>> parse_gpus("")
+    ()
+    >>> parse_gpus("3-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: bad GPU range '3-1' (start after end)
+    """
+    out: list[int] = []
+    for part in (p.strip() for p in text.split(",")):
+        if not part:
+            continue
+        lo, sep, hi = part.partition("-")
+        if not lo.isdigit() or (sep and not hi.isdigit()):
+            raise ValueError(f"bad GPU list item {part!r} (use e.g. 0-3,6)")
+        start, end = int(lo), int(hi) if sep else int(lo)
+        if start > end:
+            raise ValueError(f"bad GPU range {part!r} (start after end)")
+        out.extend(range(start, end + 1))
+    return tuple(sorted(set(out)))
+
+
+def parse_env(items: Sequence[str]) -> dict[str, str]:
+    """``K=V`` items to a dict; the value is kept byte for byte.
+
+    >>> parse_env(["A=1", "B=x=y; $(rm -rf /)"])
+    {'A': '1', 'B': 'x=y; $(rm -rf /)'}
+    >>> parse_env(["1A=x"])
+    Traceback (most recent call last):
+    ...
+    ValueError: bad --env item '1A=x' (want NAME=VALUE)
+    """
+    env: dict[str, str] = {}
+    for item in items:
+        key, sep, value = item.partition("=")
+        if not sep or not _ENV_KEY_RE.match(key):
+            raise ValueError(f"bad --env item {item!r} (want NAME=VALUE)")
+        env[key] = value
+    return env
+
+
+def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
+    """The variables a run gets: the GPU assignment, unbuffered Python, then the user's.
+
+    >>> run_env({"LR": "1"}, (0, 2))
+    {'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'CUDA_VISIBLE_DEVICES': '0,2', 'PYTHONUNBUFFERED': '1', 'LR': '1'}
+    """
+    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
+    if gpus:
+        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
+    env["PYTHONUNBUFFERED"] = "1"
+    env.update(user_env)
+    return env
+
+
+def split_lines(data: bytes) -> tuple[list[str], int]:
+    """Complete lines in ``data`` and how many bytes they span (a partial last line waits).
+
+    >>> split_lines(b"a\\nb\\r\\nc")
+    (['a', 'b'], 5)
+    """
+    end = data.rfind(b"\n") + 1
+    if not end:
+        return [], 0
+    text = data[:end].decode("utf-8", "replace")
+    return [line.rstrip("\r") for line in text.split("\n")[:-1]], end
+
+
+# --- files -----------------------------------------------------------------------------------
+
+
+def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
+    """Write ``text`` to ``path`` through a temporary file and a rename (readers never see half)."""
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    tmp.write_text(text)
+    os.chmod(tmp, mode)
+    os.replace(tmp, path)
+
+
+def _read(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def _read_int(path: Path) -> int | None:
+    text = _read(path)
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def tail_lines(path: Path, n: int) -> tuple[list[str], int]:
+    """The last ``n`` complete lines of ``path`` and its size, reading blocks from the end.
+
+    Never reads the whole file: at most ``n`` lines' worth of 64 KiB blocks.
+    A missing file gives ``([], 0)``.
+    """
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            pos, buf = size, b""
+            while pos > 0 and buf.count(b"\n") <= n:
+                step = min(TAIL_BLOCK_BYTES, pos)
+                pos -= step
+                fh.seek(pos)
+                buf = fh.read(step) + buf
+    except FileNotFoundError:
+        return [], 0
+    text = buf.decode("utf-8", "replace")
+    lines = [line.rstrip("\r") for line in text.split("\n")]
+    if lines and lines[-1] == "":
+        lines.pop()
+    return (lines[-n:] if n > 0 else []), size
+
+
+def read_from(path: Path, offset: int, max_bytes: int = 1 << 20) -> dict[str, Any]:
+    """Complete lines of ``path`` from byte ``offset`` (at most ``max_bytes``).
+
+    Returns ``lines``, the next ``offset``, ``size`` and ``truncated`` (the file
+    shrank below ``offset``: it was rotated or truncated; reading restarts at 0).
+    """
+    truncated = False
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size < offset:
+                offset, truncated = 0, True
+            fh.seek(offset)
+            data = fh.read(max_bytes)
+    except FileNotFoundError:
+        return {"lines": [], "offset": offset, "size": None, "truncated": False}
+    lines, used = split_lines(data)
+    if not used and len(data) >= max_bytes:  # one line longer than max_bytes: pass it through
+        lines, used = [data.decode("utf-8", "replace")], len(data)
+    return {"lines": lines, "offset": offset + used, "size": size, "truncated": truncated}
+
+
+# --- processes and tmux ----------------------------------------------------------------------
+
+
+def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgrp, starttime in clock ticks) of ``pid`` from /proc; ``None``: gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) PIDs in process group ``pgid`` or descended from its leader."""
+    table: dict[int, tuple[str, int, int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = _proc_stat(int(entry))
+            if st:
+                table[int(entry)] = st
+    members = {pid for pid, st in table.items() if st[2] == pgid}
+    if pgid in table:
+        members.add(pgid)
+    grew = True
+    while grew:  # children that left the group (setsid, setpgid) are still the run's
+        grew = False
+        for pid, st in table.items():
+            if st[1] in members and pid not in members:
+                members.add(pid)
+                grew = True
+    return sorted(p for p in members if table[p][0] != "Z")
+
+
+def _wrapper_pid(run_dir: Path) -> tuple[int, int] | None:
+    """(PID, start time in clock ticks) from ``wrapper.pid``; written by the agent at launch."""
+    parts = (_read(run_dir / "wrapper.pid") or "").split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def wrapper_alive(run_dir: Path) -> bool:
+    """The run's wrapper still exists (its start time guards against PID reuse)."""
+    rec = _wrapper_pid(run_dir)
+    st = _proc_stat(rec[0]) if rec else None
+    return rec is not None and st is not None and st[0] != "Z" and st[3] == rec[1]
+
+
+def tmux(*args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
+    """Run ``tmux ARGS`` (socket from $TMUX_TMPDIR, as every tmux client here)."""
+    return subprocess.run(
+        ["tmux", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+def tmux_sequence(*commands: Sequence[str]) -> list[str]:
+    """One tmux argv running ``commands`` in order in the server, stopping at the first error.
+
+    >>> tmux_sequence(["new-session", "-d"], ["set-option", "x", "1"])
+    ['new-session', '-d', ';', 'set-option', 'x', '1']
+    """
+    out: list[str] = []
+    for cmd in commands:
+        out.extend([*([";"] if out else []), *cmd])
+    return out
+
+
+def session_info(name: str) -> dict[str, Any]:
+    """The session's run pane: exists, dead, exit status or signal, pid.
+
+    tmux leaves ``pane_dead_status`` empty when a signal ended the pane, so
+    ``pane_dead_signal`` is read as well.
+    """
+    fmt = "#{window_name}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{pane_pid}"
+    res = tmux("list-panes", "-s", "-t", f"={name}", "-F", fmt)
+    if res.returncode != 0:
+        return {"name": name, "exists": False}
+    rows = [line.split("\t") for line in res.stdout.splitlines() if line.count("\t") == 4]
+    row = next((r for r in rows if r[0] == RUN_WINDOW), rows[0] if rows else None)
+    if row is None:
+        return {"name": name, "exists": False}
+    return {
+        "name": name,
+        "exists": True,
+        "pane_dead": row[1] == "1",
+        "pane_dead_status": int(row[2]) if row[2].lstrip("-").isdigit() else None,
+        "pane_dead_signal": int(row[3]) if row[3].isdigit() and row[3] != "0" else None,
+        "pane_pid": int(row[4]) if row[4].isdigit() else None,
+    }
+
+
+# --- run state -------------------------------------------------------------------------------
+
+
+def runs_root(workdir: str | Path) -> Path:
+    return Path(workdir) / "runs"
+
+
+def current_run_id(workdir: str | Path) -> str | None:
+    return _read(runs_root(workdir) / "current") or None
+
+
+def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> dict[str, Any]:
+    """What one run directory says: running / exited N / vanished, and why we think so.
+
+    ``exited``: the wrapper wrote ``exit_status``; ``running``: no exit status
+    and the wrapper or the command is alive; ``vanished``: neither (the
+    container or the tmux server died, SIGKILL): the silent death of seed 000.
+    """
+    exit_status = _read_int(run_dir / "exit_status")
+    alive = wrapper_alive(run_dir)
+    pgid = _read_int(run_dir / "pgid")
+    members = group_members(pgid) if pgid and exit_status is None else []
+    if exit_status is not None:
+        state = "exited"
+    elif alive or members:
+        state = "running"
+    else:
+        state = "vanished"
+    log = run_dir / "train.log"
+    lines, size = tail_lines(log, tail) if tail else ([], None)
+    if size is None:
+        try:
+            size = log.stat().st_size
+        except FileNotFoundError:
+            size = None
+    doc: dict[str, Any] = {
+        "run_id": run_dir.name,
+        "run_dir": str(run_dir),
+        "state": state,
+        "exit_status": exit_status,
+        "wrapper_alive": alive,
+        "started": (run_dir / "go").exists(),
+        "command_alive": bool(members),
+        "command_pids": members,
+        "log_path": str(log),
+        "log_exists": log.exists(),
+        "log_size_bytes": size,
+        "log_tail": lines,
+    }
+    try:
+        manifest = json.loads((run_dir / "manifest.json").read_text())
+        doc["started_at"] = manifest.get("started_at")
+        doc["command"] = manifest.get("command")
+        doc["session"] = manifest.get("session")
+    except (OSError, ValueError):
+        doc["started_at"] = doc["command"] = None
+    if session:
+        info = session_info(session)
+        rec = _wrapper_pid(run_dir)
+        info["is_this_run"] = bool(rec and info.get("exists") and info.get("pane_pid") == rec[0])
+        doc["tmux"] = info
+    return doc
+
+
+def list_runs(workdir: str | Path) -> list[dict[str, Any]]:
+    """Every run directory under ``<workdir>/runs``, oldest first."""
+    root = runs_root(workdir)
+    if not root.is_dir():
+        return []
+    out = [run_state(d) for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    out.sort(key=lambda r: (r.get("started_at") or 0.0, r["run_id"]))
+    return out
+
+
+def _git_rev(workdir: Path) -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(workdir), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+# --- stop ------------------------------------------------------------------------------------
+
+
+def _signal_run(run_dir: Path, sig: int) -> list[int]:
+    pgid = _read_int(run_dir / "pgid")
+    if not pgid:  # still waiting for go: end the wrapper itself
+        rec = _wrapper_pid(run_dir)
+        targets = [rec[0]] if rec and wrapper_alive(run_dir) else []
+    else:
+        targets = group_members(pgid)
+        if targets:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(pgid, sig)
+    for pid in targets:  # once each: a second SIGINT would cut a checkpoint short
+        st = _proc_stat(pid)
+        if st is not None and (not pgid or st[2] != pgid):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, sig)
+    return targets
+
+
+def stop_run(run_dir: Path, grace_s: float, poll_s: float = 0.1) -> dict[str, Any]:
+    """SIGINT, then SIGTERM at half of ``grace_s``, then SIGKILL at ``grace_s``; idempotent.
+
+    Signals go to the command's process group (and descendants that left it),
+    never to tee or the wrapper, so the log and the exit status are written.
+    The session and the run directory stay. Waits up to 10 s more for the
+    wrapper to write ``exit_status``.
+    """
+    before = run_state(run_dir)
+    if before["state"] != "running":
+        return {
+            "stopped": False,
+            "run_id": run_dir.name,
+            "state": before["state"],
+            "exit_status": before["exit_status"],
+            "signals": [],
+            "elapsed_s": 0.0,
+        }
+    t0 = time.monotonic()
+    sent: list[str] = []
+    plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
+    alive = True
+    while plan or alive:
+        now = time.monotonic() - t0
+        if plan and now >= plan[0][0]:
+            _at, sig = plan.pop(0)
+            if _signal_run(run_dir, sig):
+                sent.append(sig.name)
+        pgid = _read_int(run_dir / "pgid")
+        alive = bool(group_members(pgid)) if pgid else wrapper_alive(run_dir)
+        if not alive:
+            break
+        time.sleep(poll_s)
+    deadline = time.monotonic() + 10.0
+    while _read_int(run_dir / "exit_status") is None and time.monotonic() < deadline:
+        if not wrapper_alive(run_dir):
+            break
+        time.sleep(poll_s)
+    after = run_state(run_dir)
+    return {
+        "stopped": True,
+        "run_id": run_dir.name,
+        "state": after["state"],
+        "exit_status": after["exit_status"],
+        "signals": sent,
+        "elapsed_s": round(time.monotonic() - t0, 3),
+    }
+
+
+def _archive_session(session: str, run_dir: Path | None) -> None:
+    """Keep the old pane's last screen in its run directory, then remove the session."""
+    if run_dir is not None and run_dir.is_dir():
+        res = tmux("capture-pane", "-p", "-J", "-S", "-", "-E", "-", "-t", f"={session}:")
+        if res.returncode == 0:
+            atomic_write(run_dir / "pane.txt", res.stdout)
+    tmux("kill-session", "-t", f"={session}")
+
+
+# --- launch ----------------------------------------------------------------------------------
+
+
+def _new_run_id(name: str | None) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    return f"{stamp}-{name}" if name else f"{stamp}-{secrets.token_hex(2)}"
+
+
+def launch(args: argparse.Namespace) -> dict[str, Any]:
+    """Create the run directory, start the session, say go, watch it for ``--settle`` s."""
+    workdir = Path(args.workdir)
+    if not _SESSION_RE.match(args.session):
+        raise RunError(EXIT_USAGE, "bad-session", f"bad session name {args.session!r}")
+    run_id = args.run_id or _new_run_id(None)
+    if not _NAME_RE.match(run_id) or run_id == "current":
+        raise RunError(EXIT_USAGE, "bad-run-id", f"bad run id {run_id!r} (letters, digits, ._-)")
+    try:
+        env = run_env(parse_env(args.env or []), parse_gpus(args.gpus or ""))
+        gpus = parse_gpus(args.gpus or "")
+    except ValueError as exc:
+        raise RunError(EXIT_USAGE, "bad-argument", str(exc)) from None
+    root = runs_root(workdir)
+    run_dir = root / run_id
+    if run_dir.exists():
+        raise RunError(
+            EXIT_REFUSED,
+            "run-exists",
+            f"run directory {run_dir} already exists; "
+            "choose another --name (orch never overwrites a run)",
+            run_dir=str(run_dir),
+        )
+
+    old = session_info(args.session)
+    replaced: dict[str, Any] | None = None
+    if old["exists"]:
+        old_id = current_run_id(workdir)
+        old_dir = root / old_id if old_id else None
+        live = not old.get("pane_dead")
+        if live and not args.force:
+            raise RunError(
+                EXIT_REFUSED,
+                "session-live",
+                f"tmux session {args.session!r} is live (run {old_id or 'unknown'}); "
+                "stop it first (orch stop) or launch with --force",
+                session=args.session,
+                run_id=old_id,
+            )
+        if live and old_dir is not None and old_dir.is_dir():
+            replaced = stop_run(old_dir, args.grace)
+        _archive_session(args.session, old_dir)
+        if tmux("has-session", "-t", f"={args.session}").returncode == 0:
+            raise RunError(
+                EXIT_FAILED,
+                "session-stuck",
+                f"could not remove the old tmux session {args.session!r}",
+            )
+
+    root.mkdir(parents=True, exist_ok=True)
+    run_dir.mkdir()
+    manifest = RunManifest(
+        run_id=run_id,
+        command=args.cmd,
+        workdir=str(workdir),
+        session=args.session,
+        started_at=time.time(),
+        gpus=gpus,
+        env=mask_env(env),
+        git_rev=_git_rev(workdir),
+        orch_version=args.orch_version,
+        target=args.target,
+    )
+    atomic_write(run_dir / "manifest.json", json.dumps(manifest.to_dict(), indent=2) + "\n")
+    atomic_write(run_dir / "command", args.cmd + "\n")
+    atomic_write(run_dir / "wrapper.sh", WRAPPER, mode=0o755)
+    atomic_write(root / "current", run_id + "\n")
+
+    bundle = Path(__file__).resolve().parents[2]
+    internal = {
+        "ORCH_RUN_DIR": str(run_dir),
+        "ORCH_AGENT_PATH": "" if args.no_recorder else str(bundle),
+        "ORCH_AGENT_PYTHON": sys.executable or "python3",
+        "ORCH_RECORD_INTERVAL_S": str(args.record_interval),
+    }
+    e_args = [a for k, v in {**env, **internal}.items() for a in ("-e", f"{k}={v}")]
+    sess = f"={args.session}:"
+    res = tmux(*tmux_sequence(
+        ["new-session", "-d", "-s", args.session, "-n", "orch-boot", "-x", "250", "-y", "50",
+         "-c", str(workdir), "sleep 30"],
+        ["set-option", "-t", sess, "history-limit", str(HISTORY_LIMIT)],
+        ["new-window", "-d", "-t", sess, "-n", RUN_WINDOW, "-c", str(workdir), *e_args,
+         "bash", str(run_dir / "wrapper.sh")],
+        ["set-option", "-w", "-t", sess + RUN_WINDOW, "remain-on-exit", "on"],
+        ["kill-window", "-t", sess + "orch-boot"],
+    ))  # fmt: skip
+    if res.returncode != 0:
+        tmux("kill-session", "-t", f"={args.session}")
+        raise RunError(
+            EXIT_FAILED,
+            "tmux-failed",
+            f"tmux could not start the session: {res.stderr.strip() or res.returncode}",
+            run_dir=str(run_dir),
+        )
+    target = f"={args.session}:{RUN_WINDOW}"
+    remain = tmux("show-options", "-w", "-v", "-t", target, "remain-on-exit").stdout.strip()
+    hist = tmux("display-message", "-p", "-t", target, "#{history_limit}").stdout.strip()
+    if remain != "on" or hist != str(HISTORY_LIMIT):
+        tmux("kill-session", "-t", f"={args.session}")
+        raise RunError(
+            EXIT_FAILED,
+            "tmux-options",
+            f"tmux options not in force (remain-on-exit={remain!r}, "
+            f"history-limit={hist!r}); nothing was started",
+            run_dir=str(run_dir),
+        )
+    pane_pid = tmux("display-message", "-p", "-t", target, "#{pane_pid}").stdout.strip()
+    st = _proc_stat(int(pane_pid)) if pane_pid.isdigit() else None
+    if st is None:
+        raise RunError(
+            EXIT_FAILED,
+            "wrapper-gone",
+            "the run's wrapper did not start; check that bash exists in the container",
+            run_dir=str(run_dir),
+        )
+    atomic_write(run_dir / "wrapper.pid", f"{pane_pid} {st[3]}\n")
+    atomic_write(run_dir / "go", f"{time.time():.3f}\n")
+
+    state = run_state(run_dir, tail=20, session=args.session)
+    deadline = time.monotonic() + args.settle
+    while time.monotonic() < deadline and state["state"] == "running":
+        time.sleep(0.05)
+        state = run_state(run_dir, tail=20, session=args.session)
+    return {
+        "ok": True,
+        "run_id": run_id,
+        "run_dir": str(run_dir),
+        "session": args.session,
+        "log_path": str(run_dir / "train.log"),
+        "manifest": manifest.to_dict(),
+        "replaced": replaced,
+        "history_limit": int(hist),
+        "state": state,
+    }
+
+
+# --- commands --------------------------------------------------------------------------------
+
+
+def _emit(doc: Any) -> None:
+    sys.stdout.write(json.dumps(doc, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def _run_dir(workdir: str, run_id: str | None) -> Path:
+    rid = run_id or current_run_id(workdir)
+    if not rid:
+        raise RunError(EXIT_FAILED, "no-run", f"no runs in {runs_root(workdir)}")
+    path = runs_root(workdir) / rid
+    if not path.is_dir():
+        raise RunError(EXIT_FAILED, "no-run", f"no run {rid!r} in {runs_root(workdir)}")
+    return path
+
+
+def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[dict[str, Any]]:
+    """Chunks of new complete lines from ``offset``; ends one read after the run exits."""
+    while True:
+        finished = run_state(run_dir)["state"] != "running"
+        chunk = read_from(path, offset)
+        offset = chunk["offset"]
+        if chunk["lines"] or chunk["truncated"]:
+            yield chunk
+        if finished and not chunk["lines"]:
+            yield {**chunk, "lines": [], "end": True, "state": run_state(run_dir)}
+            return
+        if not chunk["lines"]:
+            time.sleep(interval_s)
+
+
+def _cmd_launch(args: argparse.Namespace) -> int:
+    _emit(launch(args))
+    return EXIT_OK
+
+
+def _cmd_stop(args: argparse.Namespace) -> int:
+    _emit(stop_run(_run_dir(args.workdir, args.run_id), args.grace))
+    return EXIT_OK
+
+
+def _cmd_runs(args: argparse.Namespace) -> int:
+    if args.run_id or args.current:
+        _emit(run_state(_run_dir(args.workdir, args.run_id), tail=args.tail, session=args.session))
+    else:
+        _emit(
+            {
+                "workdir": args.workdir,
+                "current": current_run_id(args.workdir),
+                "runs": list_runs(args.workdir),
+            }
+        )
+    return EXIT_OK
+
+
+def _cmd_logs(args: argparse.Namespace) -> int:
+    run_dir = _run_dir(args.workdir, args.run_id)
+    log = run_dir / "train.log"
+    if args.follow:
+        offset = args.offset
+        if offset is None:
+            lines, offset = tail_lines(log, args.lines)
+            _emit({"lines": lines, "offset": offset, "run_id": run_dir.name})
+        for chunk in follow(log, offset, args.interval, run_dir):
+            _emit({**chunk, "run_id": run_dir.name})
+    elif args.offset is not None:
+        _emit({**read_from(log, args.offset, args.max_bytes), "run_id": run_dir.name})
+    else:
+        lines, size = tail_lines(log, args.lines)
+        _emit(
+            {
+                "lines": lines,
+                "offset": size,
+                "size": size,
+                "run_id": run_dir.name,
+                "log_exists": log.exists(),
+            }
+        )
+    return EXIT_OK
+
+
+def _guard(fn: Any) -> Any:
+    """Turn a :class:`RunError` into a JSON error document and its exit code."""
+
+    def handler(args: argparse.Namespace) -> int:
+        try:
+            return int(fn(args))
+        except RunError as exc:
+            _emit({"ok": False, "error": exc.kind, "message": exc.message, **exc.facts})
+            return exc.code
+
+    handler.__doc__ = fn.__doc__
+    return handler
+
+
+def register(subparsers: Any) -> None:
+    """Add ``launch``, ``stop``, ``runs`` and ``logs`` to the agent's argparse subparsers.
+
+    Each parser gets ``func``: a handler taking the parsed namespace and
+    returning the exit code (it prints its JSON itself).
+    """
+
+    def common(p: argparse.ArgumentParser, session: bool = True) -> None:
+        p.add_argument("--workdir", required=True, help="the container's workdir")
+        if session:
+            p.add_argument("--session", default="train", help="tmux session name")
+
+    p = subparsers.add_parser("launch", help="start a run in tmux (wrapper, tee, exit status)")
+    common(p)
+    p.add_argument("--cmd", required=True, help="shell command to run")
+    p.add_argument("--run-id", default=None, help="run id (default: a timestamp)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--gpus", default="", help="GPU indices, e.g. 0-3,6")
+    p.add_argument("--force", action="store_true", help="stop a live session of that name first")
+    p.add_argument("--grace", type=float, default=60.0, help="seconds --force waits (s)")
+    p.add_argument("--settle", type=float, default=1.0, help="seconds to watch after go (s)")
+    p.add_argument("--record-interval", type=float, default=2.0, help="flight recorder period (s)")
+    p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
+    p.add_argument("--orch-version", default=None)
+    p.add_argument("--target", default=None, help="the target's name, for the manifest")
+    p.set_defaults(func=_guard(_cmd_launch))
+
+    p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")
+    common(p, session=False)
+    p.add_argument("--run-id", default=None, help="default: the current run")
+    p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (s)")
+    p.set_defaults(func=_guard(_cmd_stop))
+
+    p = subparsers.add_parser("runs", help="list runs (or one with --run-id/--current)")
+    common(p)
+    p.add_argument("--run-id", default=None)
+    p.add_argument("--current", action="store_true", help="only the current run, in detail")
+    p.add_argument("--tail", type=int, default=0, help="log lines to include (detail only)")
+    p.set_defaults(func=_guard(_cmd_runs))
+
+    p = subparsers.add_parser("logs", help="tail or follow a run's log by byte offset")
+    common(p, session=False)
+    p.add_argument("--run-id", default=None)
+    p.add_argument("-n", "--lines", type=int, default=50)
+    p.add_argument("--offset", type=int, default=None, help="read from this byte offset")
+    p.add_argument("--max-bytes", type=int, default=1 << 20)
+    p.add_argument("-f", "--follow", action="store_true", help="one JSON line per new chunk")
+    p.add_argument("--interval", type=float, default=0.5, help="follow poll period (s)")
+    p.set_defaults(func=_guard(_cmd_logs))

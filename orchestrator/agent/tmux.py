@@ -1,0 +1,133 @@
+"""The run's tmux session, read through libtmux (two tmux commands per observation).
+
+Equivalent shell commands::
+
+    tmux list-panes -s -t =SESSION -F '#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}'
+    tmux capture-pane -p -J -t PANE -S -N
+
+The server socket follows tmux's own rules (``$TMUX_TMPDIR``, ``-L``/``-S``);
+``socket_name``/``socket_path`` pick another. A missing server or session is
+data (``server_running``/``exists`` false), never an exception. libtmux runs tmux
+without a timeout, so a wedged tmux server would block the caller.
+"""
+
+from __future__ import annotations
+
+import logging
+
+from orchestrator.model import SessionState
+
+log = logging.getLogger(__name__)
+
+PANE_FORMAT = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}"
+_NO_SERVER = ("no server running", "error connecting to", "failed to connect to server")
+
+
+def parse_pane_line(line: str) -> tuple[bool, int | None, int | None, int | None, str]:
+    """Parse one ``PANE_FORMAT`` line into (dead, status, signal, pid, pane id).
+
+    >>> parse_pane_line("1|2||4242|%0")
+    (True, 2, None, 4242, '%0')
+    >>> parse_pane_line("1||9|4242|%3")
+    (True, None, 9, 4242, '%3')
+    >>> parse_pane_line("0|||77|%1")
+    (False, None, None, 77, '%1')
+    """
+    cells = (line.split("|") + ["", "", "", "", ""])[:5]
+
+    def num(text: str) -> int | None:
+        return int(text) if text.strip().lstrip("-").isdigit() else None
+
+    return cells[0] == "1", num(cells[1]), num(cells[2]), num(cells[3]), cells[4]
+
+
+def classify_tmux_error(stderr: list[str]) -> str:
+    """``no-server``, ``no-session`` or ``other`` for a failed tmux command's stderr.
+
+    >>> classify_tmux_error(["no server running on /tmp/tmux-0/default"])
+    'no-server'
+    >>> classify_tmux_error(["error connecting to /tmp/x (No such file or directory)"])
+    'no-server'
+    >>> classify_tmux_error(["can't find session: train"])
+    'no-session'
+    """
+    text = " ".join(stderr).lower()
+    if any(s in text for s in _NO_SERVER):
+        return "no-server"
+    if "can't find" in text or "session not found" in text:
+        return "no-session"
+    return "other"
+
+
+class TmuxReader:
+    """Reads one session's state; holds a libtmux Server (cheap, no connection kept).
+
+    Args:
+        socket_name: tmux ``-L`` name; ``None`` for the default.
+        socket_path: tmux ``-S`` path; wins over ``socket_name``.
+    """
+
+    def __init__(self, socket_name: str | None = None, socket_path: str | None = None) -> None:
+        self.socket_name = socket_name
+        self.socket_path = socket_path
+        self._server = None
+        self.error: str | None = None
+
+    def _srv(self):  # type: ignore[no-untyped-def]
+        if self._server is None:
+            import libtmux
+
+            self._server = libtmux.Server(socket_name=self.socket_name, socket_path=self.socket_path)
+        return self._server
+
+    def preload(self) -> None:
+        """Import libtmux now (best effort) so the first observation does not pay for it."""
+        try:
+            self._srv()
+        except ImportError as exc:
+            self.error = f"libtmux not importable: {exc}"
+
+    def sessions(self) -> list[str]:
+        """Names of the sessions on the server (empty when it is not running or tmux is missing)."""
+        try:
+            res = self._srv().cmd("list-sessions", "-F", "#{session_name}")
+        except Exception as exc:  # noqa: BLE001 - libtmux raises TmuxCommandNotFound etc.
+            self.error = f"tmux: {exc.__class__.__name__}: {exc}"
+            return []
+        return [] if res.returncode else list(res.stdout)
+
+    def state(self, session: str, tail_lines: int = 8) -> SessionState:
+        """State of ``session`` and the last ``tail_lines`` non-trailing-blank lines of its pane."""
+        self.error = None
+        try:
+            srv = self._srv()
+            res = srv.cmd("list-panes", "-s", "-t", f"={session}", "-F", PANE_FORMAT)
+        except Exception as exc:  # noqa: BLE001 - tmux missing is data
+            self.error = f"tmux: {exc.__class__.__name__}: {exc}"
+            return SessionState(name=session, exists=False, server_running=False)
+        if res.returncode:
+            kind = classify_tmux_error(res.stderr)
+            if kind == "other":
+                self.error = "tmux: " + " ".join(res.stderr)[:300]
+            return SessionState(name=session, exists=False, server_running=kind != "no-server")
+        if not res.stdout:
+            return SessionState(name=session, exists=True)
+        dead, status, signal, pid, pane = parse_pane_line(res.stdout[0])
+        tail: tuple[str, ...] = ()
+        if tail_lines > 0:
+            cap = srv.cmd("capture-pane", "-p", "-J", "-t", pane, "-S", f"-{max(tail_lines * 4, 50)}")
+            if cap.returncode == 0:
+                lines = list(cap.stdout)
+                while lines and not lines[-1].strip():
+                    lines.pop()
+                tail = tuple(line[:1000] for line in lines[-tail_lines:])
+        return SessionState(
+            name=session,
+            exists=True,
+            server_running=True,
+            pane_dead=dead,
+            pane_dead_status=status,
+            pane_dead_signal=signal,
+            pane_pid=pid,
+            pane_tail=tail,
+        )

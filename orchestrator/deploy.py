@@ -1,0 +1,230 @@
+"""Ship the agent into a container: build a bundle, send it once per content hash, verify it.
+
+The bundle holds ``orchestrator/__init__.py``, ``orchestrator/model.py``, the
+``orchestrator/agent`` package and copies of the operator's installed pure-Python
+``libtmux`` and ``pynvml``, so the container needs neither network nor pip. It
+lands in ``<workdir>/.orch/agent-<hash>/`` (``PYTHONPATH`` for the agent).
+
+Transfer: one deterministic ``tar.gz`` piped over stdin to ``python3 -c`` in the
+container, which unpacks into a temp dir, recomputes the hash over the files,
+and renames the dir into place only when it matches. A later :func:`ensure_agent`
+costs one small command (check python + marker) and sends nothing if the hash
+is already there; within one orch process the answer is cached.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import importlib.util
+import io
+import logging
+import tarfile
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import AgentError, OrchError
+from orchestrator.transport.base import Transport
+
+log = logging.getLogger(__name__)
+
+MIN_PYTHON = (3, 10)
+MARKER = ".orch-bundle"
+
+# Runs under whatever python the container has, so it is Python-2-safe syntax.
+_CHECK = r"""
+import os, sys
+v = sys.version_info
+d = sys.argv[1]
+try:
+    ok = open(os.path.join(d, '.orch-bundle')).read().strip() == sys.argv[2]
+except Exception:
+    ok = False
+sys.stdout.write('%d.%d.%d %s\n' % (v[0], v[1], v[2], ok and 'present' or 'absent'))
+"""
+
+_UNPACK = r"""
+import hashlib, io, os, shutil, sys, tarfile
+dest, want = sys.argv[1], sys.argv[2]
+parent = os.path.dirname(dest)
+os.makedirs(parent, exist_ok=True)
+tmp = '%s.tmp-%d' % (dest, os.getpid())
+data = sys.stdin.buffer.read()
+with tarfile.open(fileobj=io.BytesIO(data), mode='r:gz') as tar:
+    names = []
+    for m in tar.getmembers():
+        if not m.isfile() or m.name.startswith('/') or '..' in m.name.split('/'):
+            sys.stderr.write('refusing bundle member %r\n' % m.name)
+            sys.exit(3)
+        names.append(m.name)
+    tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+h = hashlib.sha256()
+for name in sorted(names):
+    with open(os.path.join(tmp, name), 'rb') as fh:
+        body = fh.read()
+    h.update(name.encode() + b'\0' + str(len(body)).encode() + b'\0' + body)
+got = h.hexdigest()[:16]
+if got != want:
+    shutil.rmtree(tmp, ignore_errors=True)
+    sys.stderr.write('bundle hash mismatch: got %s, want %s\n' % (got, want))
+    sys.exit(4)
+with open(os.path.join(tmp, '.orch-bundle'), 'w') as fh:
+    fh.write(want + '\n')
+try:
+    os.rename(tmp, dest)
+except OSError:
+    if not os.path.isfile(os.path.join(dest, '.orch-bundle')):
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
+sys.stdout.write('ok %s\n' % want)
+"""
+
+
+@dataclass(frozen=True, slots=True)
+class Bundle:
+    """The agent's files (relative path -> bytes), their hash and the tar.gz that carries them."""
+
+    files: dict[str, bytes]
+    hash: str
+    tarball: bytes
+
+    @property
+    def dirname(self) -> str:
+        return f"agent-{self.hash}"
+
+
+def bundle_hash(files: dict[str, bytes]) -> str:
+    """16 hex chars of SHA-256 over sorted (path, size, content); the remote side recomputes it.
+
+    >>> bundle_hash({"a.py": b"x"}) == bundle_hash({"a.py": b"x"}) != bundle_hash({"a.py": b"y"})
+    True
+    """
+    h = hashlib.sha256()
+    for name in sorted(files):
+        body = files[name]
+        h.update(name.encode() + b"\0" + str(len(body)).encode() + b"\0" + body)
+    return h.hexdigest()[:16]
+
+
+def _package_files(root: Path, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    out = {}
+    for path in sorted(root.rglob("*.py")):
+        rel = path.relative_to(root).as_posix()
+        if "__pycache__" in rel or any(rel == s or rel.startswith(s + "/") for s in skip):
+            continue
+        out[f"{prefix}/{rel}"] = path.read_bytes()
+    return out
+
+
+def _installed(module: str) -> Path:
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.origin is None:
+        raise OrchError(f"{module} is not installed on this machine; pip install orch's dependencies")
+    return Path(spec.origin)
+
+
+_cache_lock = threading.Lock()
+_bundle: Bundle | None = None
+
+
+def build_bundle(include_pynvml: bool = True) -> Bundle:
+    """Collect the agent's files from this installation (cached per process when complete).
+
+    ``include_pynvml=False`` leaves pynvml out: the agent then falls back to nvidia-smi.
+    """
+    global _bundle
+    if include_pynvml and _bundle is not None:
+        return _bundle
+    here = Path(__file__).resolve().parent
+    files: dict[str, bytes] = {
+        "orchestrator/__init__.py": (here / "__init__.py").read_bytes(),
+        "orchestrator/model.py": (here / "model.py").read_bytes(),
+    }
+    files.update(_package_files(here / "agent", "orchestrator/agent"))
+    files.update(_package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py")))
+    if include_pynvml:
+        files["pynvml.py"] = _installed("pynvml").read_bytes()
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
+        for name in sorted(files):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
+            tar.addfile(info, io.BytesIO(files[name]))
+    bundle = Bundle(files=files, hash=bundle_hash(files), tarball=buf.getvalue())
+    if include_pynvml:
+        with _cache_lock:
+            _bundle = bundle
+    return bundle
+
+
+def parse_check(text: str) -> tuple[tuple[int, ...], bool]:
+    """Parse the check script's answer ``"3.11.7 present"``.
+
+    >>> parse_check("3.11.7 present\\n")
+    ((3, 11, 7), True)
+    >>> parse_check("2.7.18 absent")
+    ((2, 7, 18), False)
+    """
+    version, _, state = text.strip().partition(" ")
+    return tuple(int(x) for x in version.split(".")), state == "present"
+
+
+_deployed: dict[tuple[str, str, str, str], str] = {}
+
+
+def forget(transport: Transport, workdir: str) -> None:
+    """Drop the cached "already deployed" answers for this place (after the bundle vanished)."""
+    with _cache_lock:
+        for key in [k for k in _deployed if k[0] == transport.name and k[1] == workdir]:
+            del _deployed[key]
+
+
+def ensure_agent(
+    transport: Transport, workdir: str, python: str = "python3", *, bundle: Bundle | None = None,
+    timeout_s: float = 60.0,
+) -> str:
+    """Make sure the current bundle is in ``<workdir>/.orch/agent-<hash>/``; return that path.
+
+    Raises:
+        AgentError: no ``python`` in the container, or one older than 3.10 (the
+            message names what was found), or the transfer failed or did not verify.
+        TransportError: the container could not be reached.
+    """
+    bundle = bundle or build_bundle()
+    dest = f"{workdir.rstrip('/')}/.orch/{bundle.dirname}"
+    key = (transport.name, workdir, python, bundle.hash)
+    with _cache_lock:
+        if key in _deployed:
+            return _deployed[key]
+    res = transport.run([python, "-c", _CHECK, dest, bundle.hash], timeout=timeout_s)
+    where = transport.name
+    if res.exit_status in (126, 127) or (not res.ok and "not found" in res.err.lower()):
+        raise AgentError(
+            f"{where}: {python!r} not found in the container (exit {res.exit_status}: "
+            f"{res.err.strip()[-200:] or 'no output'}); install python3 >= 3.10 there "
+            f"or set python: in hosts.yaml"
+        )
+    try:
+        version, present = parse_check(res.out)
+    except ValueError:
+        raise AgentError(
+            f"{where}: could not run {python!r} in the container (exit {res.exit_status}): "
+            f"{(res.err or res.out).strip()[-300:] or 'no output'}"
+        ) from None
+    if version[:2] < MIN_PYTHON:
+        raise AgentError(
+            f"{where}: {python} is {'.'.join(map(str, version))}; the orch agent needs "
+            f">= {'.'.join(map(str, MIN_PYTHON))}; install a newer python3 or set python: in hosts.yaml"
+        )
+    if not present:
+        log.info("%s: sending agent bundle %s (%d bytes)", where, bundle.hash, len(bundle.tarball))
+        res = transport.run([python, "-c", _UNPACK, dest, bundle.hash], stdin=bundle.tarball,
+                            timeout=timeout_s)
+        if not res.ok or not res.out.startswith("ok "):
+            raise AgentError(
+                f"{where}: sending the agent to {dest} failed (exit {res.exit_status}): "
+                f"{(res.err or res.out).strip()[-300:] or 'no output'}"
+            )
+    with _cache_lock:
+        _deployed[key] = dest
+    return dest

@@ -1,0 +1,275 @@
+"""GPU detectors: ghost utilization, not allocating, imbalance, NVML errors.
+
+Each is a pure function of a snapshot history (oldest first) and :class:`Limits`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.detect.base import (
+    History,
+    alive,
+    fmt_gpus,
+    fmt_num,
+    fmt_time,
+    gpu,
+    manifest_of,
+    reachable,
+    role_label,
+    run_gpus,
+    trailing,
+)
+from orchestrator.detect.limits import Limits
+from orchestrator.model import Finding, GpuSample, HostProbe, Severity, Snapshot
+
+_NVML_PLAYBOOK = {"driver-mismatch": "nvml-driver-mismatch", "gpu-lost": "gpu-fallen-off-bus"}
+_NVML_CRITICAL = {"driver-mismatch", "gpu-lost", "driver-not-loaded"}
+
+
+def _is_ghost(g: GpuSample | None, limits: Limits) -> bool:
+    return (
+        g is not None
+        and g.error is None
+        and g.utilization_pct is not None
+        and g.memory_used_mib is not None
+        and g.utilization_pct >= limits.ghost_util_pct
+        and g.memory_used_mib <= limits.ghost_mem_mib
+    )
+
+
+def ghost_utilization(
+    history: History, limits: Limits, probes: Sequence[HostProbe] = ()
+) -> list[Finding]:
+    """GPUs busy (>= ``ghost_util_pct``) yet nearly empty (<= ``ghost_mem_mib``) for N samples.
+
+    Cross-checked with power (a latched counter often still draws ~100 W) and with
+    whether any process holds the GPU (NVML's list, or the host's GPU PIDs).
+    Seed 000: GPU 3 at ``0 MiB, 100 %`` with no run left.
+    """
+    snaps = reachable(history)
+    if not snaps:
+        return []
+    target = snaps[-1].target
+    holders = sum(len(p.gpu_pids) for p in probes[-1:])
+    out: list[Finding] = []
+    for g in snaps[-1].gpus:
+        run = trailing(snaps, lambda s, i=g.index: _is_ghost(gpu(s, i), limits))  # type: ignore[misc]
+        if len(run) < limits.ghost_samples:
+            continue
+        last = gpu(run[-1], g.index)
+        assert last is not None
+        procs = last.processes
+        if procs:
+            held = f"held by {len(procs)} process(es)"
+        elif procs is None and not probes:
+            held = "process list unknown"
+        else:
+            held = "held by no process" if not holders else "host lists GPU processes"
+        power = f", drawing {fmt_num(last.power_w, 'W')}" if last.power_w is not None else ""
+        evidence = tuple(
+            f"{fmt_time(s.taken_at)} GPU {g.index}: {fmt_num(x.memory_used_mib, 'MiB')}, "
+            f"{fmt_num(x.utilization_pct, '%')}, power {fmt_num(x.power_w, 'W')}"
+            for s in run[-5:]
+            if (x := gpu(s, g.index)) is not None
+        )
+        out.append(
+            Finding(
+                kind="ghost-utilization",
+                severity=Severity.WARNING,
+                target=target,
+                summary=(
+                    f"GPU {g.index} reads {fmt_num(last.utilization_pct, '%')} busy with "
+                    f"{fmt_num(last.memory_used_mib, 'MiB')} used for {len(run)} samples, "
+                    f"{held}{power}: a latched utilization counter (process died mid-kernel), "
+                    f"a hung kernel or stale driver state"
+                ),
+                gpus=(g.index,),
+                since=run[0].taken_at,
+                evidence=evidence,
+                playbook="ghost-utilization",
+            )
+        )
+    return out
+
+
+def not_allocating(
+    history: History, limits: Limits, roles: dict[int, str] | None = None
+) -> list[Finding]:
+    """Past ``startup_grace_s`` since launch, the run's GPUs still ~0 MiB while its process lives.
+
+    Seed 002: every GPU at ``0 MiB`` 8 s after launch is normal (still importing);
+    the same reading after the grace is not.
+    """
+    snaps = reachable(history)
+    manifest = manifest_of(snaps)
+    if not snaps or manifest is None:
+        return []
+    last = snaps[-1]
+    gpus = run_gpus(last, roles)
+    if not gpus or last.run is None or last.run.exit_status is not None or not alive(last):
+        return []
+
+    def idle(s: Snapshot) -> bool:
+        samples = [gpu(s, i) for i in gpus]
+        return all(
+            x is not None
+            and x.memory_used_mib is not None
+            and x.memory_used_mib <= limits.idle_mem_mib
+            for x in samples
+        )
+
+    age_s = last.taken_at - manifest.started_at
+    if age_s < limits.startup_grace_s or not idle(last):
+        return []
+    run = trailing(snaps, lambda s: idle(s) and alive(s))
+    since = max(run[0].taken_at, manifest.started_at + limits.startup_grace_s)
+    evidence = tuple(
+        f"{fmt_time(last.taken_at)} GPU {i}: {fmt_num(x.memory_used_mib, 'MiB')}, "
+        f"{fmt_num(x.utilization_pct, '%')}"
+        for i in gpus
+        if (x := gpu(last, i)) is not None
+    )
+    return [
+        Finding(
+            kind="not-allocating",
+            severity=Severity.WARNING,
+            target=last.target,
+            summary=(
+                f"{role_label(gpus, roles)} still at <= {fmt_num(limits.idle_mem_mib, 'MiB')} "
+                f"{age_s:.0f} s after launch (grace {limits.startup_grace_s:.0f} s) while the "
+                f"process lives: stuck before touching CUDA (import, data loading, a lock)"
+            ),
+            gpus=tuple(gpus),
+            since=since,
+            evidence=(f"launched {fmt_time(manifest.started_at)}", *evidence),
+        )
+    ]
+
+
+def gpu_imbalance(
+    history: History, limits: Limits, roles: dict[int, str] | None = None
+) -> list[Finding]:
+    """Some of the run's GPUs idle while others work, for ``imbalance_samples`` samples.
+
+    Working means above ``imbalance_util_pct`` *and* holding memory, so a ghost GPU
+    (100 %, 0 MiB) does not count as work. Example: drafter GPUs 5-7 idle because
+    their threads died while the target GPUs 0-4 carry on.
+    """
+    snaps = reachable(history)
+    if len(snaps) < limits.imbalance_samples or not alive(snaps[-1]):
+        return []
+    gpus = run_gpus(snaps[-1], roles)
+    if len(gpus) < 2:
+        return []
+
+    def split(s: Snapshot) -> tuple[set[int], set[int]]:
+        idle: set[int] = set()
+        busy: set[int] = set()
+        for i in gpus:
+            x = gpu(s, i)
+            if x is None or x.utilization_pct is None:
+                continue
+            if x.utilization_pct <= limits.imbalance_util_pct:
+                idle.add(i)
+            elif x.memory_used_mib is not None and x.memory_used_mib > limits.idle_mem_mib:
+                busy.add(i)
+        return idle, busy
+
+    window = snaps[-limits.imbalance_samples :]
+    idle_all = set(gpus)
+    for s in window:
+        idle, busy = split(s)
+        if not busy:
+            return []
+        idle_all &= idle
+    if not idle_all:
+        return []
+    run = trailing(snaps, lambda s: bool(split(s)[1]) and idle_all <= split(s)[0])
+    busy_last = sorted(split(window[-1])[1])
+    idle_ids = sorted(idle_all)
+    evidence = tuple(
+        f"{fmt_time(s.taken_at)} "
+        + ", ".join(
+            f"GPU {i}: {fmt_num(x.utilization_pct, '%')}"
+            for i in gpus
+            if (x := gpu(s, i)) is not None
+        )
+        for s in window
+    )
+    return [
+        Finding(
+            kind="gpu-imbalance",
+            severity=Severity.WARNING,
+            target=snaps[-1].target,
+            summary=(
+                f"{role_label(idle_ids, roles)} idle while {role_label(busy_last, roles)} work, "
+                f"for {len(run)} samples: their workers may have died or be waiting"
+            ),
+            gpus=tuple(idle_ids),
+            since=run[0].taken_at,
+            evidence=evidence,
+        )
+    ]
+
+
+def nvml_errors(history: History, limits: Limits) -> list[Finding]:
+    """NVML could not be read (driver/library mismatch, timeout, ...) or a device failed (GPU lost)."""
+    del limits
+    snaps = reachable(history)
+    if not snaps:
+        return []
+    last = snaps[-1]
+    out: list[Finding] = []
+    status = last.nvml
+    if status is not None and not status.ok:
+        kind = status.error_kind or "other"
+        run = trailing(
+            snaps,
+            lambda s: (
+                s.nvml is not None and not s.nvml.ok and (s.nvml.error_kind or "other") == kind
+            ),
+        )
+        out.append(
+            Finding(
+                kind="nvml-error",
+                severity=Severity.CRITICAL if kind in _NVML_CRITICAL else Severity.WARNING,
+                target=last.target,
+                summary=f"NVML failed ({kind}): {status.message or 'no message'}",
+                since=run[0].taken_at if run else last.taken_at,
+                evidence=tuple(
+                    x
+                    for x in (
+                        status.message,
+                        f"source: {status.source}" if status.source else None,
+                        f"driver: {status.driver_version}" if status.driver_version else None,
+                    )
+                    if x
+                ),
+                playbook=_NVML_PLAYBOOK.get(kind),
+            )
+        )
+    by_error: dict[str, list[int]] = {}
+    for g in last.gpus:
+        if g.error:
+            by_error.setdefault(g.error, []).append(g.index)
+    for error, ids in sorted(by_error.items()):
+
+        def failing(s: Snapshot, e: str = error, i: int = ids[0]) -> bool:
+            x = gpu(s, i)
+            return x is not None and x.error == e
+
+        first = trailing(snaps, failing)
+        out.append(
+            Finding(
+                kind="nvml-error",
+                severity=Severity.CRITICAL,
+                target=last.target,
+                summary=f"GPU {fmt_gpus(ids)}: {error} while the other GPUs answered",
+                gpus=tuple(ids),
+                since=first[0].taken_at if first else last.taken_at,
+                evidence=tuple(f"GPU {i}: error {error}" for i in ids),
+                playbook=_NVML_PLAYBOOK.get(error),
+            )
+        )
+    return out

@@ -1,0 +1,137 @@
+"""Host detectors: Xid lines and OOM-killer kills from the Proxmox host's kernel log.
+
+Input is :class:`HostProbe` (``kernel_events`` already parsed by the agent work).
+Events older than the run's launch are ignored: they belong to someone else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.detect.base import History, fmt_time, manifest_of
+from orchestrator.detect.limits import Limits
+from orchestrator.model import Finding, HostProbe, KernelEvent, Severity
+
+XID_MEANINGS: dict[int, str] = {
+    8: "GPU stopped processing (timeout)",
+    13: "graphics engine exception (application-level: bad kernel, out-of-range access)",
+    31: "GPU memory page fault (application-level: illegal address)",
+    32: "invalid or corrupted push buffer stream",
+    43: "GPU stopped processing (application-level: the process hit a fault)",
+    45: "preemptive cleanup after a previous error (application-level)",
+    48: "double-bit ECC error (memory; reset the GPU, check retired pages)",
+    61: "internal micro-controller breakpoint/warning",
+    62: "internal micro-controller halt",
+    63: "ECC page retirement or row remapping recorded (memory)",
+    64: "ECC page retirement or row remapper failure (memory)",
+    68: "video processor exception (application-level)",
+    69: "graphics engine class error",
+    74: "NVLink error",
+    79: "GPU has fallen off the bus (PCIe link lost; power, thermal or hardware)",
+    92: "high single-bit ECC error rate (memory)",
+    94: "contained ECC error (memory; the affected process was killed)",
+    95: "uncontained ECC error (memory; reset the GPU)",
+    109: "context switch timeout (application-level)",
+    119: "GSP RPC timeout",
+    120: "GSP error",
+    140: "unrecovered ECC error",
+}
+"""Short meanings of common Xid codes (NVIDIA's Xid catalog; docs/detectors.md lists sources)."""
+
+CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140})
+
+
+def _since_launch(history: History, events: Sequence[KernelEvent]) -> list[KernelEvent]:
+    manifest = manifest_of(history)
+    if manifest is None:
+        return list(events)
+    return [e for e in events if e.at is None or e.at >= manifest.started_at]
+
+
+def _events(probes: Sequence[HostProbe]) -> list[KernelEvent]:
+    seen: dict[tuple[str, float | None], KernelEvent] = {}
+    for probe in probes:
+        for e in probe.kernel_events:
+            seen.setdefault((e.line, e.at), e)
+    return list(seen.values())
+
+
+def xid(
+    history: History,
+    limits: Limits,
+    probes: Sequence[HostProbe] = (),
+    *,
+    all_xids: bool = False,
+) -> list[Finding]:
+    """One finding per Xid code seen since launch; application-level codes skipped unless ``all_xids``.
+
+    Xid 79 and bare "fallen off the bus" lines carry playbook ``gpu-fallen-off-bus``;
+    the rest ``gpu-xid``.
+    """
+    events = [
+        e for e in _since_launch(history, _events(probes)) if e.kind in ("xid", "fallen-off-bus")
+    ]
+    target = history[-1].target if history else (probes[-1].host if probes else "?")
+    groups: dict[int, list[KernelEvent]] = {}
+    for e in events:
+        code = 79 if e.kind == "fallen-off-bus" else e.xid
+        if code is None:
+            continue
+        if code in limits.ignored_xids and not all_xids:
+            continue
+        groups.setdefault(code, []).append(e)
+    out: list[Finding] = []
+    for code, evs in sorted(groups.items()):
+        pcis = sorted({e.pci for e in evs if e.pci})
+        meaning = XID_MEANINGS.get(code, "see NVIDIA's Xid catalog")
+        ats = [e.at for e in evs if e.at is not None]
+        out.append(
+            Finding(
+                kind="xid",
+                severity=Severity.CRITICAL if code in CRITICAL_XIDS else Severity.WARNING,
+                target=target,
+                summary=(
+                    f"Xid {code} ({meaning}) x{len(evs)}"
+                    + (f" on PCI {', '.join(pcis)}" if pcis else "")
+                ),
+                since=min(ats) if ats else None,
+                evidence=tuple(e.line for e in evs[:5]),
+                playbook="gpu-fallen-off-bus" if code == 79 else "gpu-xid",
+            )
+        )
+    return out
+
+
+def oom_killer(history: History, limits: Limits, probes: Sequence[HostProbe] = ()) -> list[Finding]:
+    """The kernel OOM killer killed a process since launch (ours when its PID was in the run's tree)."""
+    del limits
+    events = [e for e in _since_launch(history, _events(probes)) if e.kind == "oom-killer"]
+    if not events:
+        return []
+    ours = {p.pid for s in history for p in s.processes}
+    target = history[-1].target if history else (probes[-1].host if probes else "?")
+    mine = [e for e in events if e.pid is not None and e.pid in ours]
+    shown = mine or events
+    first = shown[0]
+    who = (
+        f"{first.process or 'a process'} (pid {first.pid})"
+        if first.pid
+        else first.process or "a process"
+    )
+    ats = [e.at for e in shown if e.at is not None]
+    return [
+        Finding(
+            kind="oom-killer",
+            severity=Severity.CRITICAL,
+            target=target,
+            summary=(
+                f"the kernel OOM killer killed {who}"
+                + (", a process of this run" if mine else "")
+                + (f" at {fmt_time(min(ats))}" if ats else "")
+                + (f" ({len(shown)} kills)" if len(shown) > 1 else "")
+            ),
+            since=min(ats) if ats else None,
+            evidence=tuple(e.line for e in shown[:5]),
+            playbook="oom-killer",
+        )
+    ]

@@ -1,0 +1,411 @@
+"""Run and target detectors: death, exit, stall, throughput, reachability, container, protocol.
+
+Silent death, unreachable and container-stopped are kept strictly apart:
+an unreachable target tells nothing about the run; a stopped container explains
+why its processes are gone; only a reachable, running container whose run left
+no session, no process and no exit status is a *silent death*.
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from orchestrator.detect.base import (
+    History,
+    alive,
+    fmt_num,
+    fmt_time,
+    gpu,
+    manifest_of,
+    reachable,
+    run_gpus,
+    session_gone,
+    signal_name,
+    signal_number_name,
+    trailing,
+)
+from orchestrator.detect.limits import Limits
+from orchestrator.model import Finding, Severity, Snapshot
+
+PROTOCOL_PREFIX = "agent protocol error"
+
+
+def _is_protocol_error(text: str) -> bool:
+    """``agent protocol error: ...`` or ``lxc200: agent protocol error: ...`` (AgentProtocolError's form).
+
+    >>> _is_protocol_error("lxc200: agent protocol error: truncated JSON line")
+    True
+    >>> _is_protocol_error("connection refused")
+    False
+    """
+    return text.startswith(PROTOCOL_PREFIX) or f": {PROTOCOL_PREFIX}" in text
+
+
+def _protocol_only(snap: Snapshot) -> bool:
+    return (
+        not snap.reachable and bool(snap.errors) and all(_is_protocol_error(e) for e in snap.errors)
+    )
+
+
+def _stopped(snap: Snapshot) -> bool:
+    return snap.container_status == "stopped"
+
+
+def unreachable(history: History, limits: Limits) -> list[Finding]:
+    """The newest snapshot is the transport's marker: "unreachable since T", never a death."""
+    del limits
+    if not history or history[-1].reachable or _protocol_only(history[-1]):
+        return []
+    run = trailing(history, lambda s: not s.reachable and not _protocol_only(s))
+    last = history[-1]
+    seen = reachable(history)
+    last_seen = f"; last data {fmt_time(seen[-1].taken_at)}" if seen else ""
+    return [
+        Finding(
+            kind="unreachable",
+            severity=Severity.WARNING,
+            target=last.target,
+            summary=(
+                f"unreachable since {fmt_time(run[0].taken_at)} ({len(run)} failed polls"
+                f"{last_seen}); the run's state is unknown, not dead"
+            ),
+            since=run[0].taken_at,
+            evidence=tuple(dict.fromkeys(e for s in run[-3:] for e in s.errors)),
+        )
+    ]
+
+
+def agent_protocol_error(history: History, limits: Limits) -> list[Finding]:
+    """The agent answered something we cannot read (garbage, truncated, future schema)."""
+    del limits
+    if not history:
+        return []
+    last = history[-1]
+    errors = [e for e in last.errors if _is_protocol_error(e)]
+    if not errors:
+        return []
+    run = trailing(history, lambda s: any(_is_protocol_error(e) for e in s.errors))
+    return [
+        Finding(
+            kind="agent-protocol-error",
+            severity=Severity.WARNING,
+            target=last.target,
+            summary=f"the agent's answer could not be read: {errors[0]}",
+            since=run[0].taken_at,
+            evidence=tuple(errors[:5]),
+        )
+    ]
+
+
+def container_stopped(history: History, limits: Limits) -> list[Finding]:
+    """``pct status`` says the container is stopped: every process in it is gone with it."""
+    del limits
+    snaps = reachable(history)
+    if not snaps or not _stopped(snaps[-1]):
+        return []
+    run = trailing(snaps, _stopped)
+    return [
+        Finding(
+            kind="container-stopped",
+            severity=Severity.CRITICAL,
+            target=snaps[-1].target,
+            summary=f"container stopped (pct status: stopped) since {fmt_time(run[0].taken_at)}",
+            since=run[0].taken_at,
+            evidence=("pct status: stopped",),
+        )
+    ]
+
+
+def silent_death(history: History, limits: Limits) -> list[Finding]:
+    """Manifest says started, but no tmux session/server, no process and no exit status (seed 000)."""
+    del limits
+    snaps = reachable(history)
+    if not snaps or _stopped(snaps[-1]):
+        return []
+    last = snaps[-1]
+    if last.run is None or last.run.manifest is None or last.run.exit_status is not None:
+        return []
+    if not session_gone(last) or alive(last):
+        return []
+
+    def dead(s: Snapshot) -> bool:
+        return s.run is not None and s.run.exit_status is None and session_gone(s) and not alive(s)
+
+    run = trailing(snaps, dead)
+    manifest = last.run.manifest
+    sess = last.session
+    evidence = [
+        f"manifest: run {manifest.run_id} started {fmt_time(manifest.started_at)}",
+        "tmux: no server running"
+        if sess is None or not sess.server_running
+        else f"tmux: no session {sess.name!r}",
+        "processes: none",
+        "exit_status: missing",
+        "train.log: never created"
+        if not last.run.log_exists
+        else f"train.log: {last.run.log_size_bytes} bytes",
+    ]
+    if last.run.heartbeat_age_s is not None:
+        evidence.append(f"heartbeat: {last.run.heartbeat_age_s:.0f} s old")
+    return [
+        Finding(
+            kind="silent-death",
+            severity=Severity.CRITICAL,
+            target=last.target,
+            summary=(
+                f"run {manifest.run_id} vanished: no tmux session, no process and no exit status "
+                f"(started {fmt_time(manifest.started_at)})"
+                + ("; its log was never created" if not last.run.log_exists else "")
+            ),
+            gpus=tuple(manifest.gpus),
+            since=run[0].taken_at,
+            evidence=tuple(evidence),
+            playbook="silent-death",
+        )
+    ]
+
+
+def exit_status(history: History, limits: Limits) -> list[Finding]:
+    """``crashed`` (exit status != 0, the signal named above 128, or a dead pane) or ``finished`` (0)."""
+    del limits
+    snaps = reachable(history)
+    if not snaps:
+        return []
+    last = snaps[-1]
+    run = last.run
+    sess = last.session
+    status: int | None = run.exit_status if run is not None else None
+    how = ""
+    if status is None and sess is not None and sess.exists and sess.pane_dead:
+        if sess.pane_dead_signal:
+            status = 128 + sess.pane_dead_signal
+            how = f" (pane dead, signal {signal_number_name(sess.pane_dead_signal)})"
+        elif sess.pane_dead_status is not None:
+            status = sess.pane_dead_status
+            how = " (pane dead)"
+    if status is None:
+        return []
+    first = next((s for s in snaps if s.run is not None and s.run.exit_status == status), last)
+    at = (
+        run.exit_status_at if run is not None and run.exit_status_at is not None else first.taken_at
+    )
+    tail = tuple(sess.pane_tail[-5:]) if sess is not None else ()
+    if run is not None and run.new_log_lines:
+        tail = tuple(run.new_log_lines[-5:])
+    run_id = run.run_id if run is not None else "?"
+    gpus = tuple(run.manifest.gpus) if run is not None and run.manifest is not None else ()
+    if status == 0:
+        return [
+            Finding(
+                kind="finished",
+                severity=Severity.INFO,
+                target=last.target,
+                summary=f"run {run_id} finished (exit status 0) at {fmt_time(at)}",
+                gpus=gpus,
+                since=at,
+                evidence=("exit_status: 0",),
+            )
+        ]
+    sig = signal_name(status)
+    what = f"exit status {status}" + (f" = {sig}" if sig else "")
+    hint = " (often the kernel OOM killer; see the host kernel log)" if sig == "SIGKILL" else ""
+    return [
+        Finding(
+            kind="crashed",
+            severity=Severity.CRITICAL,
+            target=last.target,
+            summary=f"run {run_id} crashed: {what}{how}{hint} at {fmt_time(at)}",
+            gpus=gpus,
+            since=at,
+            evidence=(f"exit_status: {status}" + (f" ({sig})" if sig else ""), *tail),
+        )
+    ]
+
+
+def _progressed(prev: Snapshot | None, cur: Snapshot) -> bool:
+    if cur.run is not None and cur.run.new_log_lines and prev is not None:
+        return True
+    if prev is None or prev.metrics is None or cur.metrics is None:
+        return False
+    a, b = prev.metrics.step, cur.metrics.step
+    return a is not None and b is not None and b > a
+
+
+def stall(
+    history: History,
+    limits: Limits,
+    roles: dict[int, str] | None = None,
+    now: float | None = None,
+) -> list[Finding]:
+    """The process lives but no new log line and no step progress for ``stall_timeout_s``.
+
+    The last progress is the newest of: a snapshot that brought new log lines or a
+    higher step, the log's mtime, the metrics' ``seen_at``, the launch time. The
+    GPUs tell the kind: ~100 % is a stuck kernel or collective (NCCL hangs spin),
+    ~0 % a deadlock or a CPU-side wait. ``now`` (Unix s) evaluates the quiet time at
+    a later instant than the newest snapshot.
+    """
+    snaps = reachable(history)
+    if not snaps:
+        return []
+    last = snaps[-1]
+    if last.run is None or last.run.exit_status is not None or not alive(last):
+        return []
+    marks: list[float] = []
+    manifest = manifest_of(snaps)
+    if manifest is not None:
+        marks.append(manifest.started_at)
+    if last.run.log_mtime is not None:
+        marks.append(last.run.log_mtime)
+    if last.metrics is not None and last.metrics.seen_at is not None:
+        marks.append(last.metrics.seen_at)
+    prev: Snapshot | None = None
+    for s in snaps:
+        if _progressed(prev, s):
+            marks.append(s.taken_at)
+        prev = s
+    if not marks:
+        return []
+    progress_at = max(marks)
+    quiet_s = max(last.taken_at, now or 0.0) - progress_at
+    if quiet_s < limits.stall_timeout_s:
+        return []
+    gpus = run_gpus(last, roles)
+    recent = [s for s in snaps if s.taken_at >= progress_at] or [last]
+    utils = [
+        x.utilization_pct
+        for s in recent[-5:]
+        for i in gpus
+        if (x := gpu(s, i)) is not None and x.utilization_pct is not None
+    ]
+    mean = sum(utils) / len(utils) if utils else None
+    if mean is None:
+        state = "GPU utilization unknown"
+    elif mean >= limits.stall_busy_util_pct:
+        state = f"GPUs at {mean:.0f} %: a stuck kernel or collective (NCCL hangs spin at 100 %)"
+    elif mean <= limits.imbalance_util_pct:
+        state = f"GPUs at {mean:.0f} %: a deadlock or a CPU-side wait (data loading, a lock, I/O)"
+    else:
+        state = f"GPUs at {mean:.0f} % on average"
+    step = last.metrics.step if last.metrics is not None else None
+    return [
+        Finding(
+            kind="stall",
+            severity=Severity.CRITICAL,
+            target=last.target,
+            summary=(
+                f"no new log line and no step progress for {quiet_s:.0f} s "
+                f"(timeout {limits.stall_timeout_s:.0f} s) while the process lives; {state}"
+            ),
+            gpus=tuple(gpus),
+            since=progress_at + limits.stall_timeout_s,
+            evidence=(
+                f"last progress {fmt_time(progress_at)}",
+                f"last step {step if step is not None else '?'}",
+                f"log mtime {fmt_time(last.run.log_mtime)}",
+                f"mean GPU utilization {fmt_num(mean, '%')}",
+            ),
+        )
+    ]
+
+
+def _throughput_series(history: History) -> list[tuple[float, float]]:
+    """(taken_at, tokens/s) per distinct reading: a snapshot repeating the last reading adds nothing."""
+    out: list[tuple[float, float]] = []
+    last_key: tuple[object, ...] | None = None
+    for s in reachable(history):
+        m = s.metrics
+        if m is None or m.tokens_per_s is None:
+            continue
+        key = (m.step, m.seen_at, m.tokens_per_s)
+        if key == last_key and (m.step is not None or m.seen_at is not None):
+            continue
+        last_key = key
+        out.append((s.taken_at, m.tokens_per_s))
+    return out
+
+
+def throughput_drop(history: History, limits: Limits) -> list[Finding]:
+    """tokens/s below ``throughput_drop_ratio`` x the run's rolling baseline for N readings.
+
+    The baseline is the median of up to ``throughput_baseline_samples`` readings
+    before the low ones. Also fires under the absolute floor ``min_tokens_per_s``.
+    Seed 002: 21.5 Ktok/s fell to 4.3.
+    """
+    series = _throughput_series(history)
+    n = limits.throughput_samples
+    if len(series) < n or not history:
+        return []
+    tail = series[-n:]
+    before = series[:-n][-limits.throughput_baseline_samples :]
+    target = history[-1].target
+    if before:
+        base = median(v for _, v in before)
+        floor = base * limits.throughput_drop_ratio
+        if base > 0 and all(v < floor for _, v in tail):
+            low = [v for _, v in tail]
+            return [
+                Finding(
+                    kind="throughput-drop",
+                    severity=Severity.WARNING,
+                    target=target,
+                    summary=(
+                        f"tokens/s fell to {low[-1]:,.0f} from a baseline of {base:,.0f} "
+                        f"({low[-1] / base:.0%}; threshold {limits.throughput_drop_ratio:.0%}) "
+                        f"for {n} readings"
+                    ),
+                    since=tail[0][0],
+                    evidence=(
+                        f"baseline median of {len(before)} readings: {base:,.0f} tok/s",
+                        *(f"{fmt_time(t)} {v:,.0f} tok/s" for t, v in tail),
+                    ),
+                )
+            ]
+    if limits.min_tokens_per_s is not None and all(v < limits.min_tokens_per_s for _, v in tail):
+        return [
+            Finding(
+                kind="throughput-drop",
+                severity=Severity.WARNING,
+                target=target,
+                summary=(
+                    f"tokens/s at {tail[-1][1]:,.0f}, under the floor of "
+                    f"{limits.min_tokens_per_s:,.0f} for {n} readings"
+                ),
+                since=tail[0][0],
+                evidence=tuple(f"{fmt_time(t)} {v:,.0f} tok/s" for t, v in tail),
+            )
+        ]
+    return []
+
+
+def log_missing(history: History, limits: Limits) -> list[Finding]:
+    """The run's process lives past ``startup_timeout_s`` but its log file was never created.
+
+    The seed incident: an ``exec`` in the start script replaced the shell that fed
+    ``tee``, so the program ran and printed to the pane while ``train.log`` never
+    appeared. Kind ``log-missing``, playbook ``tee-bypass``.
+    """
+    snaps = reachable(history)
+    manifest = manifest_of(snaps)
+    if not snaps or manifest is None:
+        return []
+    last = snaps[-1]
+    if last.run is None or last.run.log_exists or not alive(last):
+        return []
+    if last.taken_at - manifest.started_at < limits.startup_timeout_s:
+        return []
+    pane = tuple(last.session.pane_tail[-3:]) if last.session is not None else ()
+    return [
+        Finding(
+            kind="log-missing",
+            severity=Severity.WARNING,
+            target=last.target,
+            summary=(
+                f"the run's process lives {last.taken_at - manifest.started_at:.0f} s after launch "
+                f"but {last.run.log_path or 'its log'} was never created: output bypasses tee"
+            ),
+            since=manifest.started_at + limits.startup_timeout_s,
+            evidence=(f"log_path: {last.run.log_path}", "log_exists: false", *pane),
+            playbook="tee-bypass",
+        )
+    ]

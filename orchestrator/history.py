@@ -1,0 +1,277 @@
+"""What ``orch check`` remembers between runs: snapshot history and alert state, in SQLite.
+
+The database lives at ``~/.local/state/orch/orch.db`` (``--db`` or ``$ORCH_DB``
+override it). Its directory is created ``0700`` and the file ``0600``: snapshots
+carry log lines and alert state names targets, which is nobody else's business.
+The journal is WAL, so a reader (``orch watch``, a second check) never blocks on
+a writer for long.
+
+Two cron runs may overlap (a slow host, a short interval). :meth:`History.locked`
+takes an exclusive ``fcntl.flock`` on ``<db>.lock`` for the read-judge-alert-write
+cycle, so the second run sees the first one's alert state and never sends the
+same alert again; inside it every write is one ``BEGIN IMMEDIATE`` transaction,
+so a crash mid-way leaves the previous state intact.
+
+History is bounded: at most ``keep`` snapshots per target (oldest dropped first).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import json
+import logging
+import os
+import sqlite3
+import time
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from orchestrator.errors import OrchError
+from orchestrator.model import SchemaError, Severity, Snapshot
+
+log = logging.getLogger(__name__)
+
+DEFAULT_KEEP = 120
+"""Snapshots kept per target: ten hours of a five-minute cron."""
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS snapshots (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    target TEXT NOT NULL,
+    taken_at REAL NOT NULL,
+    body TEXT NOT NULL
+);
+CREATE INDEX IF NOT EXISTS snapshots_target ON snapshots (target, id);
+CREATE TABLE IF NOT EXISTS alerts (
+    target TEXT NOT NULL,
+    kind TEXT NOT NULL,
+    gpus TEXT NOT NULL,
+    severity INTEGER NOT NULL,
+    summary TEXT NOT NULL,
+    first_seen REAL NOT NULL,
+    last_notified REAL,
+    PRIMARY KEY (target, kind, gpus)
+);
+CREATE TABLE IF NOT EXISTS meta (
+    key TEXT PRIMARY KEY,
+    value TEXT NOT NULL
+);
+"""
+
+
+class HistoryError(OrchError):
+    """The history database cannot be opened or locked.
+
+    >>> str(HistoryError("/tmp/x.db", "locked by another orch check for 30.0 s"))
+    '/tmp/x.db: locked by another orch check for 30.0 s; is a check hung? (see docs/cron.md)'
+    """
+
+    exit_code = 3
+
+    def __init__(self, path: str, problem: str) -> None:
+        self.path, self.problem = path, problem
+        super().__init__(f"{path}: {problem}; is a check hung? (see docs/cron.md)")
+
+
+@dataclass(frozen=True, slots=True)
+class AlertState:
+    """One finding that is (or was, until recovery is announced) active for a target.
+
+    ``last_notified`` is ``None`` when no notification has been delivered yet
+    (the webhook failed): the next check tries again.
+    """
+
+    target: str
+    kind: str
+    gpus: tuple[int, ...]
+    severity: Severity
+    summary: str
+    first_seen: float
+    last_notified: float | None = None
+
+    @property
+    def key(self) -> tuple[str, str, tuple[int, ...]]:
+        return (self.target, self.kind, self.gpus)
+
+
+def default_path() -> Path:
+    """``$ORCH_DB``, else ``$XDG_STATE_HOME/orch/orch.db``, else ``~/.local/state/orch/orch.db``."""
+    env = os.environ.get("ORCH_DB")
+    if env:
+        return Path(env).expanduser()
+    base = os.environ.get("XDG_STATE_HOME") or str(Path.home() / ".local" / "state")
+    return Path(base) / "orch" / "orch.db"
+
+
+class History:
+    """The SQLite store. Open with :meth:`open`; use as a context manager to close.
+
+    Not shared between threads: the check's worker threads only fetch snapshots,
+    the main thread records them.
+    """
+
+    def __init__(self, path: Path, conn: sqlite3.Connection, keep: int) -> None:
+        self.path = path
+        self._conn = conn
+        self.keep = keep
+
+    @classmethod
+    def open(cls, path: Path | None = None, *, keep: int = DEFAULT_KEEP) -> History:
+        """Open (creating if needed) the database at ``path`` (default :func:`default_path`).
+
+        Raises:
+            HistoryError: the directory or file cannot be created or is not a database.
+        """
+        path = Path(path) if path is not None else default_path()
+        try:
+            if not path.parent.exists():
+                path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+            if not path.exists():
+                fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
+                os.close(fd)
+            conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
+            conn.execute("PRAGMA journal_mode=WAL")
+            conn.execute("PRAGMA synchronous=NORMAL")
+            conn.executescript(_SCHEMA)
+        except (OSError, sqlite3.Error) as exc:
+            raise HistoryError(str(path), f"cannot open history database: {exc}") from None
+        return cls(path, conn, keep)
+
+    def close(self) -> None:
+        self._conn.close()
+
+    def __enter__(self) -> History:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    # --- locking ---------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def locked(self, timeout_s: float = 60.0) -> Iterator[None]:
+        """Hold the exclusive check lock (``<db>.lock``, flock) for the block.
+
+        Waits up to ``timeout_s`` seconds, polling, then raises ``HistoryError``:
+        a check that cannot get the lock must not judge or alert on stale state.
+        The lock dies with the process, so a killed check never wedges the next.
+        """
+        lock_path = self.path.with_name(self.path.name + ".lock")
+        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            deadline = time.monotonic() + timeout_s
+            while True:
+                try:
+                    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                    break
+                except BlockingIOError:
+                    if time.monotonic() >= deadline:
+                        raise HistoryError(
+                            str(self.path), f"locked by another orch check for {timeout_s} s"
+                        ) from None
+                    time.sleep(0.05)
+            yield
+        finally:
+            os.close(fd)  # closing the descriptor releases the flock
+
+    @contextlib.contextmanager
+    def _write(self) -> Iterator[sqlite3.Connection]:
+        self._conn.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._conn
+        except BaseException:
+            self._conn.execute("ROLLBACK")
+            raise
+        self._conn.execute("COMMIT")
+
+    # --- snapshots -------------------------------------------------------------------------
+
+    def record(self, snapshots: Iterable[Snapshot]) -> None:
+        """Append snapshots and trim each target to the newest ``keep``, in one transaction."""
+        snaps = list(snapshots)
+        with self._write() as db:
+            for snap in snaps:
+                db.execute(
+                    "INSERT INTO snapshots (target, taken_at, body) VALUES (?, ?, ?)",
+                    (snap.target, snap.taken_at, json.dumps(snap.to_dict(), separators=(",", ":"))),
+                )
+            for target in {s.target for s in snaps}:
+                db.execute(
+                    "DELETE FROM snapshots WHERE target = ? AND id NOT IN "
+                    "(SELECT id FROM snapshots WHERE target = ? ORDER BY id DESC LIMIT ?)",
+                    (target, target, self.keep),
+                )
+
+    def snapshots(self, target: str, limit: int | None = None) -> list[Snapshot]:
+        """The target's stored snapshots, oldest first (at most ``limit``, the newest ones).
+
+        A row that no longer parses (written by a newer orch) is skipped with a warning.
+        """
+        rows = self._conn.execute(
+            "SELECT body FROM snapshots WHERE target = ? ORDER BY id DESC LIMIT ?",
+            (target, limit if limit is not None else self.keep),
+        ).fetchall()
+        out: list[Snapshot] = []
+        for (body,) in reversed(rows):
+            try:
+                out.append(Snapshot.from_dict(json.loads(body)))
+            except (SchemaError, ValueError) as exc:
+                log.warning("%s: skipping unreadable stored snapshot: %s", target, exc)
+        return out
+
+    # --- alert state -----------------------------------------------------------------------
+
+    def alerts(
+        self, targets: Sequence[str] | None = None
+    ) -> dict[tuple[str, str, tuple[int, ...]], AlertState]:
+        """Active alert states, keyed like :attr:`Finding.key` (all targets when ``None``)."""
+        rows = self._conn.execute(
+            "SELECT target, kind, gpus, severity, summary, first_seen, last_notified FROM alerts"
+        ).fetchall()
+        wanted = set(targets) if targets is not None else None
+        out = {}
+        for target, kind, gpus, severity, summary, first_seen, last_notified in rows:
+            if wanted is not None and target not in wanted:
+                continue
+            state = AlertState(
+                target=target,
+                kind=kind,
+                gpus=tuple(json.loads(gpus)),
+                severity=Severity(severity),
+                summary=summary,
+                first_seen=first_seen,
+                last_notified=last_notified,
+            )
+            out[state.key] = state
+        return out
+
+    def save_alerts(self, targets: Sequence[str], states: Iterable[AlertState]) -> None:
+        """Replace the alert state of ``targets`` with ``states`` (one transaction)."""
+        with self._write() as db:
+            for target in targets:
+                db.execute("DELETE FROM alerts WHERE target = ?", (target,))
+            for s in states:
+                db.execute(
+                    "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?)",
+                    (
+                        s.target,
+                        s.kind,
+                        json.dumps(list(s.gpus)),
+                        int(s.severity),
+                        s.summary,
+                        s.first_seen,
+                        s.last_notified,
+                    ),
+                )
+
+    # --- small key/value (e.g. the last host-probe time) -----------------------------------
+
+    def get_meta(self, key: str) -> str | None:
+        row = self._conn.execute("SELECT value FROM meta WHERE key = ?", (key,)).fetchone()
+        return row[0] if row else None
+
+    def set_meta(self, key: str, value: str) -> None:
+        with self._write() as db:
+            db.execute("INSERT OR REPLACE INTO meta VALUES (?, ?)", (key, value))

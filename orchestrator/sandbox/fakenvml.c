@@ -1,0 +1,703 @@
+/*
+ * A fake libnvidia-ml.so.1 for the orch sandbox.
+ *
+ * Build: cc -shared -fPIC -O2 -o libnvidia-ml.so.1 fakenvml.c
+ *
+ * Every call re-reads the JSON scenario named by $ORCH_FAKE_NVML_SCENARIO, so a
+ * test can switch scenario (atomically, temp + rename) while a process keeps
+ * NVML initialised. The exported functions, their argument structs and their
+ * return codes follow nvml.h as REAL pynvml (nvidia-ml-py) calls them:
+ *   - process lists: v1 {pid, usedGpuMemory}; v2/v3 {pid, usedGpuMemory,
+ *     gpuInstanceId, computeInstanceId}; the count/INSUFFICIENT_SIZE protocol.
+ *   - nvmlDeviceGetMemoryInfo_v2 checks the struct version (0x02000028).
+ *   - power is in milliwatts; memory in bytes.
+ * Scenario keys (all optional): driver_version, nvml_version,
+ * cuda_driver_version (e.g. 12080), init_error (name or code), init_hang_ms,
+ * devices: [{index, name, uuid, pci_bus_id, util_pct, mem_util_pct, mem_used_mib,
+ * mem_total_mib, temp_c, power_w, power_limit_w, processes: [{pid, used_mib}],
+ * lost, hang_ms}].
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define EXPORT __attribute__((visibility("default")))
+
+typedef int nvmlReturn_t;
+typedef struct nvmlDevice_st *nvmlDevice_t;
+
+enum {
+    NVML_SUCCESS = 0,
+    NVML_ERROR_UNINITIALIZED = 1,
+    NVML_ERROR_INVALID_ARGUMENT = 2,
+    NVML_ERROR_NOT_SUPPORTED = 3,
+    NVML_ERROR_NO_PERMISSION = 4,
+    NVML_ERROR_NOT_FOUND = 6,
+    NVML_ERROR_INSUFFICIENT_SIZE = 7,
+    NVML_ERROR_DRIVER_NOT_LOADED = 9,
+    NVML_ERROR_TIMEOUT = 10,
+    NVML_ERROR_GPU_IS_LOST = 15,
+    NVML_ERROR_RESET_REQUIRED = 16,
+    NVML_ERROR_LIB_RM_VERSION_MISMATCH = 18,
+    NVML_ERROR_ARGUMENT_VERSION_MISMATCH = 25,
+    NVML_ERROR_UNKNOWN = 999,
+};
+
+/* ------------------------------------------------------------------ tiny JSON */
+
+enum { J_NULL, J_BOOL, J_NUM, J_STR, J_ARR, J_OBJ };
+
+typedef struct jv {
+    int type;
+    double num;
+    char *str;       /* J_STR */
+    int n;           /* J_ARR / J_OBJ */
+    char **keys;     /* J_OBJ */
+    struct jv *items;
+} jv;
+
+typedef struct {
+    const char *p, *end;
+    int err;
+} jparser;
+
+static void jfree(jv *v) {
+    int i;
+    if (!v) return;
+    free(v->str);
+    for (i = 0; i < v->n; i++) {
+        jfree(&v->items[i]);
+        if (v->keys) free(v->keys[i]);
+    }
+    free(v->items);
+    free(v->keys);
+    memset(v, 0, sizeof *v);
+}
+
+static void jws(jparser *ps) {
+    while (ps->p < ps->end && (*ps->p == ' ' || *ps->p == '\t' || *ps->p == '\n' || *ps->p == '\r'))
+        ps->p++;
+}
+
+static char *jstring(jparser *ps) {
+    size_t cap = 16, len = 0;
+    char *out;
+    if (ps->p >= ps->end || *ps->p != '"') { ps->err = 1; return NULL; }
+    ps->p++;
+    out = malloc(cap);
+    while (ps->p < ps->end && *ps->p != '"') {
+        char c = *ps->p++;
+        if (c == '\\' && ps->p < ps->end) {
+            char e = *ps->p++;
+            switch (e) {
+            case 'n': c = '\n'; break;
+            case 't': c = '\t'; break;
+            case 'r': c = '\r'; break;
+            case 'b': c = '\b'; break;
+            case 'f': c = '\f'; break;
+            case 'u': /* keep ASCII only; anything else becomes '?' */
+                if (ps->end - ps->p >= 4) {
+                    unsigned code = (unsigned)strtoul((char[5]){ps->p[0], ps->p[1], ps->p[2], ps->p[3], 0}, NULL, 16);
+                    c = code < 128 ? (char)code : '?';
+                    ps->p += 4;
+                }
+                break;
+            default: c = e;
+            }
+        }
+        if (len + 2 > cap) out = realloc(out, cap *= 2);
+        out[len++] = c;
+    }
+    if (ps->p >= ps->end) { ps->err = 1; free(out); return NULL; }
+    ps->p++;
+    out[len] = 0;
+    return out;
+}
+
+static void jvalue(jparser *ps, jv *v, int depth);
+
+static void jpush(jv *v, jv *item, char *key) {
+    v->items = realloc(v->items, sizeof(jv) * (size_t)(v->n + 1));
+    v->items[v->n] = *item;
+    if (v->type == J_OBJ) {
+        v->keys = realloc(v->keys, sizeof(char *) * (size_t)(v->n + 1));
+        v->keys[v->n] = key;
+    }
+    v->n++;
+}
+
+static void jvalue(jparser *ps, jv *v, int depth) {
+    memset(v, 0, sizeof *v);
+    jws(ps);
+    if (ps->p >= ps->end || depth > 32) { ps->err = 1; return; }
+    switch (*ps->p) {
+    case '{':
+    case '[': {
+        char close = *ps->p == '{' ? '}' : ']';
+        v->type = close == '}' ? J_OBJ : J_ARR;
+        ps->p++;
+        jws(ps);
+        if (ps->p < ps->end && *ps->p == close) { ps->p++; return; }
+        while (!ps->err) {
+            jv item;
+            char *key = NULL;
+            jws(ps);
+            if (v->type == J_OBJ) {
+                key = jstring(ps);
+                if (ps->err) return;
+                jws(ps);
+                if (ps->p >= ps->end || *ps->p != ':') { free(key); ps->err = 1; return; }
+                ps->p++;
+            }
+            jvalue(ps, &item, depth + 1);
+            if (ps->err) { free(key); jfree(&item); return; }
+            jpush(v, &item, key);
+            jws(ps);
+            if (ps->p < ps->end && *ps->p == ',') { ps->p++; continue; }
+            if (ps->p < ps->end && *ps->p == close) { ps->p++; return; }
+            ps->err = 1;
+        }
+        return;
+    }
+    case '"':
+        v->type = J_STR;
+        v->str = jstring(ps);
+        return;
+    case 't':
+    case 'f':
+    case 'n': {
+        const char *words[] = {"true", "false", "null"};
+        int i;
+        for (i = 0; i < 3; i++) {
+            size_t l = strlen(words[i]);
+            if ((size_t)(ps->end - ps->p) >= l && strncmp(ps->p, words[i], l) == 0) {
+                v->type = i == 2 ? J_NULL : J_BOOL;
+                v->num = i == 0;
+                ps->p += l;
+                return;
+            }
+        }
+        ps->err = 1;
+        return;
+    }
+    default: {
+        char *endp;
+        char buf[64];
+        size_t l = (size_t)(ps->end - ps->p) < sizeof buf - 1 ? (size_t)(ps->end - ps->p) : sizeof buf - 1;
+        memcpy(buf, ps->p, l);
+        buf[l] = 0;
+        v->type = J_NUM;
+        v->num = strtod(buf, &endp);
+        if (endp == buf) { ps->err = 1; return; }
+        ps->p += endp - buf;
+    }
+    }
+}
+
+static jv *jget(jv *obj, const char *key) {
+    int i;
+    if (!obj || obj->type != J_OBJ) return NULL;
+    for (i = 0; i < obj->n; i++)
+        if (strcmp(obj->keys[i], key) == 0) return &obj->items[i];
+    return NULL;
+}
+
+static double jnum(jv *obj, const char *key, double dflt) {
+    jv *v = jget(obj, key);
+    return v && (v->type == J_NUM || v->type == J_BOOL) ? v->num : dflt;
+}
+
+static const char *jstr(jv *obj, const char *key, const char *dflt) {
+    jv *v = jget(obj, key);
+    return v && v->type == J_STR ? v->str : dflt;
+}
+
+/* ------------------------------------------------------------------ scenario */
+
+static int g_init_count = 0; /* nvmlInit/nvmlShutdown refcount (atomics) */
+
+typedef struct {
+    jv root;
+    jv *devices; /* J_ARR or NULL */
+} scenario;
+
+static void sleep_ms(double ms) {
+    struct timespec ts;
+    if (ms <= 0) return;
+    ts.tv_sec = (time_t)(ms / 1000);
+    ts.tv_nsec = (long)((ms - (double)ts.tv_sec * 1000) * 1e6);
+    while (nanosleep(&ts, &ts) == -1 && errno == EINTR) {
+    }
+}
+
+static int init_error_code(jv *root) {
+    jv *v = jget(root, "init_error");
+    if (!v || v->type == J_NULL) return NVML_SUCCESS;
+    if (v->type == J_NUM) return (int)v->num;
+    if (v->type != J_STR) return NVML_ERROR_UNKNOWN;
+    if (!strcmp(v->str, "driver-mismatch")) return NVML_ERROR_LIB_RM_VERSION_MISMATCH;
+    if (!strcmp(v->str, "driver-not-loaded")) return NVML_ERROR_DRIVER_NOT_LOADED;
+    if (!strcmp(v->str, "no-permission")) return NVML_ERROR_NO_PERMISSION;
+    if (!strcmp(v->str, "gpu-lost")) return NVML_ERROR_GPU_IS_LOST;
+    if (!strcmp(v->str, "reset-required")) return NVML_ERROR_RESET_REQUIRED;
+    if (!strcmp(v->str, "timeout")) return NVML_ERROR_TIMEOUT;
+    return NVML_ERROR_UNKNOWN;
+}
+
+/* Read and parse the scenario; on success the caller must scenario_free(). */
+static nvmlReturn_t scenario_load(scenario *s) {
+    const char *path = getenv("ORCH_FAKE_NVML_SCENARIO");
+    FILE *f;
+    char *buf;
+    long size;
+    jparser ps;
+    memset(s, 0, sizeof *s);
+    if (!path || !*path) return NVML_ERROR_DRIVER_NOT_LOADED;
+    f = fopen(path, "rb");
+    if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;
+    fseek(f, 0, SEEK_END);
+    size = ftell(f);
+    fseek(f, 0, SEEK_SET);
+    if (size < 0 || size > (16 << 20)) { fclose(f); return NVML_ERROR_UNKNOWN; }
+    buf = malloc((size_t)size + 1);
+    if (fread(buf, 1, (size_t)size, f) != (size_t)size) { fclose(f); free(buf); return NVML_ERROR_UNKNOWN; }
+    fclose(f);
+    ps.p = buf;
+    ps.end = buf + size;
+    ps.err = 0;
+    jvalue(&ps, &s->root, 0);
+    free(buf);
+    if (ps.err || s->root.type != J_OBJ) {
+        fprintf(stderr, "fake libnvidia-ml: %s: not a JSON object\n", path);
+        jfree(&s->root);
+        return NVML_ERROR_UNKNOWN;
+    }
+    s->devices = jget(&s->root, "devices");
+    if (s->devices && s->devices->type != J_ARR) s->devices = NULL;
+    return NVML_SUCCESS;
+}
+
+static void scenario_free(scenario *s) { jfree(&s->root); }
+
+static int device_count(scenario *s) { return s->devices ? s->devices->n : 0; }
+
+/* Begin a call that needs an initialised library: load the scenario and apply
+ * the scenario-wide error (a driver mismatch breaks every call, not only init). */
+static nvmlReturn_t begin(scenario *s) {
+    nvmlReturn_t rc;
+    if (__atomic_load_n(&g_init_count, __ATOMIC_SEQ_CST) <= 0) return NVML_ERROR_UNINITIALIZED;
+    rc = scenario_load(s);
+    if (rc != NVML_SUCCESS) return rc;
+    rc = init_error_code(&s->root);
+    if (rc != NVML_SUCCESS) scenario_free(s);
+    return rc;
+}
+
+#define HANDLE_BASE 0x1000u
+
+/* Begin a device call: the device's hang_ms is slept first, then lost -> GPU_IS_LOST. */
+static nvmlReturn_t begin_device(scenario *s, nvmlDevice_t h, jv **dev) {
+    uintptr_t raw = (uintptr_t)h;
+    nvmlReturn_t rc = begin(s);
+    int idx;
+    if (rc != NVML_SUCCESS) return rc;
+    if (raw < HANDLE_BASE || raw >= HANDLE_BASE + 4096) { scenario_free(s); return NVML_ERROR_INVALID_ARGUMENT; }
+    idx = (int)(raw - HANDLE_BASE);
+    if (idx >= device_count(s)) { scenario_free(s); return NVML_ERROR_GPU_IS_LOST; }
+    *dev = &s->devices->items[idx];
+    sleep_ms(jnum(*dev, "hang_ms", 0));
+    if (jnum(*dev, "lost", 0)) { scenario_free(s); return NVML_ERROR_GPU_IS_LOST; }
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t copy_str(char *dst, unsigned int len, const char *src) {
+    if (!dst) return NVML_ERROR_INVALID_ARGUMENT;
+    if (strlen(src) + 1 > len) return NVML_ERROR_INSUFFICIENT_SIZE;
+    strcpy(dst, src);
+    return NVML_SUCCESS;
+}
+
+static const unsigned default_bus[8] = {0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb};
+
+static void bus_id(jv *dev, int idx, char *out, size_t len) {
+    const char *given = jstr(dev, "pci_bus_id", NULL);
+    if (given) snprintf(out, len, "%s", given);
+    else snprintf(out, len, "00000000:%02X:00.0", idx < 8 ? default_bus[idx] : 0xe0u + (unsigned)idx);
+}
+
+/* ------------------------------------------------------------------ init / system */
+
+static nvmlReturn_t do_init(void) {
+    scenario s;
+    nvmlReturn_t rc = scenario_load(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    sleep_ms(jnum(&s.root, "init_hang_ms", 0));
+    rc = init_error_code(&s.root);
+    scenario_free(&s);
+    if (rc == NVML_SUCCESS) __atomic_add_fetch(&g_init_count, 1, __ATOMIC_SEQ_CST);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlInit(void) { return do_init(); }
+EXPORT nvmlReturn_t nvmlInit_v2(void) { return do_init(); }
+EXPORT nvmlReturn_t nvmlInitWithFlags(unsigned int flags) { (void)flags; return do_init(); }
+
+EXPORT nvmlReturn_t nvmlShutdown(void) {
+    if (__atomic_load_n(&g_init_count, __ATOMIC_SEQ_CST) <= 0) return NVML_ERROR_UNINITIALIZED;
+    __atomic_sub_fetch(&g_init_count, 1, __ATOMIC_SEQ_CST);
+    return NVML_SUCCESS;
+}
+
+EXPORT const char *nvmlErrorString(nvmlReturn_t rc) {
+    switch (rc) {
+    case 0: return "Success";
+    case 1: return "Uninitialized";
+    case 2: return "Invalid Argument";
+    case 3: return "Not Supported";
+    case 4: return "Insufficient Permissions";
+    case 5: return "Already Initialized";
+    case 6: return "Not Found";
+    case 7: return "Insufficient Size";
+    case 8: return "Insufficient External Power";
+    case 9: return "Driver Not Loaded";
+    case 10: return "Timeout";
+    case 11: return "Interrupt Request Issue";
+    case 12: return "NVML Shared Library Not Found";
+    case 13: return "Function Not Found";
+    case 14: return "Corrupted infoROM";
+    case 15: return "GPU is lost";
+    case 16: return "GPU requires restart";
+    case 17: return "The operating system has blocked the request.";
+    case 18: return "RM has detected an NVML/RM version mismatch.";
+    case 19: return "In use by another client";
+    case 20: return "Insufficient Memory";
+    case 21: return "No data";
+    case 25: return "Argument version mismatch";
+    default: return "Unknown Error";
+    }
+}
+
+static nvmlReturn_t system_string(const char *key, const char *dflt, char *out, unsigned int len) {
+    scenario s;
+    nvmlReturn_t rc = begin(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    rc = copy_str(out, len, jstr(&s.root, key, dflt));
+    scenario_free(&s);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetDriverVersion(char *version, unsigned int length) {
+    return system_string("driver_version", "570.172.08", version, length);
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetNVMLVersion(char *version, unsigned int length) {
+    return system_string("nvml_version", "12.570.172.08", version, length);
+}
+
+static nvmlReturn_t cuda_version(int *out) {
+    scenario s;
+    nvmlReturn_t rc;
+    if (!out) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = begin(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    *out = (int)jnum(&s.root, "cuda_driver_version", 12080);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion(int *v) { return cuda_version(v); }
+EXPORT nvmlReturn_t nvmlSystemGetCudaDriverVersion_v2(int *v) { return cuda_version(v); }
+
+/* ------------------------------------------------------------------ device lookup */
+
+static nvmlReturn_t get_count(unsigned int *count) {
+    scenario s;
+    nvmlReturn_t rc;
+    if (!count) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = begin(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    *count = (unsigned)device_count(&s);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetCount(unsigned int *c) { return get_count(c); }
+EXPORT nvmlReturn_t nvmlDeviceGetCount_v2(unsigned int *c) { return get_count(c); }
+
+static nvmlReturn_t handle_by_index(unsigned int index, nvmlDevice_t *device) {
+    scenario s;
+    jv *dev;
+    nvmlReturn_t rc;
+    if (!device) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = begin(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    if ((int)index >= device_count(&s)) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    scenario_free(&s);
+    rc = begin_device(&s, (nvmlDevice_t)(uintptr_t)(HANDLE_BASE + index), &dev);
+    if (rc != NVML_SUCCESS) return rc;
+    scenario_free(&s);
+    *device = (nvmlDevice_t)(uintptr_t)(HANDLE_BASE + index);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex(unsigned int i, nvmlDevice_t *d) { return handle_by_index(i, d); }
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByIndex_v2(unsigned int i, nvmlDevice_t *d) { return handle_by_index(i, d); }
+
+static nvmlReturn_t handle_by_key(const char *key, const char *want, nvmlDevice_t *device) {
+    scenario s;
+    nvmlReturn_t rc;
+    int i, n;
+    if (!want || !device) return NVML_ERROR_INVALID_ARGUMENT;
+    rc = begin(&s);
+    if (rc != NVML_SUCCESS) return rc;
+    n = device_count(&s);
+    for (i = 0; i < n; i++) {
+        char bus[64];
+        jv *dev = &s.devices->items[i];
+        const char *have = jstr(dev, key, "");
+        if (!strcmp(key, "pci_bus_id")) { bus_id(dev, i, bus, sizeof bus); have = bus; }
+        if (strcasecmp(have, want) == 0) {
+            scenario_free(&s);
+            return handle_by_index((unsigned)i, device);
+        }
+    }
+    scenario_free(&s);
+    return NVML_ERROR_NOT_FOUND;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByUUID(const char *uuid, nvmlDevice_t *d) { return handle_by_key("uuid", uuid, d); }
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId(const char *bus, nvmlDevice_t *d) { return handle_by_key("pci_bus_id", bus, d); }
+EXPORT nvmlReturn_t nvmlDeviceGetHandleByPciBusId_v2(const char *bus, nvmlDevice_t *d) { return handle_by_key("pci_bus_id", bus, d); }
+
+/* ------------------------------------------------------------------ device queries */
+
+#define DEVICE_CALL(h, s, dev)                                 \
+    scenario s;                                                \
+    jv *dev = NULL;                                            \
+    nvmlReturn_t rc_ = begin_device(&s, h, &dev);              \
+    if (rc_ != NVML_SUCCESS) return rc_;
+
+EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *index) {
+    DEVICE_CALL(h, s, dev)
+    if (!index) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *index = (unsigned)jnum(dev, "index", (double)((uintptr_t)h - HANDLE_BASE));
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetName(nvmlDevice_t h, char *name, unsigned int length) {
+    nvmlReturn_t rc;
+    DEVICE_CALL(h, s, dev)
+    rc = copy_str(name, length, jstr(dev, "name", "NVIDIA H200"));
+    scenario_free(&s);
+    return rc;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetUUID(nvmlDevice_t h, char *uuid, unsigned int length) {
+    nvmlReturn_t rc;
+    char fallback[64];
+    DEVICE_CALL(h, s, dev)
+    snprintf(fallback, sizeof fallback, "GPU-00000000-0000-0000-0000-%012x", (unsigned)((uintptr_t)h - HANDLE_BASE));
+    rc = copy_str(uuid, length, jstr(dev, "uuid", fallback));
+    scenario_free(&s);
+    return rc;
+}
+
+typedef struct { unsigned int gpu, memory; } nvmlUtilization_t;
+
+EXPORT nvmlReturn_t nvmlDeviceGetUtilizationRates(nvmlDevice_t h, nvmlUtilization_t *u) {
+    DEVICE_CALL(h, s, dev)
+    if (!u) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    u->gpu = (unsigned)jnum(dev, "util_pct", 0);
+    u->memory = (unsigned)jnum(dev, "mem_util_pct", u->gpu ? u->gpu / 2 : 0);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+#define MIB 1048576ULL
+
+typedef struct { unsigned long long total, free, used; } nvmlMemory_t;
+typedef struct { unsigned int version; unsigned long long total, reserved, free, used; } nvmlMemory_v2_t;
+#define NVML_MEMORY_V2 0x02000028u
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo(nvmlDevice_t h, nvmlMemory_t *m) {
+    unsigned long long total, used;
+    DEVICE_CALL(h, s, dev)
+    if (!m) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    total = (unsigned long long)jnum(dev, "mem_total_mib", 143771) * MIB;
+    used = (unsigned long long)(jnum(dev, "mem_used_mib", 0) + jnum(dev, "mem_reserved_mib", 0)) * MIB;
+    m->total = total;
+    m->used = used;
+    m->free = total > used ? total - used : 0;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMemoryInfo_v2(nvmlDevice_t h, nvmlMemory_v2_t *m) {
+    unsigned long long total, used, reserved;
+    DEVICE_CALL(h, s, dev)
+    if (!m) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    if (m->version != NVML_MEMORY_V2) { scenario_free(&s); return NVML_ERROR_ARGUMENT_VERSION_MISMATCH; }
+    total = (unsigned long long)jnum(dev, "mem_total_mib", 143771) * MIB;
+    used = (unsigned long long)jnum(dev, "mem_used_mib", 0) * MIB;
+    reserved = (unsigned long long)jnum(dev, "mem_reserved_mib", 0) * MIB;
+    m->total = total;
+    m->used = used;
+    m->reserved = reserved;
+    m->free = total > used + reserved ? total - used - reserved : 0;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetTemperature(nvmlDevice_t h, int sensor, unsigned int *temp) {
+    DEVICE_CALL(h, s, dev)
+    if (!temp || sensor != 0) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *temp = (unsigned)jnum(dev, "temp_c", 30);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPowerUsage(nvmlDevice_t h, unsigned int *mw) {
+    DEVICE_CALL(h, s, dev)
+    if (!mw) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *mw = (unsigned)(jnum(dev, "power_w", 70) * 1000.0 + 0.5);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t power_limit(nvmlDevice_t h, unsigned int *mw) {
+    DEVICE_CALL(h, s, dev)
+    if (!mw) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *mw = (unsigned)(jnum(dev, "power_limit_w", 700) * 1000.0 + 0.5);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEnforcedPowerLimit(nvmlDevice_t h, unsigned int *mw) { return power_limit(h, mw); }
+EXPORT nvmlReturn_t nvmlDeviceGetPowerManagementLimit(nvmlDevice_t h, unsigned int *mw) { return power_limit(h, mw); }
+
+EXPORT nvmlReturn_t nvmlDeviceGetPersistenceMode(nvmlDevice_t h, int *mode) {
+    DEVICE_CALL(h, s, dev)
+    if (!mode) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *mode = 1;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+typedef struct { unsigned int pid; unsigned long long usedGpuMemory; } nvmlProcessInfo_v1_t;
+typedef struct {
+    unsigned int pid;
+    unsigned long long usedGpuMemory;
+    unsigned int gpuInstanceId, computeInstanceId;
+} nvmlProcessInfo_v2_t;
+
+/* The count protocol: infos NULL or *count too small -> *count = needed and
+ * INSUFFICIENT_SIZE (SUCCESS when there are none); else fill and set *count. */
+static nvmlReturn_t processes(nvmlDevice_t h, unsigned int *count, void *infos, int version, const char *key) {
+    jv *list;
+    unsigned n, i;
+    DEVICE_CALL(h, s, dev)
+    if (!count) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    list = jget(dev, key);
+    n = list && list->type == J_ARR ? (unsigned)list->n : 0;
+    if (n == 0) { *count = 0; scenario_free(&s); return NVML_SUCCESS; }
+    if (!infos || *count < n) { *count = n; scenario_free(&s); return NVML_ERROR_INSUFFICIENT_SIZE; }
+    for (i = 0; i < n; i++) {
+        jv *p = &list->items[i];
+        unsigned pid = (unsigned)jnum(p, "pid", 0);
+        unsigned long long used = (unsigned long long)jnum(p, "used_mib", 0) * MIB;
+        if (version == 1) {
+            nvmlProcessInfo_v1_t *out = (nvmlProcessInfo_v1_t *)infos + i;
+            out->pid = pid;
+            out->usedGpuMemory = used;
+        } else {
+            nvmlProcessInfo_v2_t *out = (nvmlProcessInfo_v2_t *)infos + i;
+            out->pid = pid;
+            out->usedGpuMemory = used;
+            out->gpuInstanceId = 0xFFFFFFFFu; /* NVML_VALUE_NOT_AVAILABLE: not a MIG device */
+            out->computeInstanceId = 0xFFFFFFFFu;
+        }
+    }
+    *count = n;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 1, "processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v2(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 2, "processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 3, "processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 1, "graphics_processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v2(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 2, "graphics_processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetGraphicsRunningProcesses_v3(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 3, "graphics_processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 1, "mps_processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v2(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 2, "mps_processes"); }
+EXPORT nvmlReturn_t nvmlDeviceGetMPSComputeRunningProcesses_v3(nvmlDevice_t h, unsigned int *c, void *p) { return processes(h, c, p, 3, "mps_processes"); }
+
+typedef struct {
+    char busIdLegacy[16];
+    unsigned int domain, bus, device, pciDeviceId, pciSubSystemId;
+    char busId[32];
+} nvmlPciInfo_t;
+
+static nvmlReturn_t pci_info(nvmlDevice_t h, nvmlPciInfo_t *pci) {
+    char bus[64];
+    unsigned dom = 0, b = 0, d = 0, fn = 0;
+    int idx = (int)((uintptr_t)h - HANDLE_BASE);
+    DEVICE_CALL(h, s, dev)
+    if (!pci) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    bus_id(dev, idx, bus, sizeof bus);
+    sscanf(bus, "%x:%x:%x.%x", &dom, &b, &d, &fn);
+    memset(pci, 0, sizeof *pci);
+    snprintf(pci->busIdLegacy, sizeof pci->busIdLegacy, "%04X:%02X:%02X.%X", dom & 0xffff, b, d, fn);
+    snprintf(pci->busId, sizeof pci->busId, "%.31s", bus);
+    pci->domain = dom;
+    pci->bus = b;
+    pci->device = d;
+    pci->pciDeviceId = (unsigned)jnum(dev, "pci_device_id", (double)0x233510DEu);
+    pci->pciSubSystemId = (unsigned)jnum(dev, "pci_subsystem_id", (double)0x18AB10DEu);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t h, nvmlPciInfo_t *p) { return pci_info(h, p); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t h, nvmlPciInfo_t *p) { return pci_info(h, p); }
+EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *p) { return pci_info(h, p); }
+
+/* ------------------------------------------------------------------ not supported here */
+
+/* A device call the fake does not model: it still honours lost/hang, then says NOT_SUPPORTED. */
+#define NOT_SUPPORTED_DEVICE(name, ...)                                   \
+    EXPORT nvmlReturn_t name(nvmlDevice_t h, __VA_ARGS__) {               \
+        DEVICE_CALL(h, s, dev)                                            \
+        (void)dev;                                                        \
+        scenario_free(&s);                                                \
+        return NVML_ERROR_NOT_SUPPORTED;                                  \
+    }
+
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetFanSpeed, unsigned int *a)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetFanSpeed_v2, unsigned int a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetEncoderUtilization, unsigned int *a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetDecoderUtilization, unsigned int *a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetProcessUtilization, void *a, unsigned int *b, unsigned long long c)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetClockInfo, int a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetMaxClockInfo, int a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetPerformanceState, int *a)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetTotalEccErrors, int a, int b, unsigned long long *c)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetTotalEnergyConsumption, unsigned long long *a)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetSupportedEventTypes, unsigned long long *a)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetPcieThroughput, int a, unsigned int *b)
+NOT_SUPPORTED_DEVICE(nvmlDeviceGetBAR1MemoryInfo, void *a)
+NOT_SUPPORTED_DEVICE(nvmlDeviceRegisterEvents, unsigned long long a, void *b)
+
+EXPORT nvmlReturn_t nvmlEventSetCreate(void **set) {
+    scenario s;
+    nvmlReturn_t rc = begin(&s);
+    (void)set;
+    if (rc != NVML_SUCCESS) return rc;
+    scenario_free(&s);
+    return NVML_ERROR_NOT_SUPPORTED;
+}

@@ -1,0 +1,78 @@
+"""Secret values never leave orch in clear: names that look secret are masked, known values redacted.
+
+Pure functions (no I/O). Used wherever orch writes something a person or a
+machine may read: manifests, postmortem bundles, logs, ``--json`` output,
+webhooks.
+
+>>> mask_env({"HF_TOKEN": "hf_abc", "NCCL_DEBUG": "INFO"})
+{'HF_TOKEN': '***', 'NCCL_DEBUG': 'INFO'}
+>>> redact("login with hf_abc failed", ["hf_abc"])
+'login with *** failed'
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping
+
+MASK = "***"
+"""What a secret value is replaced with."""
+
+SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
+"""A name containing one of these (any case) holds a secret."""
+
+_MIN_SECRET_LEN = 4
+"""Shorter values are not redacted from free text: masking "1" would shred every log line."""
+
+
+def is_secret_name(name: str) -> bool:
+    """Whether an environment variable (or setting) called ``name`` holds a secret.
+
+    >>> [is_secret_name(n) for n in ("HF_TOKEN", "wandb_api_key", "DB_Password", "PATH")]
+    [True, True, True, False]
+    >>> is_secret_name("AWS_CREDENTIALS"), is_secret_name("MONKEY_MODE")
+    (True, True)
+
+    ``MONKEY_MODE`` contains ``KEY``: masking a harmless value is the cheap mistake.
+    """
+    upper = name.upper()
+    return any(word in upper for word in SECRET_WORDS)
+
+
+def mask_env(env: Mapping[str, str]) -> dict[str, str]:
+    """A copy of ``env`` with the value of every secret-looking name replaced by ``***``.
+
+    >>> mask_env({"API_KEY": "", "USER": "root"})
+    {'API_KEY': '***', 'USER': 'root'}
+    """
+    return {k: (MASK if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def secret_values(env: Mapping[str, str]) -> list[str]:
+    """The values of the secret-looking names in ``env`` (input for :func:`redact`).
+
+    >>> secret_values({"HF_TOKEN": "hf_abc", "USER": "root"})
+    ['hf_abc']
+    """
+    return [v for k, v in env.items() if is_secret_name(k) and v]
+
+
+def redact(text: str, secrets: Iterable[str]) -> str:
+    """``text`` with every occurrence of each secret value replaced by ``***``.
+
+    Longer secrets are replaced first, so one secret that contains another is
+    masked whole. Values shorter than 4 characters are left alone (they would
+    match everywhere and leak nothing worth hiding).
+
+    >>> redact("token=abcd1234 again abcd1234", ["abcd1234"])
+    'token=*** again ***'
+    >>> redact("a.b*c and xyz", ["a.b*c", "no"])
+    '*** and xyz'
+    >>> redact("nothing here", [])
+    'nothing here'
+    """
+    values = sorted({s for s in secrets if len(s) >= _MIN_SECRET_LEN}, key=len, reverse=True)
+    if not values:
+        return text
+    pattern = re.compile("|".join(re.escape(v) for v in values))
+    return pattern.sub(MASK, text)

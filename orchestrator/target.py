@@ -1,0 +1,318 @@
+"""The operator's handle on a container (:class:`Target`) and a Proxmox host (:class:`Host`).
+
+Every call deploys the agent bundle if needed (:func:`orchestrator.deploy.ensure_agent`),
+runs ``python3 -m orchestrator.agent <command>`` through the container's
+transport and reads its JSON defensively: garbage, truncated JSON, a future
+``schema_version`` or an oversized answer raise
+:class:`~orchestrator.errors.AgentProtocolError`, never a crash, and no answer is
+held in memory beyond ``MAX_DOC_BYTES``.
+
+:meth:`Target.stream` is an endless iterator of snapshots over one long-lived
+agent; while the transport is down it yields ``Snapshot.unreachable(...)``
+markers and reconnects with exponential backoff (capped), resuming the log at
+the last offset so no line is lost or repeated.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+from orchestrator import deploy
+from orchestrator.config import Inventory
+from orchestrator.errors import AgentError, AgentProtocolError, CommandTimeout, TransportError
+from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
+from orchestrator.transport.base import LineStream, Transport
+
+log = logging.getLogger(__name__)
+
+MAX_DOC_BYTES = 8 << 20
+BACKOFF_START_S = 0.5
+BACKOFF_CAP_S = 30.0
+
+
+def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -> dict[str, Any]:
+    """The one JSON object an agent command printed.
+
+    Raises:
+        AgentProtocolError: empty, oversized, truncated, not JSON or not an object.
+
+    >>> parse_document("ct", b'{"a": 1}\\n')
+    {'a': 1}
+    >>> parse_document("ct", b'{"a": [1, 2')
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: truncated JSON (11 bytes)
+    >>> parse_document("ct", b"Traceback (most recent call last):")
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: not JSON: 'Traceback (most recent call last):'
+    """
+    if len(data) > limit:
+        raise AgentProtocolError(target, f"answer of {len(data)} bytes exceeds {limit} bytes")
+    text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
+    text = text.strip()
+    if not text:
+        raise AgentProtocolError(target, "empty answer")
+    try:
+        doc = json.loads(text)
+    except json.JSONDecodeError as exc:
+        if text[:1] in "{[" and (exc.pos >= len(text) - 1 or text[-1:] not in "}]"):
+            raise AgentProtocolError(target, f"truncated JSON ({len(text)} bytes)") from None
+        raise AgentProtocolError(target, f"not JSON: {text[:80]!r}") from None
+    except RecursionError:
+        raise AgentProtocolError(target, "JSON nested too deeply") from None
+    if not isinstance(doc, dict):
+        raise AgentProtocolError(target, f"expected a JSON object, got {type(doc).__name__}")
+    return doc
+
+
+def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -> Snapshot:
+    """A :class:`Snapshot` from one agent line; ``AgentProtocolError`` when it is not one.
+
+    >>> parse_snapshot("ct", '{"schema_version": 1, "target": "ct", "taken_at": 5.0}').taken_at
+    5.0
+    >>> parse_snapshot("ct", '{"schema_version": 7, "target": "ct", "taken_at": 5.0}')
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: schema_version 7 is newer than this orch understands (1); upgrade orch
+    """
+    doc = parse_document(target, data, limit)
+    try:
+        check_schema(doc)
+        return Snapshot.from_dict(doc)
+    except (SchemaError, TypeError, ValueError) as exc:
+        raise AgentProtocolError(target, str(exc)[:300]) from None
+
+
+_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
+         "from orchestrator.agent.__main__ import main; sys.exit(main())")
+
+
+def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
+    """The argv that runs an agent command from ``bundle_dir``.
+
+    ``-S`` (no site-packages) and the bundle first on ``sys.path``: the agent runs
+    the bundle's own code, libtmux and pynvml, never copies that happen to sit in
+    the container's site-packages or in the current directory (which ``-m`` would
+    put first).
+
+    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[:2]
+    ['python3', '-S']
+    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[3:]
+    ['/w/.orch/agent-1', 'snapshot']
+    """
+    return [python, "-S", "-c", _BOOT, bundle_dir, *args]
+
+
+class Target:
+    """One container of the inventory, seen through its agent.
+
+    Args:
+        inventory: the loaded hosts.yaml.
+        name: the container's name (``local`` for this machine).
+        transport: use this transport instead of ``transport_for(inventory, name)``.
+        bundle: the agent bundle to deploy (default: :func:`deploy.build_bundle`).
+    """
+
+    def __init__(
+        self, inventory: Inventory, name: str, *, transport: Transport | None = None,
+        bundle: deploy.Bundle | None = None,
+    ) -> None:
+        self.inventory = inventory
+        self.name = name
+        self.container = inventory.container(name)
+        self._transport = transport
+        self._bundle = bundle
+        self.gpu_source: str | None = None
+        self.gpu_deadline_s = 2.0
+        self.run_id: str | None = None
+        self.offset: int | None = None
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            from orchestrator.transport.connect import transport_for
+
+            self._transport = transport_for(self.inventory, self.name)
+        return self._transport
+
+    def bundle_dir(self) -> str:
+        """Deploy the agent if needed; its directory in the container."""
+        return deploy.ensure_agent(self.transport, self.container.workdir, self.container.python,
+                                   bundle=self._bundle)
+
+    def _argv(self, bundle_dir: str, args: Sequence[str]) -> list[str]:
+        return agent_argv(self.container.python, bundle_dir, args)
+
+    def _observe_args(self, run_id: str | None, offset: int | None) -> list[str]:
+        c = self.container
+        args = ["--target", self.name, "--workdir", c.workdir, "--session", c.session,
+                "--gpu-deadline", str(self.gpu_deadline_s)]
+        if c.log_patterns:
+            args += ["--log-patterns", json.dumps(dict(c.log_patterns))]
+        if self.gpu_source:
+            args += ["--gpu-source", self.gpu_source]
+        if offset is not None:
+            args += ["--offset", str(offset)]
+            if run_id:
+                args += ["--run-id", run_id]
+        return args
+
+    def agent(self, args: Sequence[str], timeout: float = 30.0) -> dict[str, Any]:
+        """Run one agent command and return its JSON document.
+
+        A non-zero exit with a JSON document (the agent's own error report) is
+        returned as data; one without is an :class:`AgentError` with stderr's tail.
+        If the bundle vanished from the container it is re-sent once.
+        """
+        for attempt in (1, 2):
+            bundle_dir = self.bundle_dir()
+            res = self.transport.run(self._argv(bundle_dir, args), timeout=timeout)
+            if res.ok or res.stdout.strip():
+                return parse_document(self.name, res.stdout)
+            if attempt == 1 and "No module named 'orchestrator" in res.err:
+                log.info("%s: agent bundle missing in %s; sending it again", self.name, bundle_dir)
+                deploy.forget(self.transport, self.container.workdir)
+                continue
+            break
+        tail = res.err.strip()[-400:] or "no output"
+        raise AgentError(f"{self.name}: agent {args[0] if args else ''} failed "
+                         f"(exit {res.exit_status}): {tail}")
+
+    def facts(self, *, torch: bool = False, timeout: float = 90.0) -> dict[str, Any]:
+        """Python, tmux, NVML driver + GPU inventory, free disk, sessions (torch when asked)."""
+        args = ["facts", "--workdir", self.container.workdir, "--gpu-deadline", str(self.gpu_deadline_s)]
+        if torch:
+            args.append("--torch")
+        if self.gpu_source:
+            args += ["--gpu-source", self.gpu_source]
+        doc = self.agent(args, timeout=timeout)
+        try:
+            check_schema(doc)
+        except SchemaError as exc:
+            raise AgentProtocolError(self.name, str(exc)) from None
+        return doc
+
+    def snapshot(self, offset: int | None = None, *, run_id: str | None = None,
+                 timeout: float = 30.0) -> Snapshot:
+        """One observation. ``offset`` continues the log of ``run_id`` (``None``: tail only)."""
+        doc = self.agent(["snapshot", *self._observe_args(run_id, offset)], timeout=timeout)
+        try:
+            check_schema(doc)
+            snap = Snapshot.from_dict(doc)
+        except (SchemaError, TypeError, ValueError) as exc:
+            raise AgentProtocolError(self.name, str(exc)[:300]) from None
+        self._remember(snap)
+        return snap
+
+    def _remember(self, snap: Snapshot) -> None:
+        if snap.run is not None:
+            self.run_id, self.offset = snap.run.run_id, snap.run.log_offset
+
+    def open_stream(self, interval_s: float) -> LineStream:
+        """Start ``agent stream`` (resuming at the remembered offset); the raw line stream."""
+        bundle_dir = self.bundle_dir()
+        argv = self._argv(bundle_dir, ["stream", "--interval", str(interval_s),
+                                       *self._observe_args(self.run_id, self.offset)])
+        return self.transport.stream(argv)
+
+    def stream(
+        self, interval_s: float | None = None, *, backoff_cap_s: float = BACKOFF_CAP_S,
+        stall_s: float | None = None,
+    ) -> Iterator[Snapshot]:
+        """Snapshots every ``interval_s`` (default: the container's ``poll_interval_s``), forever.
+
+        While the agent cannot be reached it yields ``Snapshot.unreachable``
+        (``reachable=False``) once per attempt and retries after 0.5 s, 1 s, 2 s...
+        up to ``backoff_cap_s``. A line that is not a snapshot yields a snapshot
+        whose ``errors`` start with ``agent-protocol-error:`` and the stream goes
+        on. No line within ``stall_s`` (default 3 intervals + 20 s) counts as a
+        dropped connection. Closing the iterator closes the remote agent.
+        """
+        interval = interval_s if interval_s is not None else self.container.poll_interval_s
+        stall = stall_s if stall_s is not None else 3 * interval + 20.0
+        backoff = BACKOFF_START_S
+        while True:
+            reason = "agent stream ended"
+            stream: LineStream | None = None
+            try:
+                stream = self.open_stream(interval)
+                while True:
+                    line = stream.readline(timeout=stall)
+                    if line is None:
+                        status = getattr(stream, "exit_status", None)
+                        tail = getattr(stream, "stderr_tail", b"") or b""
+                        tail_text = tail.decode("utf-8", "replace").strip()[-300:]
+                        reason = f"agent stream ended (exit {status})" + (f": {tail_text}" if tail_text else "")
+                        break
+                    try:
+                        snap = parse_snapshot(self.name, line)
+                    except AgentProtocolError as exc:
+                        yield Snapshot(target=self.name, taken_at=time.time(),
+                                       errors=(f"agent-protocol-error: {exc.detail}",))
+                        continue
+                    backoff = BACKOFF_START_S
+                    self._remember(snap)
+                    yield snap
+            except CommandTimeout:
+                reason = f"no snapshot from the agent within {stall:.0f} s"
+            except (TransportError, AgentError) as exc:
+                reason = str(exc)
+            finally:
+                if stream is not None:
+                    stream.close()
+            log.info("%s: %s; retrying in %.1f s", self.name, reason, backoff)
+            yield Snapshot.unreachable(self.name, time.time(), reason)
+            time.sleep(backoff)
+            backoff = min(backoff * 2, backoff_cap_s)
+
+
+class Host:
+    """A Proxmox host of the inventory, probed with the agent's ``probe`` command.
+
+    The bundle goes to ``<workdir>/.orch/`` on the host (default ``/var/tmp/orch``).
+    """
+
+    def __init__(self, inventory: Inventory, host: str, *, transport: Transport | None = None,
+                 workdir: str = "/var/tmp/orch", python: str = "python3") -> None:
+        self.inventory = inventory
+        self.name = host
+        self._transport = transport
+        self.workdir = workdir
+        self.python = python
+
+    @property
+    def transport(self) -> Transport:
+        if self._transport is None:
+            from orchestrator.transport.connect import host_transport
+
+            self._transport = host_transport(self.inventory, self.name)
+        return self._transport
+
+    def vmids(self) -> list[int]:
+        """The vmids of the inventory's containers on this host."""
+        return sorted({c.vmid for c in self.inventory.containers.values()
+                       if c.host == self.name and c.vmid is not None})
+
+    def probe(self, since: float | None = None, *, timeout: float = 60.0) -> HostProbe:
+        """``pct status``, kernel events since ``since`` (Unix s), GPU PIDs -> vmid."""
+        bundle_dir = deploy.ensure_agent(self.transport, self.workdir, self.python)
+        args = ["probe", "--host", self.name]
+        for vmid in self.vmids():
+            args += ["--vmid", str(vmid)]
+        if since is not None:
+            args += ["--since", repr(float(since))]
+        res = self.transport.run(agent_argv(self.python, bundle_dir, args), timeout=timeout)
+        if not res.ok and not res.stdout.strip():
+            raise AgentError(f"{self.name}: host probe failed (exit {res.exit_status}): "
+                             f"{res.err.strip()[-400:] or 'no output'}")
+        doc = parse_document(self.name, res.stdout)
+        try:
+            check_schema(doc)
+            return HostProbe.from_dict(doc)
+        except (SchemaError, TypeError, ValueError) as exc:
+            raise AgentProtocolError(self.name, str(exc)[:300]) from None

@@ -1,0 +1,219 @@
+"""Run inside an LXC container through the Proxmox host's ``pct`` (wraps a host transport).
+
+Traps of real ``pct`` (pve-container's pct.pm, lxc-attach) handled here:
+
+- options are parsed by Getopt::Long, so ``pct exec VMID -- argv`` needs the ``--``;
+- ``pct exec`` runs argv without a shell and without a login profile (callers that
+  want one say ``bash -lc``);
+- ``--keep-env`` is the default, so the host's environment leaks in: orch passes the
+  variables it wants explicitly (``env K=V ...`` inside the container);
+- exit codes pass through, 128+N for a signal; pct's own failures are ``die`` -> exit
+  255 with a message on stderr, mapped to :class:`ContainerNotRunning` /
+  :class:`ContainerNotFound`;
+- ``pct push`` needs the source on the host and an existing parent directory, and
+  drops the exec bit unless ``--perms``; pushes to one container serialize on its
+  config lock, so orch serializes them too (one lock per container).
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+
+from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
+from orchestrator.transport.base import LineStream, Result, Transport
+from orchestrator.transport.quoting import command_line, with_env
+
+PCT_DIE_STATUS = 255
+HOST_TMP_DIR = "/tmp"
+
+_push_locks: dict[tuple[str, int], threading.Lock] = {}
+_push_locks_guard = threading.Lock()
+
+
+def pct_failure(stderr: str, vmid: int) -> str | None:
+    """Which pct-level failure ``stderr`` reports: ``"not-running"``, ``"not-found"`` or ``None``.
+
+    >>> pct_failure("container '200' not running!\\n", 200)
+    'not-running'
+    >>> pct_failure("Configuration file 'nodes/pve1/lxc/201.conf' does not exist\\n", 201)
+    'not-found'
+    >>> pct_failure("can only push files to a running CT\\n", 200)
+    'not-running'
+    >>> pct_failure("container '200' not running!", 201) is None
+    True
+    """
+    if re.search(rf"^container '{vmid}' not running!$", stderr, re.M) or re.search(
+        r"^can only (push|pull) files (to|from) a running (CT|VM)", stderr, re.M
+    ):
+        return "not-running"
+    if re.search(
+        rf"^Configuration file 'nodes/[^/']+/lxc/{vmid}\.conf' does not exist$", stderr, re.M
+    ):
+        return "not-found"
+    return None
+
+
+def parse_status(stdout: str) -> str:
+    """The state word of ``pct status VMID`` output.
+
+    >>> parse_status("status: running\\n"), parse_status("status: stopped")
+    ('running', 'stopped')
+    >>> parse_status("garbage")
+    'unknown'
+    """
+    match = re.search(r"^status:\s*(\S+)", stdout, re.M)
+    return match.group(1) if match else "unknown"
+
+
+class PctTransport(Transport):
+    """Commands inside container ``vmid`` on the host reached by ``host``.
+
+    Args:
+        host: the transport to the Proxmox host (usually the pooled SshTransport).
+        vmid: the container id (>= 100).
+        name: what messages call the container (the hosts.yaml name).
+        env: variables every command gets (the container's ``env`` in hosts.yaml);
+            per-call ``env`` is laid over them.
+    """
+
+    def __init__(
+        self,
+        host: Transport,
+        vmid: int,
+        *,
+        name: str | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> None:
+        self.host, self.vmid = host, int(vmid)
+        self.name = name or f"{host.name}/{vmid}"
+        self.env = dict(env or {})
+
+    def argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
+        """The host-side argv for ``argv`` run in the container.
+
+        >>> from orchestrator.transport.local import LocalTransport
+        >>> PctTransport(LocalTransport(), 200).argv(["tmux", "ls"], {"A": "1"})
+        ['pct', 'exec', '200', '--', 'env', 'A=1', 'tmux', 'ls']
+        """
+        command_line(argv)  # validates before anything is sent
+        merged = {**self.env, **(env or {})}
+        return ["pct", "exec", str(self.vmid), "--", *with_env(argv, merged)]
+
+    def _raise_for_pct(self, result: Result) -> None:
+        if result.exit_status != PCT_DIE_STATUS:
+            return
+        failure = pct_failure(result.err, self.vmid)
+        if failure == "not-running":
+            raise ContainerNotRunning(self.host.name, self.vmid)
+        if failure == "not-found":
+            raise ContainerNotFound(self.host.name, self.vmid)
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        """Run ``argv`` in the container (no shell); exit codes pass through.
+
+        Raises:
+            ContainerNotRunning, ContainerNotFound: pct refused (exit 255 with its message).
+            TransportError: from the host transport (timeout, unreachable, host key).
+        """
+        result = self.host.run(self.argv(argv, env), timeout=timeout, stdin=stdin)
+        self._raise_for_pct(result)
+        return result
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+        """``pct exec`` under the host's stream; pct's own refusal surfaces when it ends."""
+        return _PctLineStream(self, self.host.stream(self.argv(argv, env)))
+
+    def status(self, timeout: float = 15.0) -> str:
+        """``pct status VMID``: ``running``, ``stopped``, ... ; raises ContainerNotFound."""
+        result = self.host.run(["pct", "status", str(self.vmid)], timeout=timeout)
+        self._raise_for_pct(result)
+        if not result.ok:
+            raise CommandFailed(
+                self.host.name, f"pct status {self.vmid}", result.exit_status, result.err
+            )
+        return parse_status(result.out)
+
+    def _push_lock(self) -> threading.Lock:
+        with _push_locks_guard:
+            return _push_locks.setdefault((self.host.name, self.vmid), threading.Lock())
+
+    def put(self, data: bytes, path: str, *, mode: int = 0o644, timeout: float = 60.0) -> None:
+        """Write ``data`` to ``path`` in the container, atomically, with mode ``mode``.
+
+        Stages the bytes in a host temp file (pct push reads its source on the host),
+        pushes to a temp name beside ``path`` with ``--perms`` (pct push drops the exec
+        bit otherwise), renames it into place inside the container, and always removes
+        the host temp file. The parent directory must exist.
+
+        Raises:
+            ContainerNotRunning, ContainerNotFound: as for :meth:`run`.
+            CommandFailed: pct push or the rename failed (no parent directory, ...).
+        """
+        token = uuid.uuid4().hex[:12]
+        host_tmp = f"{HOST_TMP_DIR}/orch-push-{self.vmid}-{token}"
+        ct_tmp = f"{path}.orch-tmp-{token}"
+        self.host.put(data, host_tmp, mode=0o600)
+        try:
+            with self._push_lock():
+                push = ["pct", "push", str(self.vmid), host_tmp, ct_tmp, "--perms", f"{mode:04o}"]
+                result = self.host.run(push, timeout=timeout)
+            self._raise_for_pct(result)
+            if not result.ok:
+                raise CommandFailed(
+                    self.host.name, command_line(push), result.exit_status, result.err
+                )
+            moved = self.run(["mv", "-f", ct_tmp, path], timeout=timeout)
+            if not moved.ok:
+                self.run(["rm", "-f", ct_tmp], timeout=timeout)
+                raise CommandFailed(
+                    self.name, f"mv -f {ct_tmp} {path}", moved.exit_status, moved.err
+                )
+        finally:
+            self.host.run(["rm", "-f", host_tmp], timeout=timeout)
+
+    def close(self) -> None:
+        """The host transport is shared (pooled); closing a container leaves it open."""
+
+    def __repr__(self) -> str:
+        return f"PctTransport({self.host!r}, vmid={self.vmid})"
+
+
+class _PctLineStream(LineStream):
+    """A host LineStream of ``pct exec``; raises ContainerNotRunning/NotFound at its end
+    when that is why it ended."""
+
+    def __init__(self, owner: PctTransport, inner: LineStream) -> None:
+        self._owner, self._inner = owner, inner
+
+    @property
+    def stderr_tail(self) -> bytes:
+        return getattr(self._inner, "stderr_tail", b"")
+
+    @property
+    def dropped(self) -> bool:
+        return bool(getattr(self._inner, "dropped", False))
+
+    def readline(self, timeout: float) -> str | None:
+        line = self._inner.readline(timeout)
+        if line is None:
+            self.exit_status = self._inner.exit_status
+            self._owner._raise_for_pct(Result(self.exit_status, b"", self.stderr_tail))
+        return line
+
+    def __iter__(self) -> Iterator[str]:
+        while (line := self.readline(timeout=365 * 86400.0)) is not None:
+            yield line
+
+    def close(self) -> None:
+        self._inner.close()
+        self.exit_status = self._inner.exit_status

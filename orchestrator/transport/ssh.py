@@ -1,0 +1,692 @@
+"""SSH transport over ONE pooled paramiko connection per host (channels, not new connections).
+
+The only module (with trust.py) that imports paramiko; every paramiko and socket
+exception is translated here into :mod:`orchestrator.errors` types.
+
+- Host keys are checked against the host's known_hosts (``HostConfig.known_hosts``
+  or ``~/.ssh/known_hosts``): unknown -> :class:`HostKeyUnknown` (naming
+  ``orch trust HOST``), changed -> :class:`HostKeyChanged`. Never AutoAddPolicy.
+- paramiko's keepalive is sent, but it does not notice a dead peer (it never waits
+  for a reply), so a monitor thread sends ``keepalive@openssh.com`` with want-reply
+  every ``keepalive_s``; a probe unanswered for ``dead_after_s`` marks the
+  connection dead, and it is closed and replaced on the next call.
+- At most ``max_channels`` (sshd's MaxSessions, 10) channels are open at once.
+- stdout and stderr are drained together, so large output never stalls on the window.
+- Connecting is retried with exponential backoff (tenacity) on connection errors
+  only; a command is never re-sent once it may have started.
+- A command killed by a signal reports 128+N: it runs under ``sh -c '"$@"; exit $?'``
+  because sshd reports a signal death as ``exit-signal``, which paramiko ignores (-1).
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import hashlib
+import logging
+import os
+import select
+import socket
+import threading
+import time
+import uuid
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import paramiko
+from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
+
+from orchestrator.config import HostConfig
+from orchestrator.errors import (
+    AuthFailed,
+    CommandFailed,
+    CommandTimeout,
+    HostKeyChanged,
+    HostKeyUnknown,
+    HostUnreachable,
+)
+from orchestrator.transport.base import LineStream, Result, Transport
+from orchestrator.transport.local import STDERR_TAIL_BYTES, LineBuffer
+from orchestrator.transport.quoting import command_line, with_env
+
+log = logging.getLogger(__name__)
+
+MAX_CHANNELS = 10  # sshd's MaxSessions default
+READ_CHUNK = 65536
+DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
+SIGNAL_SAFE = '"$@"; exit "$?"'  # not `exec`: the shell outlives the command and reports 128+N
+# The channel's stdin is a lifeline: when orch closes the channel (timeout, stream closed),
+# `cat` sees EOF and the command gets SIGTERM. Closing alone would leave it running and its
+# sshd session (one of MaxSessions) taken; sshd refuses "signal" requests for root sessions.
+# fd 3 carries the lifeline: an async list's stdin is /dev/null unless redirected (POSIX).
+WATCHED = (
+    'exec 3<&0 </dev/null; "$@" 3<&- & c=$!; { cat <&3; kill -TERM "$c"; } >/dev/null 2>&1 & '
+    'w=$!; exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"'
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Endpoint:
+    """A host's SSH settings after merging hosts.yaml with ``~/.ssh/config``."""
+
+    name: str
+    address: str
+    port: int
+    user: str
+    identity_files: tuple[str, ...]
+    known_hosts: Path
+    proxy_jump: str | None
+    connect_timeout_s: float
+    keepalive_s: float
+
+    @property
+    def known_name(self) -> str:
+        """The name known_hosts files use: ``addr`` on port 22, else ``[addr]:port``."""
+        return known_host_name(self.address, self.port)
+
+
+def known_host_name(address: str, port: int) -> str:
+    """
+    >>> known_host_name("10.1.2.6", 22), known_host_name("127.0.0.1", 2222)
+    ('10.1.2.6', '[127.0.0.1]:2222')
+    """
+    return address if port == 22 else f"[{address}]:{port}"
+
+
+def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
+    """The first hop of a ProxyJump spec ``[user@]host[:port][,next...]``.
+
+    >>> parse_jump("admin@bastion:2222"), parse_jump("bastion"), parse_jump("a,b")
+    (('admin', 'bastion', 2222), (None, 'bastion', None), (None, 'a', None))
+    """
+    first = spec.split(",")[0].strip()
+    user, _, hostport = first.rpartition("@")
+    host, port = hostport, None
+    if hostport.startswith("["):
+        host, _, rest = hostport[1:].partition("]")
+        port = int(rest[1:]) if rest.startswith(":") else None
+    elif hostport.count(":") == 1:
+        host, port_s = hostport.split(":")
+        port = int(port_s)
+    return (user or None), host, port
+
+
+def fingerprint(key: Any) -> str:
+    """OpenSSH's ``SHA256:`` fingerprint of a paramiko key (base64 without padding)."""
+    digest = hashlib.sha256(key.asbytes()).digest()
+    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
+
+
+def default_ssh_config() -> Path:
+    return Path("~/.ssh/config").expanduser()
+
+
+def resolve(host: HostConfig, ssh_config_path: Path | None = None) -> Endpoint:
+    """Merge ``host`` with its ``ssh_config`` alias: hosts.yaml wins for what it sets.
+
+    A field counts as set when hosts.yaml named it (``HostConfig.explicit``) or it differs
+    from the dataclass default. Reads ``ssh_config_path`` (default ``~/.ssh/config``) only
+    when ``host.ssh_config`` is set.
+    """
+    explicit = getattr(host, "explicit", frozenset())
+
+    def given(field: str, default: object) -> bool:
+        return field in explicit or getattr(host, field) != default
+
+    address, port, user = host.address, host.port, host.user
+    identity = (host.identity_file,) if host.identity_file else ()
+    jump = host.proxy_jump
+    path = ssh_config_path or default_ssh_config()
+    alias = host.ssh_config
+    if alias:
+        found = paramiko.SSHConfig.from_path(str(path)).lookup(alias) if path.is_file() else {}
+        if address in ("", alias) or "address" not in explicit and address == host.name:
+            address = found.get("hostname", alias)
+        if not given("port", 22) and "port" in found:
+            port = int(found["port"])
+        if not given("user", "root") and "user" in found:
+            user = found["user"]
+        if not identity and found.get("identityfile"):
+            identity = tuple(found["identityfile"])
+        if not jump and found.get("proxyjump") and found["proxyjump"].lower() != "none":
+            jump = found["proxyjump"]
+    known = Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
+    return Endpoint(
+        name=host.name,
+        address=address,
+        port=port,
+        user=user,
+        identity_files=tuple(os.path.expanduser(p) for p in identity),
+        known_hosts=known,
+        proxy_jump=jump,
+        connect_timeout_s=host.connect_timeout_s,
+        keepalive_s=host.keepalive_s,
+    )
+
+
+def known_entries(path: Path, name: str) -> list[tuple[int, str, str]]:
+    """``(line number, key type, base64 key)`` of every known_hosts line matching ``name``.
+
+    Hashed (``|1|``) entries are matched too; ``@revoked``/``@cert-authority`` lines are skipped.
+    """
+    found: list[tuple[int, str, str]] = []
+    try:
+        lines = path.read_text(errors="replace").splitlines()
+    except OSError:
+        return found
+    for lineno, line in enumerate(lines, start=1):
+        fields = line.split()
+        if len(fields) < 3 or line.lstrip().startswith(("#", "@")):
+            continue
+        for pattern in fields[0].split(","):
+            if pattern.startswith("|1|"):
+                salt = pattern.split("|")[2]
+                hit = paramiko.HostKeys.hash_host(name, salt) == pattern
+            else:
+                hit = pattern == name
+            if hit:
+                found.append((lineno, fields[1], fields[2]))
+                break
+    return found
+
+
+def check_host_key(ep: Endpoint, key: Any) -> None:
+    """Accept ``key`` only when ``ep``'s known_hosts holds exactly it.
+
+    Raises:
+        HostKeyUnknown: no entry of this key type for the host.
+        HostKeyChanged: an entry of this key type holds a different key.
+    """
+    entries = [e for e in known_entries(ep.known_hosts, ep.known_name) if e[1] == key.get_name()]
+    if any(b64 == key.get_base64() for _, _, b64 in entries):
+        return
+    if entries:
+        raise HostKeyChanged(
+            ep.name, ep.address, ep.port, fingerprint(key), str(ep.known_hosts), entries[0][0]
+        )
+    raise HostKeyUnknown(ep.name, ep.address, ep.port, fingerprint(key))
+
+
+def _translate(name: str, exc: BaseException, doing: str) -> HostUnreachable:
+    if isinstance(exc, TimeoutError):
+        return HostUnreachable(name, f"timed out {doing}")
+    reason = str(exc) or type(exc).__name__
+    return HostUnreachable(name, f"{doing}: {reason}")
+
+
+NET_ERRORS = (OSError, EOFError, paramiko.SSHException)
+
+
+def open_socket(ep: Endpoint, jump: SshTransport | None) -> Any:
+    """A TCP socket to ``ep`` (or a ``direct-tcpip`` channel through ``jump``)."""
+    if jump is not None:
+        return jump.open_tunnel(ep.address, ep.port, ep.connect_timeout_s)
+    try:
+        sock = socket.create_connection((ep.address, ep.port), timeout=ep.connect_timeout_s)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small requests: no Nagle wait
+        return sock
+    except NET_ERRORS as exc:
+        raise _translate(ep.name, exc, f"connecting to {ep.address}:{ep.port}") from None
+
+
+def handshake(ep: Endpoint, sock: Any) -> paramiko.Transport:
+    """Start the SSH protocol on ``sock`` (no auth, host key not yet checked), preferring
+    key types known for the host so a known key is the one offered."""
+    transport = paramiko.Transport(sock)
+    transport.banner_timeout = transport.handshake_timeout = ep.connect_timeout_s
+    transport.auth_timeout = ep.connect_timeout_s
+    known = [t for _, t, _ in known_entries(ep.known_hosts, ep.known_name)]
+    options = transport.get_security_options()
+    preferred = [
+        t for t in options.key_types if t in known or (t.startswith("rsa-") and "ssh-rsa" in known)
+    ]
+    if preferred:
+        options.key_types = preferred
+    try:
+        transport.start_client(timeout=ep.connect_timeout_s)
+    except NET_ERRORS as exc:
+        transport.close()
+        raise _translate(ep.name, exc, "during the SSH handshake") from None
+    return transport
+
+
+def _load_keys(ep: Endpoint) -> list[tuple[str, Any]]:
+    """(label, key) pairs to try: identity files (or the default ones), then ssh-agent keys."""
+    paths = list(ep.identity_files) or [str(Path("~/.ssh").expanduser() / n) for n in DEFAULT_KEYS]
+    keys: list[tuple[str, Any]] = []
+    for path in paths:
+        if not Path(path).is_file():
+            continue
+        try:
+            keys.append((path, paramiko.PKey.from_path(path)))
+        except paramiko.PasswordRequiredException:
+            log.info("%s: %s needs a passphrase; trying ssh-agent", ep.name, path)
+        except (paramiko.SSHException, OSError, ValueError) as exc:
+            log.warning("%s: cannot read identity file %s: %s", ep.name, path, exc)
+    if os.environ.get("SSH_AUTH_SOCK"):
+        with contextlib.suppress(paramiko.SSHException, OSError):
+            keys += [(f"agent key {fingerprint(k)}", k) for k in paramiko.Agent().get_keys()]
+    return keys
+
+
+def authenticate(ep: Endpoint, transport: paramiko.Transport) -> None:
+    """Public-key auth with each candidate key. Raises AuthFailed (not retried) or HostUnreachable."""
+    keys = _load_keys(ep)
+    if not keys:
+        raise AuthFailed(ep.name, ep.user, "no identity file and no ssh-agent key found")
+    for label, key in keys:
+        try:
+            transport.auth_publickey(ep.user, key)
+        except paramiko.AuthenticationException:
+            continue
+        except NET_ERRORS as exc:
+            raise _translate(ep.name, exc, "during authentication") from None
+        if transport.is_authenticated():
+            log.debug("%s: authenticated as %s with %s", ep.name, ep.user, label)
+            return
+    tried = ", ".join(label for label, _ in keys)
+    raise AuthFailed(ep.name, ep.user, f"server refused every key (tried {tried})")
+
+
+class _Connection:
+    """One authenticated paramiko Transport plus its liveness monitor thread."""
+
+    def __init__(self, ep: Endpoint, transport: paramiko.Transport, dead_after_s: float) -> None:
+        self.ep, self.transport, self.dead_after_s = ep, transport, dead_after_s
+        self._stop = threading.Event()
+        self._probe_since: float | None = None
+        transport.set_keepalive(max(1, int(ep.keepalive_s)))
+        self._monitor = threading.Thread(
+            target=self._watch, name=f"orch-ssh-liveness-{ep.name}", daemon=True
+        )
+        self._monitor.start()
+
+    def _watch(self) -> None:
+        while not self._stop.wait(self.ep.keepalive_s) and self.transport.is_active():
+            self._probe_since = time.monotonic()
+            # want-reply: sshd answers with REQUEST_FAILURE; returns early when the transport closes
+            self.transport.global_request("keepalive@openssh.com", wait=True)
+            self._probe_since = None
+
+    def alive(self) -> bool:
+        """Transport up and no liveness probe outstanding for ``dead_after_s`` or longer."""
+        since = self._probe_since
+        late = since is not None and time.monotonic() - since >= self.dead_after_s
+        return self.transport.is_active() and not late
+
+    def close(self) -> None:
+        self._stop.set()
+        with contextlib.suppress(Exception):
+            self.transport.close()
+        if self._monitor is not threading.current_thread():
+            self._monitor.join(timeout=2)
+
+
+class SshTransport(Transport):
+    """Run commands on one SSH host over a single pooled connection (thread-safe).
+
+    Args:
+        host: the hosts.yaml entry; ``ssh_config``/``proxy_jump`` are honoured.
+        jump: the transport of the ProxyJump host (built from the spec when ``None``).
+        ssh_config_path: file for ``host.ssh_config`` aliases (default ``~/.ssh/config``).
+        connect_attempts: tries per connect (exponential backoff, connection errors only).
+        dead_after_s: an unanswered liveness probe older than this kills the connection
+            (default ``3 * keepalive_s``, at least 10 s: a busy sshd answers late).
+        max_channels: concurrent channels on the connection (sshd MaxSessions).
+    """
+
+    def __init__(
+        self,
+        host: HostConfig,
+        *,
+        jump: SshTransport | None = None,
+        ssh_config_path: Path | None = None,
+        connect_attempts: int = 3,
+        dead_after_s: float | None = None,
+        max_channels: int = MAX_CHANNELS,
+    ) -> None:
+        self.host = host
+        self.name = host.name
+        self.ep = resolve(host, ssh_config_path)
+        if jump is None and self.ep.proxy_jump:
+            jump = jump_transport(self.ep, ssh_config_path)
+        self._jump = jump
+        self._attempts = max(1, connect_attempts)
+        self._dead_after_s = dead_after_s or max(10.0, 3 * self.ep.keepalive_s)
+        self._slots = threading.BoundedSemaphore(max_channels)
+        self._lock = threading.Lock()
+        self._conn: _Connection | None = None
+        self.connects = 0  # connections made so far (tests and benchmarks read it)
+
+    # -- connection ------------------------------------------------------------------------
+
+    def _connect_once(self) -> _Connection:
+        sock = open_socket(self.ep, self._jump)
+        transport = handshake(self.ep, sock)
+        try:
+            check_host_key(self.ep, transport.get_remote_server_key())
+            authenticate(self.ep, transport)
+        except BaseException:
+            transport.close()
+            raise
+        self.connects += 1
+        log.debug("%s: connected to %s:%s", self.name, self.ep.address, self.ep.port)
+        return _Connection(self.ep, transport, self._dead_after_s)
+
+    def connection(self) -> paramiko.Transport:
+        """The live pooled transport, connecting (with backoff) or replacing a dead one."""
+        with self._lock:
+            if self._conn is not None and not self._conn.alive():
+                log.info("%s: pooled connection is dead; reconnecting", self.name)
+                self._conn.close()
+                self._conn = None
+            if self._conn is None:
+                retrying = Retrying(
+                    stop=stop_after_attempt(self._attempts),
+                    wait=wait_exponential(multiplier=0.25, max=4),
+                    retry=retry_if_exception_type(HostUnreachable),
+                    reraise=True,
+                )
+                self._conn = retrying(self._connect_once)
+            return self._conn.transport
+
+    def alive(self) -> bool:
+        """Whether a pooled connection exists and passes the liveness check (no I/O)."""
+        conn = self._conn
+        return conn is not None and conn.alive()
+
+    def _drop(self, transport: paramiko.Transport) -> None:
+        with self._lock:
+            if self._conn is not None and self._conn.transport is transport:
+                self._conn.close()
+                self._conn = None
+
+    def _check(self, transport: paramiko.Transport, doing: str) -> None:
+        conn = self._conn
+        if conn is None or conn.transport is not transport or not conn.alive():
+            self._drop(transport)
+            raise HostUnreachable(self.name, f"connection lost {doing}")
+
+    def open_tunnel(self, address: str, port: int, timeout_s: float) -> paramiko.Channel:
+        """A ``direct-tcpip`` channel to ``address:port`` through this host (for ProxyJump)."""
+        for attempt in (1, 2):
+            transport = self.connection()
+            try:
+                return transport.open_channel(
+                    "direct-tcpip", (address, port), ("127.0.0.1", 0), timeout=timeout_s
+                )
+            except paramiko.ChannelException as exc:
+                raise HostUnreachable(
+                    self.name, f"jump to {address}:{port} refused: {exc}"
+                ) from None
+            except NET_ERRORS as exc:
+                self._drop(transport)
+                if attempt == 2:
+                    raise _translate(
+                        self.name, exc, f"opening a tunnel to {address}:{port}"
+                    ) from None
+        raise AssertionError("unreachable")
+
+    def _open_session(self, deadline: float, command: str, timeout: float) -> paramiko.Channel:
+        """A session channel holding one slot (released by :meth:`_release`)."""
+        if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
+            raise CommandTimeout(self.name, command, timeout)
+        try:
+            for attempt in range(8):
+                transport = self.connection()
+                open_timeout = max(0.1, min(deadline - time.monotonic(), self._dead_after_s))
+                try:
+                    return transport.open_session(timeout=open_timeout)
+                except paramiko.ChannelException as exc:
+                    # sshd may not have freed a just-closed session yet: a short wait, then again
+                    if attempt == 7:
+                        raise HostUnreachable(self.name, f"channel refused: {exc}") from None
+                    time.sleep(0.05 * (attempt + 1))
+                except NET_ERRORS as exc:
+                    self._drop(transport)
+                    if "Timeout opening channel" in str(exc) or attempt >= 1:
+                        raise _translate(self.name, exc, "opening a channel") from None
+            raise AssertionError("unreachable")
+        except BaseException:
+            self._slots.release()
+            raise
+
+    def _release(self, chan: paramiko.Channel) -> None:
+        """Close ``chan`` (ending its command first if still running) and free its slot."""
+        if not (chan.closed or chan.exit_status_ready()):
+            with contextlib.suppress(Exception):
+                chan.shutdown_write()  # EOF on the lifeline: WATCHED sends TERM to the command
+        with contextlib.suppress(Exception):
+            chan.close()
+        self._slots.release()
+
+    # -- Transport -------------------------------------------------------------------------
+
+    @staticmethod
+    def command(
+        argv: Sequence[str], env: Mapping[str, str] | None, *, watched: bool = False
+    ) -> str:
+        """The exact line sent to the remote shell for ``argv`` with ``env``.
+
+        ``watched``: the command's stdin is /dev/null and the channel's stdin is the
+        lifeline (see ``WATCHED``); otherwise the channel's stdin is the command's.
+
+        >>> SshTransport.command(["echo", "a b"], {"X": "1"})
+        'sh -c \\'"$@"; exit "$?"\\' sh env X=1 echo \\'a b\\''
+        """
+        script = WATCHED if watched else SIGNAL_SAFE
+        return command_line(["sh", "-c", script, "sh", *with_env(argv, env)])
+
+    def run(
+        self,
+        argv: Sequence[str],
+        *,
+        timeout: float = 30.0,
+        stdin: bytes | None = None,
+        env: Mapping[str, str] | None = None,
+    ) -> Result:
+        """Run ``argv`` on the host; see :meth:`Transport.run`.
+
+        Raises:
+            CommandTimeout: not finished within ``timeout`` s. The channel is closed and,
+                without ``stdin``, the command gets SIGTERM; with ``stdin`` it may still run.
+            HostUnreachable: connect failed, or the connection died (then the command may
+                have run: it is never re-sent).
+            HostKeyUnknown, HostKeyChanged, AuthFailed: see the module doc.
+        """
+        command = self.command(argv, env, watched=stdin is None)
+        shown = command_line(list(argv))
+        deadline = time.monotonic() + timeout
+        chan = self._open_session(deadline, shown, timeout)
+        transport = chan.get_transport()
+        try:
+            try:
+                chan.exec_command(command)
+            except NET_ERRORS as exc:
+                self._drop(transport)
+                raise _translate(self.name, exc, f"starting {shown!r}") from None
+            out, err, status = self._drain(chan, transport, stdin, deadline, shown, timeout)
+        finally:
+            self._release(chan)
+        return Result(status, out, err)
+
+    def _drain(
+        self,
+        chan: paramiko.Channel,
+        transport: paramiko.Transport,
+        stdin: bytes | None,
+        deadline: float,
+        shown: str,
+        timeout: float,
+    ) -> tuple[bytes, bytes, int | None]:
+        out, err = bytearray(), bytearray()
+        pending = memoryview(stdin or b"")
+        if stdin is not None and not pending:
+            chan.shutdown_write()
+        while True:
+            busy = False
+            while chan.recv_ready():
+                out += chan.recv(READ_CHUNK)
+                busy = True
+            while chan.recv_stderr_ready():
+                err += chan.recv_stderr(READ_CHUNK)
+                busy = True
+            if pending and chan.send_ready():
+                try:
+                    sent = chan.send(pending[:32768].tobytes())
+                except (OSError, EOFError):  # remote closed its stdin: the rest is moot
+                    sent = len(pending)
+                pending = pending[sent:]
+                if not pending:
+                    with contextlib.suppress(OSError, EOFError):
+                        chan.shutdown_write()
+                busy = True
+            finished = chan.closed or (chan.eof_received and chan.exit_status_ready())
+            if finished and not (chan.recv_ready() or chan.recv_stderr_ready()):
+                break
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(self.name, shown, timeout)
+            self._check(transport, f"while running {shown!r}")
+            if busy:
+                continue
+            if chan.eof_received:
+                chan.status_event.wait(min(0.5, remaining))
+            else:
+                select.select([chan], [], [], min(0.01 if pending else 0.5, remaining))
+        status = chan.exit_status if chan.exit_status_ready() else -1
+        if status == -1 and chan.closed and not transport.is_active():
+            self._drop(transport)
+            raise HostUnreachable(self.name, f"connection lost while running {shown!r}")
+        return bytes(out), bytes(err), (None if status == -1 else status)
+
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+        """Start ``argv``; stdout as lines. Holds one channel slot until closed."""
+        shown = command_line(list(argv))
+        chan = self._open_session(time.monotonic() + self.ep.connect_timeout_s, shown, 0.0)
+        try:
+            chan.exec_command(self.command(argv, env, watched=True))
+        except NET_ERRORS as exc:
+            self._release(chan)
+            self._drop(chan.get_transport())
+            raise _translate(self.name, exc, f"starting {shown!r}") from None
+        except BaseException:
+            self._release(chan)
+            raise
+        return SshLineStream(self, chan, shown)
+
+    def put(self, data: bytes, path: str, *, mode: int = 0o644, timeout: float = 60.0) -> None:
+        """Write ``data`` to ``path`` atomically: a temp file beside it, chmod, then ``mv``.
+
+        Raises:
+            CommandFailed: the remote side could not write (no parent directory, permissions).
+        """
+        tmp = f"{path}.orch-tmp-{uuid.uuid4().hex[:12]}"
+        script = 'cat > "$1" && chmod "$2" "$1" && mv -f "$1" "$3" || { rm -f "$1"; exit 1; }'
+        argv = ["sh", "-c", script, "sh", tmp, f"{mode:o}", path]
+        res = self.run(argv, timeout=timeout, stdin=data)
+        if not res.ok:
+            raise CommandFailed(self.name, f"write {path}", res.exit_status, res.err)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._conn is not None:
+                self._conn.close()
+                self._conn = None
+
+    def __repr__(self) -> str:
+        return f"SshTransport({self.name!r}, {self.ep.user}@{self.ep.address}:{self.ep.port})"
+
+
+class SshLineStream(LineStream):
+    """stdout of a remote command as lines; stderr drained into ``stderr_tail``.
+
+    A dropped connection ends the stream with ``exit_status`` ``None`` and ``dropped`` True.
+    """
+
+    def __init__(self, owner: SshTransport, chan: paramiko.Channel, shown: str) -> None:
+        self._owner, self._chan, self._shown = owner, chan, shown
+        self._transport = chan.get_transport()
+        self._buf = LineBuffer()
+        self._eof = False
+        self._closed = False
+        self.dropped = False
+        self.stderr_tail = b""
+
+    def _pump(self) -> bool:
+        busy = False
+        while self._chan.recv_stderr_ready():
+            self.stderr_tail = (self.stderr_tail + self._chan.recv_stderr(READ_CHUNK))[
+                -STDERR_TAIL_BYTES:
+            ]
+            busy = True
+        while self._chan.recv_ready():
+            self._buf.feed(self._chan.recv(READ_CHUNK))
+            busy = True
+        return busy
+
+    def readline(self, timeout: float) -> str | None:
+        """Next stdout line; ``None`` at the end; ``CommandTimeout`` after ``timeout`` s."""
+        deadline = time.monotonic() + timeout
+        while True:
+            if self._closed:
+                return None
+            line = self._buf.pop(final=self._eof)
+            if line is not None:
+                return line
+            if self._eof:
+                self._finish()
+                return None
+            if self._pump():
+                continue
+            if self._chan.eof_received or self._chan.closed:
+                self._pump()
+                self._eof = not self._chan.recv_ready()
+                continue
+            try:
+                self._owner._check(self._transport, f"while streaming {self._shown!r}")
+            except HostUnreachable:
+                self.dropped = True
+                self._eof = True
+                continue
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                raise CommandTimeout(self._owner.name, self._shown, timeout)
+            select.select([self._chan], [], [], min(remaining, 0.5))
+
+    def _finish(self) -> None:
+        if not self.dropped:
+            self._chan.status_event.wait(2.0)
+        if self._chan.exit_status_ready() and self._chan.exit_status != -1:
+            self.exit_status = self._chan.exit_status
+        elif not self._transport.is_active():
+            self.dropped = True
+        self.close()
+
+    def __iter__(self) -> Iterator[str]:
+        while (line := self.readline(timeout=365 * 86400.0)) is not None:
+            yield line
+
+    def close(self) -> None:
+        if not self._closed:
+            self._closed = True
+            self._owner._release(self._chan)
+
+
+def jump_transport(ep: Endpoint, ssh_config_path: Path | None) -> SshTransport:
+    """A transport for the first hop of ``ep.proxy_jump`` (an ssh_config alias or user@host:port)."""
+    assert ep.proxy_jump
+    user, address, port = parse_jump(ep.proxy_jump)
+    host = HostConfig(
+        name=address,
+        address=address,
+        port=port or 22,
+        user=user or "root",
+        ssh_config=address,
+        known_hosts=str(ep.known_hosts),
+        connect_timeout_s=ep.connect_timeout_s,
+        keepalive_s=ep.keepalive_s,
+    )
+    return SshTransport(host, ssh_config_path=ssh_config_path)

@@ -1,0 +1,121 @@
+"""Rendering for the launch lifecycle: phase progress, the launch summary, status and runs tables."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.status import Status
+from rich.table import Table
+from rich.text import Text
+
+_MARK = {"ok": "[green]✓[/]", "fail": "[bold red]✗[/]", "skip": "[dim]–[/]"}
+
+
+class PhaseProgress:
+    """``on_phase`` callback: a spinner while a phase runs, one line per phase when it ends."""
+
+    def __init__(self, console: Console) -> None:
+        self.console = console
+        self._status: Status | None = None
+        self._t0 = time.monotonic()
+
+    def __call__(self, phase: str, status: str, detail: str) -> None:
+        at = time.monotonic() - self._t0
+        if status == "start":
+            self._stop()
+            if self.console.is_terminal:
+                self._status = self.console.status(f"{phase}: {detail}", spinner="dots")
+                self._status.start()
+            return
+        self._stop()
+        line = Text.from_markup(f"{_MARK.get(status, '?')} [bold]{phase:<9}[/] ")
+        line.append(detail)
+        line.append(f"  ({at:.1f} s)", style="dim")
+        self.console.print(line, highlight=False, soft_wrap=True)
+
+    def _stop(self) -> None:
+        if self._status is not None:
+            self._status.stop()
+            self._status = None
+
+    def close(self) -> None:
+        self._stop()
+
+
+def launch_summary(console: Console, result: dict[str, Any]) -> None:
+    """What to do next after a successful launch."""
+    target = result["target"]
+    head = "verified" if result.get("verified") else "started (not verified)"
+    console.print(
+        f"[bold green]{head}[/] run [bold]{result['run_id']}[/] on {target} "
+        f"in {result['elapsed_s']:.1f} s",
+        highlight=False,
+    )
+    console.print(f"  log:    {result['log_path']}", highlight=False, soft_wrap=True)
+    console.print(f"  follow: orch logs -f {target}   |   orch watch {target}   |   orch attach {target}",
+                  highlight=False)  # fmt: skip
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(0, int(seconds))
+    if seconds < 3600:
+        return f"{seconds // 60}m{seconds % 60:02d}s"
+    return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
+
+
+def status_table(rows: Sequence[dict[str, Any]]) -> Table:
+    """One row per target: reachable, container, session, run, age, step, tok/s, GPU memory."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("target", "reach", "container", "session", "run", "state", "age", "step",
+                "tok/s", "GPU mem"):  # fmt: skip
+        table.add_column(col, overflow="fold")
+    for r in rows:
+        reach = "[green]yes[/]" if r.get("reachable") else "[red]no[/]"
+        mem = (f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
+               f"{r['gpus_busy']} busy)" if r.get("gpus") else "-")  # fmt: skip
+        tps = r.get("tokens_per_s")
+        state = r.get("run_state") or "-"
+        if r.get("error"):
+            state = f"[red]{r['error']}[/]"
+        table.add_row(
+            r["target"], reach, r.get("container") or "-", r.get("session") or "-",
+            r.get("run_id") or "-", state, _age(r.get("age_s")),
+            str(r["step"]) if r.get("step") is not None else "-",
+            f"{tps:,.0f}" if tps is not None else "-", mem,
+        )  # fmt: skip
+    return table
+
+
+def runs_table(doc: dict[str, Any]) -> Table:
+    """The runs of one workdir, oldest first; the current one marked."""
+    table = Table(box=None, pad_edge=False, header_style="bold")
+    for col in ("", "run", "state", "started", "log", "command"):
+        table.add_column(col, overflow="fold")
+    for r in doc.get("runs", []):
+        st = r["state"]
+        shown = f"exited {r['exit_status']}" if st == "exited" else st
+        style = {"running": "green", "vanished": "red"}.get(st, "yellow" if r.get("exit_status") else "")
+        started = r.get("started_at")
+        size = r.get("log_size_bytes")
+        table.add_row(
+            "*" if r["run_id"] == doc.get("current") else "",
+            r["run_id"], Text(shown, style=style),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "-",
+            _size(size), (r.get("command") or "")[:80],
+        )  # fmt: skip
+    return table
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "none"
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024  # type: ignore[assignment]
+    return str(n)

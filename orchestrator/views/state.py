@@ -1,0 +1,106 @@
+"""The one-word state of a target, shared by watch, check and export (pure).
+
+States: ``connecting`` (no answer yet), ``unreachable`` (the transport failed:
+we know nothing, which is not a death), ``stopped`` (the container is down),
+``idle`` (no run), ``starting``, ``running``, ``stalled``, ``finished``,
+``crashed`` (exit status != 0), ``dead`` (vanished: no session, no process, no
+exit status: a silent death).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from orchestrator.model import Finding, Snapshot
+
+STATES = (
+    "connecting",
+    "unreachable",
+    "stopped",
+    "idle",
+    "starting",
+    "running",
+    "stalled",
+    "finished",
+    "crashed",
+    "dead",
+)
+
+# Finding kinds that decide the state outright, strongest first.
+_BY_FINDING = (
+    ("silent-death", "dead"),
+    ("crashed", "crashed"),
+    ("container-stopped", "stopped"),
+    ("finished", "finished"),
+    ("stall", "stalled"),
+)
+
+
+def target_state(
+    snap: Snapshot | None,
+    findings: Sequence[Finding] = (),
+    *,
+    startup_grace_s: float = 120.0,
+) -> str:
+    """The state word for a target's newest snapshot and its active findings.
+
+    Findings win over raw readings (the detectors saw the history); without
+    one, the snapshot decides. Time comes from the snapshot only.
+
+    >>> from orchestrator.model import RunState, SessionState
+    >>> target_state(None)
+    'connecting'
+    >>> target_state(Snapshot.unreachable("ct200", 10.0, "connection refused"))
+    'unreachable'
+    >>> s = Snapshot("ct200", 100.0, run=RunState("r1", "/w/runs/r1", exit_status=137),
+    ...              session=SessionState("train", True, pane_dead=True))
+    >>> target_state(s)
+    'crashed'
+    >>> s = Snapshot("ct200", 100.0, run=RunState("r1", "/w/runs/r1"),
+    ...              session=SessionState("train", False, server_running=False))
+    >>> target_state(s)
+    'dead'
+    >>> target_state(Snapshot("ct200", 100.0))
+    'idle'
+    """
+    if snap is None:
+        return "connecting"
+    if not snap.reachable:
+        return "unreachable"
+    kinds = {f.kind for f in findings if f.target == snap.target}
+    for kind, state in _BY_FINDING:
+        if kind in kinds:
+            return state
+    if snap.container_status not in (None, "running"):
+        return "stopped"
+    run = snap.run
+    if run is None:
+        return "idle"
+    if run.exit_status is not None:
+        return "finished" if run.exit_status == 0 else "crashed"
+    session = snap.session
+    if session is not None and session.exists and session.pane_dead:
+        status = session.pane_dead_status
+        if session.pane_dead_signal or (status is not None and status != 0):
+            return "crashed"
+        return "finished" if status == 0 else "crashed"
+    if session is not None and not session.exists and not snap.processes:
+        return "dead"
+    started = run.manifest.started_at if run.manifest is not None else None
+    no_progress = snap.metrics is None or snap.metrics.step is None
+    if no_progress and started is not None and snap.taken_at - started < startup_grace_s:
+        return "starting"
+    return "running"
+
+
+def roles_by_gpu(gpus: dict[str, tuple[int, ...]] | None) -> dict[int, str]:
+    """Invert ``ContainerConfig.gpus`` (role -> indices) to index -> role.
+
+    >>> roles_by_gpu({"target": (0, 1), "drafter": (2,)})
+    {0: 'target', 1: 'target', 2: 'drafter'}
+    """
+    out: dict[int, str] = {}
+    for role, ids in (gpus or {}).items():
+        for i in ids:
+            out.setdefault(int(i), role)
+    return out

@@ -1,0 +1,252 @@
+"""The in-container lifecycle (agent launch/stop/runs/logs) against a real, private tmux server."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import time
+from pathlib import Path
+
+from orchestrator.agent import runs
+from tests.helpers import wait_for
+from tests.launch.conftest import LocalAgent
+
+
+def launch(agent: LocalAgent, cmd: str, *extra: str, session: str = "train") -> tuple[int, dict]:
+    return agent(
+        "launch", "--workdir", str(agent.workdir), "--session", session, "--cmd", cmd,
+        "--no-recorder", *extra,
+    )  # fmt: skip
+
+
+def state(agent: LocalAgent, run_id: str, session: str = "train") -> dict:
+    return runs.run_state(agent.workdir / "runs" / run_id, tail=20, session=None) | {
+        "tmux": session_info(agent, session)
+    }
+
+
+def session_info(agent: LocalAgent, session: str) -> dict:
+    fmt = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}"
+    res = agent.tmux("list-panes", "-s", "-t", f"={session}", "-F", fmt)
+    if res.returncode != 0:
+        return {"exists": False}
+    dead, status, sig = res.stdout.strip().split("|")
+    return {"exists": True, "dead": dead == "1", "status": status, "signal": sig}
+
+
+def exit_status(agent: LocalAgent, run_id: str) -> int | None:
+    path = agent.workdir / "runs" / run_id / "exit_status"
+    return int(path.read_text()) if path.exists() else None
+
+
+def test_instant_failure_keeps_pane_log_and_exit_status(local_agent: LocalAgent) -> None:
+    t0 = time.monotonic()
+    rc, doc = launch(local_agent, "no-such-program", "--run-id", "r1", "--settle", "3")
+    elapsed_s = time.monotonic() - t0
+    assert rc == 0, doc
+    assert doc["history_limit"] == runs.HISTORY_LIMIT
+    # The agent's settle window already saw the death: no waiting for a poll.
+    assert doc["state"]["state"] == "exited" and doc["state"]["exit_status"] == 127
+    assert any("no-such-program: command not found" in x for x in doc["state"]["log_tail"])
+    assert elapsed_s < 3.0, elapsed_s
+    # remain-on-exit was in force before the command could die: the pane and its status stay.
+    info = wait_for(
+        lambda: (i := session_info(local_agent, "train"))["status"] and i, 5, what="pane status"
+    )
+    assert info == {"exists": True, "dead": True, "status": "127", "signal": ""}
+    shown = local_agent.tmux("show-options", "-w", "-v", "-t", "=train:run", "remain-on-exit")
+    assert shown.stdout.strip() == "on"
+    pane = local_agent.tmux("capture-pane", "-p", "-S", "-", "-t", "=train:run").stdout
+    assert "command not found" in pane
+
+
+def test_sigkill_leaves_137(local_agent: LocalAgent) -> None:
+    cmd = "python3 -c \"import time; print('ready', flush=True); time.sleep(60)\""
+    rc, doc = launch(local_agent, cmd, "--run-id", "k1")
+    assert rc == 0, doc
+    run_dir = local_agent.workdir / "runs" / "k1"
+    wait_for(lambda: "ready" in (run_dir / "train.log").read_text(), 10, what="ready line")
+    pids = runs.run_state(run_dir)["command_pids"]
+    python = [p for p in pids if b"time.sleep" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    assert len(python) == 1, pids
+    os.kill(python[0], signal.SIGKILL)
+    assert wait_for(lambda: exit_status(local_agent, "k1"), 10, what="exit_status") == 137
+    info = wait_for(lambda: (i := session_info(local_agent, "train"))["status"] and i, 5)
+    assert info["status"] == "137"
+    assert runs.run_state(run_dir)["state"] == "exited"
+
+
+def test_wrapper_killed_by_signal_reads_pane_dead_signal(local_agent: LocalAgent) -> None:
+    """SIGKILL to the wrapper itself: no exit_status, tmux reports the signal, the run vanished."""
+    rc, doc = launch(local_agent, "sleep 60", "--run-id", "w1")
+    assert rc == 0, doc
+    run_dir = local_agent.workdir / "runs" / "w1"
+    wrapper_pid = int((run_dir / "wrapper.pid").read_text().split()[0])
+    wait_for(lambda: (run_dir / "pgid").exists(), 5, what="pgid")
+    pgid = int((run_dir / "pgid").read_text())
+    os.kill(wrapper_pid, signal.SIGKILL)
+    os.killpg(pgid, signal.SIGKILL)
+    info = wait_for(lambda: (i := session_info(local_agent, "train"))["signal"] and i, 5)
+    assert info == {"exists": True, "dead": True, "status": "", "signal": "9"}
+    rc, doc = local_agent(
+        "runs", "--workdir", str(local_agent.workdir), "--current", "--session", "train"
+    )
+    assert doc["state"] == "vanished" and doc["exit_status"] is None
+    assert doc["tmux"]["pane_dead_signal"] == 9 and doc["tmux"]["pane_dead_status"] is None
+
+
+def test_log_holds_first_line_even_with_exec(local_agent: LocalAgent) -> None:
+    """Seed 000: `exec` in the start command bypassed tee. Here the exec stays inside the pipe."""
+    cmd = "exec python3 -c \"print('first line of output'); print('second')\""
+    rc, doc = launch(local_agent, cmd, "--run-id", "t1")
+    assert rc == 0, doc
+    assert wait_for(lambda: exit_status(local_agent, "t1") is not None, 10)
+    log = local_agent.workdir / "runs" / "t1" / "train.log"
+    assert log.read_text().splitlines()[:2] == ["first line of output", "second"]
+    assert exit_status(local_agent, "t1") == 0
+
+
+def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_path: Path) -> None:
+    canary = tmp_path / "canary"
+    nasty = f"a b;touch {canary}`touch {canary}`$(touch {canary})'\"\\$HOME\n2nd"
+    out = tmp_path / "out.json"
+    cmd = (
+        "python3 -c \"import json, os; json.dump({k: os.environ.get(k) for k in "
+        "['NASTY', 'HF_TOKEN', 'CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'PYTHONUNBUFFERED']},"
+        f" open('{out}', 'w'))\""
+    )
+    rc, doc = launch(
+        local_agent, cmd, "--run-id", "e1", "--env", f"NASTY={nasty}",
+        "--env", "HF_TOKEN=hf_secret", "--gpus", "0-2,5",
+    )  # fmt: skip
+    assert rc == 0, doc
+    assert wait_for(lambda: exit_status(local_agent, "e1") is not None, 10) is True
+    assert exit_status(local_agent, "e1") == 0
+    got = json.loads(out.read_text())
+    assert got == {
+        "NASTY": nasty,
+        "HF_TOKEN": "hf_secret",
+        "CUDA_VISIBLE_DEVICES": "0,1,2,5",
+        "CUDA_DEVICE_ORDER": "PCI_BUS_ID",
+        "PYTHONUNBUFFERED": "1",
+    }
+    assert not canary.exists()
+    manifest = json.loads((local_agent.workdir / "runs" / "e1" / "manifest.json").read_text())
+    assert manifest["env"]["HF_TOKEN"] == "***" and manifest["env"]["NASTY"] == nasty
+    assert manifest["gpus"] == [0, 1, 2, 5] and manifest["command"] == cmd
+    assert "hf_secret" not in json.dumps(doc)
+
+
+CHECKPOINTER = (
+    "python3 -c \"import signal, sys, time\n"
+    "def bye(sig, frame):\n"
+    "    print('checkpoint saved on', signal.Signals(sig).name, flush=True); sys.exit(0)\n"
+    "signal.signal(signal.SIGINT, bye)\n"
+    "print('training', flush=True)\n"
+    'time.sleep(60)"'
+)
+
+
+def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> None:
+    rc, doc = launch(local_agent, CHECKPOINTER, "--run-id", "s1")
+    assert rc == 0, doc
+    run_dir = local_agent.workdir / "runs" / "s1"
+    wait_for(lambda: "training" in (run_dir / "train.log").read_text(), 10, what="training")
+    rc, doc = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
+    assert rc == 0, doc
+    assert doc["stopped"] is True and doc["signals"] == ["SIGINT"], doc
+    assert doc["state"] == "exited" and doc["exit_status"] == 0
+    assert "checkpoint saved on SIGINT" in (run_dir / "train.log").read_text()
+    # The session and the run directory stay for the postmortem.
+    assert session_info(local_agent, "train")["exists"]
+    rc, again = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
+    assert rc == 0 and again["stopped"] is False and again["exit_status"] == 0
+
+
+def test_stop_escalates_to_sigkill_after_grace(local_agent: LocalAgent) -> None:
+    stubborn = (
+        "python3 -c \"import signal, time\n"
+        "for s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\n"
+        "print('stubborn', flush=True)\n"
+        'time.sleep(60)"'
+    )
+    rc, doc = launch(local_agent, stubborn, "--run-id", "s2")
+    assert rc == 0, doc
+    run_dir = local_agent.workdir / "runs" / "s2"
+    wait_for(lambda: "stubborn" in (run_dir / "train.log").read_text(), 10, what="start")
+    t0 = time.monotonic()
+    rc, doc = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "1")
+    assert rc == 0 and doc["signals"] == ["SIGINT", "SIGTERM", "SIGKILL"], doc
+    assert doc["exit_status"] == 137
+    assert 1.0 <= time.monotonic() - t0 < 8.0
+    # tee survived the signals: the log is complete and the wrapper wrote the status.
+    assert (run_dir / "train.log").read_text().startswith("stubborn")
+
+
+def test_live_session_refused_then_force_keeps_old_run(local_agent: LocalAgent) -> None:
+    rc, doc = launch(local_agent, CHECKPOINTER, "--run-id", "old")
+    assert rc == 0, doc
+    old_dir = local_agent.workdir / "runs" / "old"
+    wait_for(lambda: "training" in (old_dir / "train.log").read_text(), 10, what="training")
+    rc, doc = launch(local_agent, "echo new", "--run-id", "new")
+    assert rc == runs.EXIT_REFUSED and doc["error"] == "session-live", doc
+    assert not (local_agent.workdir / "runs" / "new").exists()
+    assert runs.run_state(old_dir)["state"] == "running"
+
+    rc, doc = launch(local_agent, "echo new; sleep 30", "--run-id", "new", "--force")
+    assert rc == 0, doc
+    assert doc["replaced"]["exit_status"] == 0 and doc["replaced"]["signals"] == ["SIGINT"]
+    assert "checkpoint saved" in (old_dir / "train.log").read_text()
+    assert "training" in (old_dir / "pane.txt").read_text()
+    assert (old_dir / "manifest.json").exists()
+    assert (local_agent.workdir / "runs" / "current").read_text().strip() == "new"
+    rc, listing = local_agent("runs", "--workdir", str(local_agent.workdir))
+    assert [(r["run_id"], r["state"]) for r in listing["runs"]] == [
+        ("old", "exited"),
+        ("new", "running"),
+    ]
+    rc, doc = launch(local_agent, "echo again", "--run-id", "new", "--force")
+    assert rc == runs.EXIT_REFUSED and doc["error"] == "run-exists"
+
+
+def test_logs_tail_and_offsets(local_agent: LocalAgent) -> None:
+    cmd = "for i in $(seq 1 500); do echo line-$i; done"
+    rc, doc = launch(local_agent, cmd, "--run-id", "l1")
+    assert wait_for(lambda: exit_status(local_agent, "l1") == 0, 10)
+    wd = str(local_agent.workdir)
+    rc, doc = local_agent("logs", "--workdir", wd, "-n", "3")
+    assert doc["lines"] == ["line-498", "line-499", "line-500"]
+    size = doc["offset"]
+    rc, doc = local_agent("logs", "--workdir", wd, "--offset", str(size - 18))
+    assert doc["lines"] == ["line-499", "line-500"] and doc["offset"] == size
+    rc, doc = local_agent("logs", "--workdir", wd, "--offset", str(size + 1000))
+    assert doc["truncated"] is True and doc["lines"][0] == "line-1"
+
+
+def test_logs_follow_ends_after_exit(local_agent: LocalAgent) -> None:
+    cmd = "for i in 1 2 3 4; do echo tick-$i; sleep 0.5; done"
+    launch(local_agent, cmd, "--run-id", "f1", "--settle", "0")
+    res = local_agent.raw(
+        "logs", "--workdir", str(local_agent.workdir), "-f", "--offset", "0", "--interval", "0.1",
+        timeout_s=20,
+    )  # fmt: skip
+    docs = [json.loads(x) for x in res.stdout.splitlines()]
+    lines = [line for d in docs for line in d["lines"]]
+    assert lines == ["tick-1", "tick-2", "tick-3", "tick-4"]
+    assert len([d for d in docs if d["lines"]]) >= 2, "follow delivered it all at once"
+    assert docs[-1]["end"] is True and docs[-1]["state"]["exit_status"] == 0
+
+
+def test_tail_reads_only_the_end(tmp_path: Path) -> None:
+    """A 40 MB log: the tail of 5 lines reads a block or two, not the file."""
+    big = tmp_path / "train.log"
+    with open(big, "wb") as fh:
+        fh.write((b"x" * 99 + b"\n") * 400_000)
+        fh.write(b"last-1\nlast-2\npartial")
+    t0 = time.perf_counter()
+    lines, size = runs.tail_lines(big, 2)
+    assert time.perf_counter() - t0 < 0.05
+    assert lines == ["last-2", "partial"] and size == big.stat().st_size
+    chunk = runs.read_from(big, size - len(b"last-2\npartial"))
+    assert chunk["lines"] == ["last-2"] and chunk["offset"] == size - len(b"partial")

@@ -1,0 +1,24 @@
+"""The trainer's doctests (pytest's --doctest-modules only walks tests/)."""
+
+from __future__ import annotations
+
+import doctest
+import importlib
+
+import pytest
+
+MODULES = [
+    "trainer.config",
+    "trainer.data",
+    "trainer.faults",
+    "trainer.metrics",
+    "trainer.objective",
+    "trainer.pipeline",
+]
+
+
+@pytest.mark.parametrize("name", MODULES)
+def test_doctests(name: str) -> None:
+    result = doctest.testmod(importlib.import_module(name), optionflags=doctest.ELLIPSIS)
+    assert result.attempted > 0
+    assert result.failed == 0

@@ -1,0 +1,119 @@
+"""check's pure parts and its thread pool (no sandbox needed)."""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+
+from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.views import check
+from tests.views.snapshots import running
+
+
+def test_gather_runs_concurrently_and_sequentially():
+    active, peak = [0], [0]
+    lock = threading.Lock()
+
+    def job():
+        with lock:
+            active[0] += 1
+            peak[0] = max(peak[0], active[0])
+        time.sleep(0.1)
+        with lock:
+            active[0] -= 1
+        return "ok"
+
+    started = time.monotonic()
+    got = check.gather({str(i): job for i in range(8)}, workers=8)
+    assert time.monotonic() - started < 0.5 and peak[0] == 8
+    assert got == {str(i): "ok" for i in range(8)}
+    peak[0] = 0
+    started = time.monotonic()
+    check.gather({str(i): job for i in range(4)}, workers=1)
+    assert time.monotonic() - started >= 0.4 and peak[0] == 1
+
+
+def test_gather_returns_exceptions_and_timeouts():
+    release = threading.Event()
+
+    def boom():
+        raise ConnectionRefusedError("refused")
+
+    started = time.monotonic()
+    got = check.gather({"a": boom, "b": release.wait, "c": lambda: 1}, timeout_s=0.3)
+    release.set()
+    assert time.monotonic() - started < 2
+    assert isinstance(got["a"], ConnectionRefusedError)
+    assert isinstance(got["b"], TimeoutError) and "0.3 s" in str(got["b"])
+    assert got["c"] == 1
+
+
+def result(name, snap, *findings):
+    return check.TargetResult(name, snap, "running", tuple(findings))
+
+
+def test_status_table():
+    up, down = running("a"), Snapshot.unreachable("b", 1.0, "refused")
+    warn = Finding("stall", Severity.WARNING, "a", "s")
+    crit = Finding("crashed", Severity.CRITICAL, "a", "c")
+    info = Finding("finished", Severity.INFO, "a", "f")
+    assert check.nagios_status([result("a", up)]) == check.OK
+    assert check.nagios_status([result("a", up, info)]) == check.OK
+    assert check.nagios_status([result("a", up, warn)]) == check.WARNING
+    assert check.nagios_status([result("a", up, warn, crit)]) == check.CRITICAL
+    assert (
+        check.nagios_status([result("b", down), result("c", Snapshot.unreachable("c", 1, "x"))])
+        == check.UNKNOWN
+    )
+    unreach = check.ensure_unreachable_finding("b", down, [])
+    assert check.nagios_status([result("a", up), result("b", down, *unreach)]) == check.WARNING
+    assert check.nagios_status([]) == check.UNKNOWN
+
+
+def test_json_document_shape():
+    f = Finding(
+        "ghost-utilization",
+        Severity.CRITICAL,
+        "a",
+        "ghost",
+        gpus=(3,),
+        playbook="ghost-utilization",
+        evidence=("GPU 3: 0 MiB, 100 %",),
+    )
+    doc = check.to_json(check.CheckReport(check.CRITICAL, (result("a", running("a"), f),)))
+    doc = json.loads(json.dumps(doc))
+    assert doc["status"] == "CRITICAL"
+    [t] = doc["targets"]
+    assert t["name"] == "a" and t["state"] == "running"
+    assert t["findings"] == [
+        {
+            "kind": "ghost-utilization",
+            "severity": "critical",
+            "gpus": [3],
+            "playbook": "ghost-utilization",
+            "summary": "ghost",
+            "since": None,
+            "evidence": ["GPU 3: 0 MiB, 100 %"],
+        }
+    ]
+
+
+def test_lines_one_per_problem():
+    warn = Finding("stall", Severity.WARNING, "a", "no step for 700 s")
+    info = Finding("finished", Severity.INFO, "a", "done")
+    down = Snapshot.unreachable("b", 1.0, "refused")
+    report = check.CheckReport(
+        check.WARNING,
+        (
+            result("a", running("a"), warn, info),
+            result("b", down, *check.ensure_unreachable_finding("b", down, [])),
+        ),
+        problems=("webhook alert not delivered: HTTP 500",),
+    )
+    out = check.lines(report)
+    assert out[0] == "ORCH WARNING - 2 targets: 0 critical, 2 warning, 1 unreachable"
+    assert out[1] == "WARNING a stall: no step for 700 s"
+    assert out[2].startswith("WARNING b unreachable: unreachable since ")
+    assert out[3] == "UNKNOWN check: webhook alert not delivered: HTTP 500"
+    assert len(out) == 4

@@ -1,0 +1,117 @@
+"""Exporter metric families (pure) and the atomic textfile, parsed back with prometheus-client."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+from prometheus_client import generate_latest
+from prometheus_client.parser import text_string_to_metric_families
+from prometheus_client.registry import CollectorRegistry
+
+from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.views import export
+from tests.views.snapshots import TOTAL_MIB, gpus, running
+
+RULES = Path(__file__).resolve().parents[2] / "playbooks" / "prometheus-rules.yaml"
+
+
+class Fixed:
+    """A poller stand-in holding fixed observations (the collector only calls ``latest``)."""
+
+    def __init__(self, observed):
+        self.observed = observed
+
+    def latest(self):
+        return self.observed
+
+
+def scrape(observed) -> dict[str, list]:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(export.FleetCollector(Fixed(observed)))
+    text = generate_latest(registry).decode()
+    return {f.name: f.samples for f in text_string_to_metric_families(text)}
+
+
+def test_dcgm_names_and_labels():
+    snap = running("ct200", gpus=gpus({3: 100.0}, {0: 1024.0}))
+    got = scrape([export.Observed("ct200", "pve1", snap, state="running")])
+    used = {s.labels["gpu"]: s for s in got["DCGM_FI_DEV_FB_USED"]}
+    assert len(used) == 8
+    assert used["0"].value == 1024.0
+    assert used["0"].labels == {
+        "gpu": "0",
+        "UUID": "GPU-00000000",
+        "device": "nvidia0",
+        "modelName": "NVIDIA H200",
+        "Hostname": "pve1",
+        "container": "ct200",
+    }
+    free = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}
+    assert free["0"] == TOTAL_MIB - 1024.0
+    util = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_GPU_UTIL"]}
+    assert util["3"] == 100.0
+    assert {s.value for s in got["DCGM_FI_DEV_GPU_TEMP"]} == {40.0}
+    assert {s.value for s in got["DCGM_FI_DEV_POWER_USAGE"]} == {90.0}
+
+
+def test_run_and_finding_gauges():
+    ghost = Finding("ghost-utilization", Severity.CRITICAL, "ct200", "x", gpus=(3,))
+    crashed = running("ct201", exit_status=137, pane_dead=True)
+    got = scrape(
+        [
+            export.Observed("ct200", "pve1", running("ct200"), (ghost,), "running"),
+            export.Observed("ct201", "pve1", crashed, (), "crashed"),
+        ]
+    )
+    up = {s.labels["target"]: s.value for s in got["orch_run_up"]}
+    assert up == {"ct200": 1.0, "ct201": 0.0}
+    assert {s.labels["target"]: s.value for s in got["orch_run_exit_status"]} == {"ct201": 137.0}
+    assert {s.labels["target"]: s.value for s in got["orch_run_step"]} == {
+        "ct200": 120.0,
+        "ct201": 120.0,
+    }
+    assert got["orch_run_tokens_per_second"][0].value == 21500.0
+    [f] = got["orch_finding"]
+    assert f.labels == {
+        "target": "ct200",
+        "host": "pve1",
+        "kind": "ghost-utilization",
+        "severity": "critical",
+        "gpus": "3",
+    }
+
+
+def test_unreachable_target_has_no_gpu_series_and_reachable_zero():
+    down = Snapshot.unreachable("ct200", 5.0, "connection refused")
+    got = scrape([export.Observed("ct200", "pve1", down, (), "unreachable")])
+    assert got["orch_target_reachable"][0].value == 0.0
+    assert got.get("DCGM_FI_DEV_FB_USED", []) == []
+    assert got.get("orch_run_up", []) == []
+
+
+def test_every_metric_the_rules_use_is_exported():
+    snap = running("ct200", exit_status=1)
+    ghost = Finding("xid", Severity.CRITICAL, "ct200", "x")
+    names = set(scrape([export.Observed("ct200", "pve1", snap, (ghost,), "crashed")]))
+    used = set(re.findall(r"\b(DCGM_FI_\w+|orch_\w+)", RULES.read_text()))
+    assert used and used <= names, used - names
+
+
+def test_textfile_is_written_atomically(tmp_path):
+    """write_to_textfile writes a temp file then renames: no reader ever sees half a file."""
+    from prometheus_client import write_to_textfile
+
+    path = tmp_path / "orch.prom"
+    poller = Fixed([export.Observed("ct200", "pve1", running("ct200"), (), "running")])
+    write_to_textfile(str(path), export.registry_for(poller))  # type: ignore[arg-type]
+    text = path.read_text()
+    assert 'DCGM_FI_DEV_FB_USED{Hostname="pve1"' in text
+    assert [p.name for p in tmp_path.iterdir()] == ["orch.prom"]  # no temp left behind
+
+
+@pytest.mark.parametrize("bad", ["9400", "host:", "h:99999", "h:x"])
+def test_bad_listen_is_rejected(bad):
+    with pytest.raises(ValueError, match="expected HOST:PORT"):
+        export.parse_listen(bad)

@@ -1,0 +1,108 @@
+"""The SQLite history: permissions, WAL, bounds, alert state, and the cross-process lock."""
+
+from __future__ import annotations
+
+import os
+import stat
+import subprocess
+import sys
+import time
+
+import pytest
+
+from orchestrator.history import AlertState, History, HistoryError, default_path
+from orchestrator.model import Severity, Snapshot
+
+
+def test_creates_private_dir_and_file_in_wal_mode(tmp_path):
+    path = tmp_path / "state" / "orch" / "orch.db"
+    with History.open(path) as h:
+        h.record([Snapshot("ct200", 1.0)])
+    assert stat.S_IMODE(path.parent.stat().st_mode) == 0o700
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    import sqlite3
+
+    with sqlite3.connect(path) as db:
+        assert db.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+
+
+def test_orch_db_env_overrides_the_default(tmp_path, monkeypatch):
+    monkeypatch.setenv("ORCH_DB", str(tmp_path / "x.db"))
+    assert default_path() == tmp_path / "x.db"
+    monkeypatch.delenv("ORCH_DB")
+    monkeypatch.setenv("XDG_STATE_HOME", str(tmp_path / "xdg"))
+    assert default_path() == tmp_path / "xdg" / "orch" / "orch.db"
+
+
+def test_history_is_bounded_per_target_and_ordered(tmp_path):
+    with History.open(tmp_path / "h.db", keep=5) as h:
+        for i in range(12):
+            h.record([Snapshot("a", float(i)), Snapshot("b", 100.0 + i)])
+        a = h.snapshots("a")
+        assert [s.taken_at for s in a] == [7.0, 8.0, 9.0, 10.0, 11.0]
+        assert [s.taken_at for s in h.snapshots("b", limit=2)] == [110.0, 111.0]
+        assert h.snapshots("nobody") == []
+
+
+def test_snapshots_round_trip_through_json(tmp_path):
+    snap = Snapshot.unreachable("ct200", 5.0, "connection refused")
+    with History.open(tmp_path / "h.db") as h:
+        h.record([snap])
+        assert h.snapshots("ct200") == [snap]
+
+
+def test_alert_state_round_trip_and_replace_per_target(tmp_path):
+    a = AlertState("ct200", "ghost-utilization", (3,), Severity.CRITICAL, "ghost", 1.0, 2.0)
+    b = AlertState("ct201", "stall", (), Severity.WARNING, "stall", 1.0, None)
+    with History.open(tmp_path / "h.db") as h:
+        h.save_alerts(["ct200", "ct201"], [a, b])
+        assert h.alerts() == {a.key: a, b.key: b}
+        h.save_alerts(["ct200"], [])
+        assert h.alerts() == {b.key: b}
+        assert h.alerts(["ct200"]) == {}
+
+
+def test_a_garbage_file_is_one_clear_error(tmp_path):
+    bad = tmp_path / "bad.db"
+    bad.write_bytes(b"this is not sqlite" * 100)
+    with pytest.raises(HistoryError, match="bad.db: cannot open history database"):
+        History.open(bad)
+
+
+HOLDER = """
+import sys, time
+from pathlib import Path
+from orchestrator.history import History
+h = History.open(Path(sys.argv[1]))
+with h.locked(timeout_s=5):
+    print("locked", flush=True)
+    sys.stdin.read()
+"""
+
+
+def test_lock_excludes_a_second_process_and_dies_with_the_holder(tmp_path):
+    path = tmp_path / "h.db"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONPATH": os.getcwd()},
+    )
+    try:
+        assert holder.stdout.readline().strip() == "locked"
+        with History.open(path) as h:
+            started = time.monotonic()
+            with (
+                pytest.raises(HistoryError, match="locked by another orch check"),
+                h.locked(timeout_s=0.3),
+            ):
+                pass
+            assert time.monotonic() - started >= 0.3
+            holder.kill()  # a killed check must not wedge the next one
+            holder.wait(timeout=5)
+            with h.locked(timeout_s=5):
+                h.record([Snapshot("ct200", 1.0)])
+    finally:
+        holder.kill()
+        holder.wait(timeout=5)

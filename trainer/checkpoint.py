@@ -1,0 +1,87 @@
+"""Atomic drafter checkpoints in ``<run-dir>/checkpoints/step_NNNNNNN.pt``.
+
+Written to a temp file in the same directory, fsynced, then renamed, so a reader sees either the
+old set or a complete new file. ``--resume auto`` loads the newest checkpoint that reads back
+whole; an unreadable (e.g. truncated) one is skipped with a warning, never loaded.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+log = logging.getLogger(__name__)
+
+_NAME = re.compile(r"^step_(\d+)\.pt$")
+FORMAT = "trainer-drafter-v1"
+
+
+@dataclass(frozen=True, slots=True)
+class Loaded:
+    """A checkpoint read back: completed ``step``, its ``path`` and the saved ``state`` dict."""
+
+    step: int
+    path: Path
+    state: dict[str, Any]
+
+
+def checkpoint_dir(run_dir: Path) -> Path:
+    return run_dir / "checkpoints"
+
+
+def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
+    """Write ``state`` for completed ``step`` atomically; keep the newest ``keep`` files.
+
+    Raises:
+        OSError: the run directory is not writable (the temp file is removed).
+    """
+    cdir = checkpoint_dir(run_dir)
+    cdir.mkdir(parents=True, exist_ok=True)
+    final = cdir / f"step_{step:07d}.pt"
+    tmp = cdir / f".{final.name}.tmp.{os.getpid()}"
+    try:
+        with tmp.open("wb") as fh:
+            torch.save({"format": FORMAT, "step": step, **state}, fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, final)
+    finally:
+        tmp.unlink(missing_ok=True)
+    dir_fd = os.open(cdir, os.O_RDONLY)
+    try:
+        os.fsync(dir_fd)
+    finally:
+        os.close(dir_fd)
+    for old in list_checkpoints(run_dir)[keep:]:
+        old.unlink(missing_ok=True)
+    return final
+
+
+def list_checkpoints(run_dir: Path) -> list[Path]:
+    """Checkpoint files, newest step first."""
+    cdir = checkpoint_dir(run_dir)
+    if not cdir.is_dir():
+        return []
+    found = [(int(m.group(1)), p) for p in cdir.iterdir() if (m := _NAME.match(p.name))]
+    return [p for _, p in sorted(found, reverse=True)]
+
+
+def load_latest(run_dir: Path) -> Loaded | None:
+    """Newest checkpoint that loads completely, or None; warns on stderr for each one skipped."""
+    for path in list_checkpoints(run_dir):
+        try:
+            state = torch.load(path, map_location="cpu", weights_only=True)
+            if not isinstance(state, dict) or state.get("format") != FORMAT:
+                raise ValueError("not a trainer checkpoint")
+            return Loaded(int(state["step"]), path, state)
+        except Exception as exc:  # noqa: BLE001  (any unreadable file is skipped, by contract)
+            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+            print(f"trainer: warning: skipping unreadable checkpoint {path}: {reason}", file=sys.stderr, flush=True)
+    return None

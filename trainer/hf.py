@@ -1,0 +1,85 @@
+"""Optional target: a local Hugging Face causal-LM checkpoint (never downloads from the hub).
+
+Needs ``transformers``; ``target.device_map`` additionally needs ``accelerate``. A missing package
+is reported as one :class:`~trainer.config.DependencyError` line before anything heavy happens.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from trainer.config import DependencyError, TrainConfig
+
+
+def check_dependencies(cfg: TrainConfig) -> None:
+    """Fail fast on a missing optional dependency or checkpoint directory.
+
+    Raises:
+        DependencyError: transformers (or accelerate, for device_map) not installed, or no such dir.
+    """
+    if not cfg.target.hf_path:
+        return
+    where = f"{cfg.source}: target.hf_path"
+    if cfg.target.device_map and importlib.util.find_spec("accelerate") is None:
+        raise DependencyError(
+            f"{cfg.source}: target.device_map={cfg.target.device_map!r} needs the 'accelerate' "
+            "package; pip install accelerate (or remove target.device_map)"
+        )
+    if importlib.util.find_spec("transformers") is None:
+        raise DependencyError(f"{where} needs the 'transformers' package; pip install transformers")
+    if not Path(cfg.target.hf_path).is_dir():
+        raise DependencyError(f"{where}: no such local directory {cfg.target.hf_path!r} (hub downloads are off)")
+
+
+class HFTarget(nn.Module):
+    """Wraps a transformers causal LM in the :class:`~trainer.model.TargetLM` interface."""
+
+    def __init__(self, model: nn.Module) -> None:
+        super().__init__()
+        self.model = model.eval().requires_grad_(False)
+        self.vocab_size = int(model.config.vocab_size)
+        self.d_model = int(model.config.hidden_size)
+        self.devices = [next(model.parameters()).device]
+        self._placed_by_map = hasattr(model, "hf_device_map")
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.model.config.num_hidden_layers)
+
+    def place(self, devices: Sequence[str]) -> None:
+        """Move to the first target device unless accelerate's device_map already placed it."""
+        if not self._placed_by_map:
+            self.model.to(devices[0])
+            self.devices = [torch.device(devices[0])]
+
+    def embedding_weight(self) -> torch.Tensor:
+        return self.model.get_input_embeddings().weight
+
+    def head_weight(self) -> torch.Tensor:
+        return self.model.get_output_embeddings().weight
+
+    @torch.no_grad()
+    def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
+        out = self.model(tokens.to(self.devices[0]), output_hidden_states=True, use_cache=False)
+        return out.logits, list(out.hidden_states[1:])
+
+
+def load_hf_target(cfg: TrainConfig) -> HFTarget:
+    """Load ``cfg.target.hf_path`` with ``local_files_only=True``.
+
+    Raises:
+        DependencyError: see :func:`check_dependencies`.
+    """
+    check_dependencies(cfg)
+    from transformers import AutoModelForCausalLM
+
+    kwargs: dict[str, object] = {"local_files_only": True, "torch_dtype": "auto"}
+    if cfg.target.device_map:
+        kwargs["device_map"] = cfg.target.device_map
+    model = AutoModelForCausalLM.from_pretrained(cfg.target.hf_path, **kwargs)
+    return HFTarget(model)
