@@ -281,6 +281,75 @@ def sandbox_scenario(
 
 # --- agent -----------------------------------------------------------------------------------
 
+
+@app.command("facts")
+def facts_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml (or 'local')."),
+    torch: bool = typer.Option(False, "--torch", help="Also time `import torch` and what CUDA it sees."),
+    as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON."),
+) -> None:
+    """What a container offers: python, tmux, NVML driver, GPUs, free disk, tmux sessions.
+
+    Deploys the agent first if needed. Exit codes: 0 ok, 1 agent failed, 2 bad
+    input, 3 unreachable.
+    """
+    from orchestrator.target import Target
+
+    facts = Target(load_inventory(), target).facts(torch=torch)
+    if as_json:
+        print_json(facts)
+        return
+    nvml = facts.get("nvml") or {}
+    gpu_text = ", ".join(f"{g['index']}:{g.get('name') or '?'}" for g in facts.get("gpus") or [])
+    out_console.print(f"[bold]{target}[/] python {facts['python']['version']}, "
+                      f"tmux {facts['tmux']['version'] or 'missing'}", highlight=False)
+    out_console.print(f"  NVML: {'ok' if nvml.get('ok') else nvml.get('error_kind')} "
+                      f"(driver {nvml.get('driver_version') or '?'}, via {nvml.get('source')})"
+                      + (f": {nvml.get('message')}" if not nvml.get("ok") else ""), highlight=False)
+    out_console.print(f"  GPUs: {gpu_text or 'none'}", highlight=False)
+    out_console.print(f"  disk free: {facts['disk']['free_mib']} MiB at {facts['disk']['path']}", highlight=False)
+    out_console.print(f"  tmux sessions: {', '.join(facts['tmux']['sessions']) or 'none'}", highlight=False)
+    if "torch" in facts:
+        out_console.print(f"  torch: {facts['torch']}", highlight=False)
+
+
+@app.command("snapshot")
+def snapshot_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml (or 'local')."),
+    as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON (docs/snapshot.md)."),
+) -> None:
+    """One observation of a container: tmux session, run, processes, GPUs, metrics.
+
+    Exit codes: 0 ok, 1 agent failed or answered garbage, 2 bad input, 3 unreachable.
+    """
+    from orchestrator.target import Target
+
+    snap = Target(load_inventory(), target).snapshot()
+    if as_json:
+        print_json(snap.to_dict())
+        return
+    s, r, n = snap.session, snap.run, snap.nvml
+    if s is not None:
+        state = ("missing" if not s.exists else
+                 f"dead (status {s.pane_dead_status}, signal {s.pane_dead_signal})" if s.pane_dead else "alive")
+        out_console.print(f"session {s.name}: {state}" + ("" if s.server_running else " (no tmux server)"),
+                          highlight=False)
+    if r is not None:
+        out_console.print(f"run {r.run_id}: log {r.log_size_bytes if r.log_exists else 'missing'} bytes, "
+                          f"exit status {r.exit_status}", highlight=False)
+    if n is not None and not n.ok:
+        out_console.print(f"[red]NVML {n.error_kind}[/]: {n.message}", highlight=False)
+    for g in snap.gpus:
+        procs = len(g.processes) if g.processes is not None else "?"
+        out_console.print(f"GPU {g.index}: " + (g.error or f"{g.utilization_pct} %, {g.memory_used_mib} / "
+                          f"{g.memory_total_mib} MiB, {g.power_w} W, {procs} processes"), highlight=False)
+    if snap.metrics is not None:
+        m = snap.metrics
+        out_console.print(f"metrics: step {m.step}, loss {m.loss}, tokens/s {m.tokens_per_s}", highlight=False)
+    if snap.cost is not None:
+        out_console.print(f"agent cost: {snap.cost.cpu_ms} ms CPU, {snap.cost.bytes_read} bytes read",
+                          highlight=False)
+
 # --- launch lifecycle ------------------------------------------------------------------------
 
 
@@ -288,15 +357,22 @@ def sandbox_scenario(
 def launch_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml."),
     cmd: str | None = typer.Option(
-        None, "--cmd", help="Shell command to run (default: the container's command, else the "
-        "bundled trainer)."
+        None,
+        "--cmd",
+        help="Shell command to run (default: the container's command, else the bundled trainer).",
     ),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPUs to use, e.g. 0-7 or 0,2 "
-                                    "(default: the container's assignment)."),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPUs to use, e.g. 0-7 or 0,2 (default: the container's assignment)."
+    ),
     env: list[str] = typer.Option([], "--env", metavar="K=V", help="Extra variable (repeatable)."),
-    name: str | None = typer.Option(None, "--name", help="Suffix of the run id (YYYYmmdd-HHMMSS-NAME)."),
-    force: bool = typer.Option(False, "--force", help="Stop a live session of the same name "
-                               "first (gracefully; its run directory is kept)."),
+    name: str | None = typer.Option(
+        None, "--name", help="Suffix of the run id (YYYYmmdd-HHMMSS-NAME)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Stop a live session of the same name first (gracefully; its run directory is kept).",
+    ),
     grace: float = typer.Option(60.0, "--grace", help="Seconds --force gives the old run."),
     no_verify: bool = typer.Option(False, "--no-verify", help="Return once started."),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON result document."),
@@ -314,14 +390,30 @@ def launch_cmd(
     progress = None if as_json else PhaseProgress(err_console)
     try:
         result = launch.launch(
-            inventory, target, cmd=cmd, gpus=gpus, env=env, run_name=name, force=force,
-            verify=not no_verify, grace_s=grace, on_phase=progress,
+            inventory,
+            target,
+            cmd=cmd,
+            gpus=gpus,
+            env=env,
+            run_name=name,
+            force=force,
+            verify=not no_verify,
+            grace_s=grace,
+            on_phase=progress,
         )
     except launch.RunDied as exc:
         if as_json:
-            print_json({"ok": False, "error": "run-died", "message": str(exc),
-                        "exit_status": exc.exit_status, "log_tail": exc.log_tail,
-                        "diagnosis": exc.diagnosis, "state": exc.state})
+            print_json(
+                {
+                    "ok": False,
+                    "error": "run-died",
+                    "message": str(exc),
+                    "exit_status": exc.exit_status,
+                    "log_tail": exc.log_tail,
+                    "diagnosis": exc.diagnosis,
+                    "state": exc.state,
+                }
+            )
             raise typer.Exit(exc.exit_code) from None
         raise
     finally:
@@ -336,8 +428,9 @@ def launch_cmd(
 @app.command("stop")
 def stop_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml."),
-    grace: float = typer.Option(60.0, "--grace", help="Seconds from SIGINT to SIGKILL "
-                                "(SIGTERM at half)."),
+    grace: float = typer.Option(
+        60.0, "--grace", help="Seconds from SIGINT to SIGKILL (SIGTERM at half)."
+    ),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: the current run)."),
     as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
 ) -> None:
@@ -352,21 +445,28 @@ def stop_cmd(
     if as_json:
         print_json(doc)
     elif doc.get("stopped"):
-        out_console.print(f"stopped run {doc['run_id']} with {', '.join(doc['signals']) or 'no signal'} "
-                          f"in {doc['elapsed_s']:.1f} s: exit status {doc['exit_status']}",
-                          highlight=False)
+        out_console.print(
+            f"stopped run {doc['run_id']} with {', '.join(doc['signals']) or 'no signal'} "
+            f"in {doc['elapsed_s']:.1f} s: exit status {doc['exit_status']}",
+            highlight=False,
+        )
     else:
         code = doc.get("exit_status")
         state = f"exited {code}" if code is not None else doc.get("state")
-        out_console.print(f"run {doc['run_id']} is not running ({state}); nothing to stop",
-                          highlight=False)
+        out_console.print(
+            f"run {doc['run_id']} is not running ({state}); nothing to stop", highlight=False
+        )
 
 
 @app.command("logs")
 def logs_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml."),
-    follow: bool = typer.Option(False, "-f", "--follow", help="Keep printing new lines "
-                                "(by byte offset) until the run ends or Ctrl-C."),
+    follow: bool = typer.Option(
+        False,
+        "-f",
+        "--follow",
+        help="Keep printing new lines (by byte offset) until the run ends or Ctrl-C.",
+    ),
     lines: int = typer.Option(50, "-n", "--lines", help="Lines from the end to show first."),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: the current run)."),
 ) -> None:
@@ -667,18 +767,40 @@ def export_cmd(
 
 @app.command("init")
 def init_cmd(
-    host: str | None = typer.Option(None, "--host", help="Name of the Proxmox host (default pve1)."),
-    address: str | None = typer.Option(None, "--address", help="Its IP or DNS name (default: the host name)."),
+    host: str | None = typer.Option(
+        None, "--host", help="Name of the Proxmox host (default pve1)."
+    ),
+    address: str | None = typer.Option(
+        None, "--address", help="Its IP or DNS name (default: the host name)."
+    ),
     user: str | None = typer.Option(None, "--user", help="SSH user on the host (default root)."),
     port: int | None = typer.Option(None, "--port", help="SSH port (default 22)."),
     vmid: int | None = typer.Option(None, "--vmid", help="Container id (default 200)."),
-    container: str | None = typer.Option(None, "--container", help="Container name in orch (default lxc<vmid>)."),
-    gpus: str | None = typer.Option(None, "--gpus", help="GPUs: '0-7', 'target=0-4 drafter=5-7' or 'all' (default)."),
-    workdir: str | None = typer.Option(None, "--workdir", help="Working directory in the container (default /root/orch)."),
-    identity_file: str | None = typer.Option(None, "--identity-file", help="SSH private key (default ~/.ssh/id_* or ssh-agent)."),
-    out: Path | None = typer.Option(None, "--out", help="File to write (default: -c, $ORCH_CONFIG, else ~/.config/orch/hosts.yaml)."),
-    force: bool = typer.Option(False, "--force", help="Replace an existing file (the old one is kept as FILE.bak)."),
-    trust: bool | None = typer.Option(None, "--trust/--no-trust", help="Record the host's key now (orch trust HOST); asked when interactive."),
+    container: str | None = typer.Option(
+        None, "--container", help="Container name in orch (default lxc<vmid>)."
+    ),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPUs: '0-7', 'target=0-4 drafter=5-7' or 'all' (default)."
+    ),
+    workdir: str | None = typer.Option(
+        None, "--workdir", help="Working directory in the container (default /root/orch)."
+    ),
+    identity_file: str | None = typer.Option(
+        None, "--identity-file", help="SSH private key (default ~/.ssh/id_* or ssh-agent)."
+    ),
+    out: Path | None = typer.Option(
+        None,
+        "--out",
+        help="File to write (default: -c, $ORCH_CONFIG, else ~/.config/orch/hosts.yaml).",
+    ),
+    force: bool = typer.Option(
+        False, "--force", help="Replace an existing file (the old one is kept as FILE.bak)."
+    ),
+    trust: bool | None = typer.Option(
+        None,
+        "--trust/--no-trust",
+        help="Record the host's key now (orch trust HOST); asked when interactive.",
+    ),
 ) -> None:
     """Write a starter hosts.yaml from flags, or by asking when stdin is a terminal.
 
@@ -694,18 +816,22 @@ def init_cmd(
     given = {"host": host, "address": address, "user": user, "port": port, "vmid": vmid,
              "container": container, "gpus": gpus, "workdir": workdir,
              "identity_file": identity_file}  # fmt: skip
-    target = out or state.config or (Path(os.environ["ORCH_CONFIG"]) if os.environ.get("ORCH_CONFIG") else None) or init.default_out()
+    target = (
+        out
+        or state.config
+        or (Path(os.environ["ORCH_CONFIG"]) if os.environ.get("ORCH_CONFIG") else None)
+        or init.default_out()
+    )
     interactive = init.stdin_is_terminal()
     init.refuse_existing(target, force=force)  # before asking anything
     if interactive:
-        import click
 
         def prompt(text: str, default: str, convert: Any) -> Any:
             def proc(raw: str) -> Any:
                 try:
                     return convert(raw)
                 except ValueError as exc:
-                    raise click.BadParameter(str(exc)) from None  # click asks again
+                    raise typer.BadParameter(str(exc)) from None  # the prompt asks again
 
             return typer.prompt(text, default=default, value_proc=proc)
 
@@ -716,16 +842,23 @@ def init_cmd(
     written = init.write_config(answers, target, force=force)
     if written.backup:
         print(f"kept the old file as {written.backup}")
-    print(f"wrote {written.path} (host {answers.host} at {answers.host_address}:{answers.port}, "
-          f"container {answers.container_name} = vmid {answers.vmid})")
+    print(
+        f"wrote {written.path} (host {answers.host} at {answers.host_address}:{answers.port}, "
+        f"container {answers.container_name} = vmid {answers.vmid})"
+    )
     config_flag = [] if written.path == init.default_out() else ["-c", str(written.path)]
     shown = " ".join(["orch", *config_flag])
     if trust is None and interactive:
-        trust = typer.confirm(f"Fetch and check {answers.host}'s SSH host key now (orch trust {answers.host})?", default=True)
+        trust = typer.confirm(
+            f"Fetch and check {answers.host}'s SSH host key now (orch trust {answers.host})?",
+            default=True,
+        )
     if trust:
         code = run([*config_flag, "trust", answers.host])
         if code != 0:
-            print(f"the file is written; once {answers.host} is reachable run: {shown} trust {answers.host}")
+            print(
+                f"the file is written; once {answers.host} is reachable run: {shown} trust {answers.host}"
+            )
             raise typer.Exit(code)
     else:
         print(f"next: {shown} trust {answers.host}   (record the host key)")
@@ -734,8 +867,14 @@ def init_cmd(
 
 @app.command("doctor")
 def doctor_cmd(
-    target: str | None = typer.Argument(None, help="A container (or host) of hosts.yaml: also check the path to it."),
-    as_json: bool = typer.Option(False, "--json", help='Print {"ok": bool, "checks": [{"name", "ok", "status", "detail", "fix"}]}.'),
+    target: str | None = typer.Argument(
+        None, help="A container (or host) of hosts.yaml: also check the path to it."
+    ),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='Print {"ok": bool, "checks": [{"name", "ok", "status", "detail", "fix"}]}.',
+    ),
 ) -> None:
     """Check what orch needs, one line each (✓ ok, ! warning, ✗ failed, - skipped), with a fix.
 

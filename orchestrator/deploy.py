@@ -119,7 +119,9 @@ def _package_files(root: Path, prefix: str, skip: tuple[str, ...] = ()) -> dict[
 def _installed(module: str) -> Path:
     spec = importlib.util.find_spec(module)
     if spec is None or spec.origin is None:
-        raise OrchError(f"{module} is not installed on this machine; pip install orch's dependencies")
+        raise OrchError(
+            f"{module} is not installed on this machine; pip install orch's dependencies"
+        )
     return Path(spec.origin)
 
 
@@ -141,7 +143,9 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
         "orchestrator/model.py": (here / "model.py").read_bytes(),
     }
     files.update(_package_files(here / "agent", "orchestrator/agent"))
-    files.update(_package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py")))
+    files.update(
+        _package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py"))
+    )
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()
     buf = io.BytesIO()
@@ -180,7 +184,11 @@ def forget(transport: Transport, workdir: str) -> None:
 
 
 def ensure_agent(
-    transport: Transport, workdir: str, python: str = "python3", *, bundle: Bundle | None = None,
+    transport: Transport,
+    workdir: str,
+    python: str = "python3",
+    *,
+    bundle: Bundle | None = None,
     timeout_s: float = 60.0,
 ) -> str:
     """Make sure the current bundle is in ``<workdir>/.orch/agent-<hash>/``; return that path.
@@ -218,8 +226,9 @@ def ensure_agent(
         )
     if not present:
         log.info("%s: sending agent bundle %s (%d bytes)", where, bundle.hash, len(bundle.tarball))
-        res = transport.run([python, "-c", _UNPACK, dest, bundle.hash], stdin=bundle.tarball,
-                            timeout=timeout_s)
+        res = transport.run(
+            [python, "-c", _UNPACK, dest, bundle.hash], stdin=bundle.tarball, timeout=timeout_s
+        )
         if not res.ok or not res.out.startswith("ok "):
             raise AgentError(
                 f"{where}: sending the agent to {dest} failed (exit {res.exit_status}): "

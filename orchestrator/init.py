@@ -13,9 +13,9 @@ overwritten) before the new one is written atomically, 0600.
 from __future__ import annotations
 
 import json
-import os
 import re
 import shutil
+import sys
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, fields, replace
 from pathlib import Path
@@ -348,6 +348,6 @@ def write_config(answers: Answers, out: Path, *, force: bool = False) -> Written
 def stdin_is_terminal() -> bool:
     """Whether questions can be asked (stdin is a TTY); ``False`` when it cannot be told."""
     try:
-        return os.isatty(0)
-    except OSError:
+        return sys.stdin is not None and sys.stdin.isatty()
+    except (OSError, ValueError):  # closed or detached stdin
         return False

@@ -626,9 +626,7 @@ def follow_logs(
             "--interval", str(interval_s)]  # fmt: skip
     if run_id:
         args += ["--run-id", run_id]
-    bundle_dir = tgt.bundle_dir()
-    stream = tgt.transport.stream(agent_argv(tgt.container.python, args),
-                                  env={"PYTHONPATH": bundle_dir})  # fmt: skip
+    stream = tgt.transport.stream(agent_argv(tgt.container.python, tgt.bundle_dir(), args))
     with stream:
         for line in stream:
             doc = parse_document(tgt.name, line)

@@ -451,7 +451,7 @@ def get_playbook(playbooks: Sequence[Playbook], pid: str) -> Playbook:
 
 
 def literal_needles(pattern: str) -> list[frozenset[str]]:
-    """Lower-cased literals a line must contain for ``pattern`` to match (a cheap pre-check).
+    r"""Lower-cased literals a line must contain for ``pattern`` to match (a cheap pre-check).
 
     Each entry is a set of alternatives (any one must be present); all entries are
     required. An empty list means no pre-check is possible: always run the regex.

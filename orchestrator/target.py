@@ -88,8 +88,10 @@ def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
         raise AgentProtocolError(target, str(exc)[:300]) from None
 
 
-_BOOT = ("import sys; sys.path.insert(0, sys.argv.pop(1)); "
-         "from orchestrator.agent.__main__ import main; sys.exit(main())")
+_BOOT = (
+    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
+    "from orchestrator.agent.__main__ import main; sys.exit(main())"
+)
 
 
 def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
@@ -100,9 +102,9 @@ def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
     the container's site-packages or in the current directory (which ``-m`` would
     put first).
 
-    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[:2]
-    ['python3', '-S']
-    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[3:]
+    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[:3]
+    ['python3', '-S', '-c']
+    >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[4:]
     ['/w/.orch/agent-1', 'snapshot']
     """
     return [python, "-S", "-c", _BOOT, bundle_dir, *args]
@@ -119,7 +121,11 @@ class Target:
     """
 
     def __init__(
-        self, inventory: Inventory, name: str, *, transport: Transport | None = None,
+        self,
+        inventory: Inventory,
+        name: str,
+        *,
+        transport: Transport | None = None,
         bundle: deploy.Bundle | None = None,
     ) -> None:
         self.inventory = inventory
@@ -142,16 +148,25 @@ class Target:
 
     def bundle_dir(self) -> str:
         """Deploy the agent if needed; its directory in the container."""
-        return deploy.ensure_agent(self.transport, self.container.workdir, self.container.python,
-                                   bundle=self._bundle)
+        return deploy.ensure_agent(
+            self.transport, self.container.workdir, self.container.python, bundle=self._bundle
+        )
 
     def _argv(self, bundle_dir: str, args: Sequence[str]) -> list[str]:
         return agent_argv(self.container.python, bundle_dir, args)
 
     def _observe_args(self, run_id: str | None, offset: int | None) -> list[str]:
         c = self.container
-        args = ["--target", self.name, "--workdir", c.workdir, "--session", c.session,
-                "--gpu-deadline", str(self.gpu_deadline_s)]
+        args = [
+            "--target",
+            self.name,
+            "--workdir",
+            c.workdir,
+            "--session",
+            c.session,
+            "--gpu-deadline",
+            str(self.gpu_deadline_s),
+        ]
         if c.log_patterns:
             args += ["--log-patterns", json.dumps(dict(c.log_patterns))]
         if self.gpu_source:
@@ -180,12 +195,19 @@ class Target:
                 continue
             break
         tail = res.err.strip()[-400:] or "no output"
-        raise AgentError(f"{self.name}: agent {args[0] if args else ''} failed "
-                         f"(exit {res.exit_status}): {tail}")
+        raise AgentError(
+            f"{self.name}: agent {args[0] if args else ''} failed (exit {res.exit_status}): {tail}"
+        )
 
     def facts(self, *, torch: bool = False, timeout: float = 90.0) -> dict[str, Any]:
         """Python, tmux, NVML driver + GPU inventory, free disk, sessions (torch when asked)."""
-        args = ["facts", "--workdir", self.container.workdir, "--gpu-deadline", str(self.gpu_deadline_s)]
+        args = [
+            "facts",
+            "--workdir",
+            self.container.workdir,
+            "--gpu-deadline",
+            str(self.gpu_deadline_s),
+        ]
         if torch:
             args.append("--torch")
         if self.gpu_source:
@@ -197,8 +219,9 @@ class Target:
             raise AgentProtocolError(self.name, str(exc)) from None
         return doc
 
-    def snapshot(self, offset: int | None = None, *, run_id: str | None = None,
-                 timeout: float = 30.0) -> Snapshot:
+    def snapshot(
+        self, offset: int | None = None, *, run_id: str | None = None, timeout: float = 30.0
+    ) -> Snapshot:
         """One observation. ``offset`` continues the log of ``run_id`` (``None``: tail only)."""
         doc = self.agent(["snapshot", *self._observe_args(run_id, offset)], timeout=timeout)
         try:
@@ -216,12 +239,22 @@ class Target:
     def open_stream(self, interval_s: float) -> LineStream:
         """Start ``agent stream`` (resuming at the remembered offset); the raw line stream."""
         bundle_dir = self.bundle_dir()
-        argv = self._argv(bundle_dir, ["stream", "--interval", str(interval_s),
-                                       *self._observe_args(self.run_id, self.offset)])
+        argv = self._argv(
+            bundle_dir,
+            [
+                "stream",
+                "--interval",
+                str(interval_s),
+                *self._observe_args(self.run_id, self.offset),
+            ],
+        )
         return self.transport.stream(argv)
 
     def stream(
-        self, interval_s: float | None = None, *, backoff_cap_s: float = BACKOFF_CAP_S,
+        self,
+        interval_s: float | None = None,
+        *,
+        backoff_cap_s: float = BACKOFF_CAP_S,
         stall_s: float | None = None,
     ) -> Iterator[Snapshot]:
         """Snapshots every ``interval_s`` (default: the container's ``poll_interval_s``), forever.
@@ -247,13 +280,18 @@ class Target:
                         status = getattr(stream, "exit_status", None)
                         tail = getattr(stream, "stderr_tail", b"") or b""
                         tail_text = tail.decode("utf-8", "replace").strip()[-300:]
-                        reason = f"agent stream ended (exit {status})" + (f": {tail_text}" if tail_text else "")
+                        reason = f"agent stream ended (exit {status})" + (
+                            f": {tail_text}" if tail_text else ""
+                        )
                         break
                     try:
                         snap = parse_snapshot(self.name, line)
                     except AgentProtocolError as exc:
-                        yield Snapshot(target=self.name, taken_at=time.time(),
-                                       errors=(f"agent-protocol-error: {exc.detail}",))
+                        yield Snapshot(
+                            target=self.name,
+                            taken_at=time.time(),
+                            errors=(f"agent-protocol-error: {exc.detail}",),
+                        )
                         continue
                     backoff = BACKOFF_START_S
                     self._remember(snap)
@@ -277,8 +315,15 @@ class Host:
     The bundle goes to ``<workdir>/.orch/`` on the host (default ``/var/tmp/orch``).
     """
 
-    def __init__(self, inventory: Inventory, host: str, *, transport: Transport | None = None,
-                 workdir: str = "/var/tmp/orch", python: str = "python3") -> None:
+    def __init__(
+        self,
+        inventory: Inventory,
+        host: str,
+        *,
+        transport: Transport | None = None,
+        workdir: str = "/var/tmp/orch",
+        python: str = "python3",
+    ) -> None:
         self.inventory = inventory
         self.name = host
         self._transport = transport
@@ -295,8 +340,13 @@ class Host:
 
     def vmids(self) -> list[int]:
         """The vmids of the inventory's containers on this host."""
-        return sorted({c.vmid for c in self.inventory.containers.values()
-                       if c.host == self.name and c.vmid is not None})
+        return sorted(
+            {
+                c.vmid
+                for c in self.inventory.containers.values()
+                if c.host == self.name and c.vmid is not None
+            }
+        )
 
     def probe(self, since: float | None = None, *, timeout: float = 60.0) -> HostProbe:
         """``pct status``, kernel events since ``since`` (Unix s), GPU PIDs -> vmid."""
@@ -308,8 +358,10 @@ class Host:
             args += ["--since", repr(float(since))]
         res = self.transport.run(agent_argv(self.python, bundle_dir, args), timeout=timeout)
         if not res.ok and not res.stdout.strip():
-            raise AgentError(f"{self.name}: host probe failed (exit {res.exit_status}): "
-                             f"{res.err.strip()[-400:] or 'no output'}")
+            raise AgentError(
+                f"{self.name}: host probe failed (exit {res.exit_status}): "
+                f"{res.err.strip()[-400:] or 'no output'}"
+            )
         doc = parse_document(self.name, res.stdout)
         try:
             check_schema(doc)

@@ -10,6 +10,7 @@ on the combined batch. :meth:`Trainer.run_plain` is the single-threaded referenc
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 import queue
@@ -153,7 +154,8 @@ class Trainer:
             if loaded is not None:
                 for d, opt in zip(self.replicas, self.optimizers, strict=True):
                     d.load_state_dict(loaded.state["drafter"])
-                    opt.load_state_dict(loaded.state["optimizer"])
+                    # load_state_dict keeps the given tensors: each replica needs its own copy
+                    opt.load_state_dict(copy.deepcopy(loaded.state["optimizer"]))
                 self.start_step = loaded.step
                 self.resumed_from = loaded.path
         self.faults = FaultInjector(opts.faults)
@@ -277,7 +279,7 @@ class Trainer:
                     t0 = time.monotonic()
                     loss, loss_sum, accepted = drafter_loss(replica, item.to(dev), self.blocks_per_step)
                     if i == 0 and self.faults.poison(step):
-                        loss = loss * float("nan")
+                        loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
                     loss.backward()
                     total = reducer.reduce(i, self._grad_vector(i, loss_sum, accepted))
                     lr = self._apply(i, total[:-2], step)

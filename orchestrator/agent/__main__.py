@@ -44,9 +44,15 @@ def _observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
 def _make(Observer: Any, ObserverConfig: Any, args: argparse.Namespace, patterns: Any) -> Any:  # noqa: N803
     obs = Observer(
         ObserverConfig(
-            target=args.target, workdir=args.workdir, session=args.session,
-            tail_lines=args.tail_lines, gpu_deadline_s=args.gpu_deadline, gpu_source=args.gpu_source,
-            socket_name=args.socket_name, socket_path=args.socket_path, log_patterns=patterns,
+            target=args.target,
+            workdir=args.workdir,
+            session=args.session,
+            tail_lines=args.tail_lines,
+            gpu_deadline_s=args.gpu_deadline,
+            gpu_source=args.gpu_source,
+            socket_name=args.socket_name,
+            socket_path=args.socket_path,
+            log_patterns=patterns,
         )
     )
     obs.resume(args.run_id, args.offset)
@@ -135,9 +141,17 @@ def cmd_stream(args: argparse.Namespace) -> int:
 def cmd_facts(args: argparse.Namespace) -> int:
     from orchestrator.agent.facts import gather
 
-    _emit(gather(args.workdir, with_torch=args.torch, torch_timeout_s=args.torch_timeout,
-                 gpu_deadline_s=args.gpu_deadline, gpu_source=args.gpu_source,
-                 socket_name=args.socket_name, socket_path=args.socket_path))
+    _emit(
+        gather(
+            args.workdir,
+            with_torch=args.torch,
+            torch_timeout_s=args.torch_timeout,
+            gpu_deadline_s=args.gpu_deadline,
+            gpu_source=args.gpu_source,
+            socket_name=args.socket_name,
+            socket_path=args.socket_path,
+        )
+    )
     return 0
 
 
@@ -147,9 +161,16 @@ def cmd_record(args: argparse.Namespace) -> int:
     if not os.path.isdir(args.run_dir):
         _emit({"ok": False, "error": f"no such run directory: {args.run_dir}"})
         return 1
-    n = record(args.run_dir, interval_s=args.interval, max_bytes=args.max_bytes, pid=args.pid,
-               linger_s=args.linger, max_duration_s=args.max_duration,
-               gpu_deadline_s=args.gpu_deadline, gpu_source=args.gpu_source)
+    n = record(
+        args.run_dir,
+        interval_s=args.interval,
+        max_bytes=args.max_bytes,
+        pid=args.pid,
+        linger_s=args.linger,
+        max_duration_s=args.max_duration,
+        gpu_deadline_s=args.gpu_deadline,
+        gpu_source=args.gpu_source,
+    )
     _emit({"ok": True, "samples": n, "schema_version": SCHEMA_VERSION})
     return 0
 
@@ -157,18 +178,32 @@ def cmd_record(args: argparse.Namespace) -> int:
 def cmd_probe(args: argparse.Namespace) -> int:
     from orchestrator.agent.probe import probe
 
-    result = probe(args.vmid, args.since, host=args.host, timeout_s=args.timeout,
-                   gpu_deadline_s=args.gpu_deadline, gpu_source=args.gpu_source,
-                   proc_root=args.proc_root)
+    result = probe(
+        args.vmid,
+        args.since,
+        host=args.host,
+        timeout_s=args.timeout,
+        gpu_deadline_s=args.gpu_deadline,
+        gpu_source=args.gpu_source,
+        proc_root=args.proc_root,
+    )
     _emit({"schema_version": SCHEMA_VERSION, **result.to_dict()})
     return 0
 
 
 def _gpu_opts(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--gpu-deadline", type=float, default=2.0,
-                   help="longest wait on NVML / nvidia-smi per collection (s)")
-    p.add_argument("--gpu-source", choices=("auto", "nvml", "nvidia-smi"), default=None,
-                   help="where GPU readings come from (default auto; env ORCH_AGENT_GPU_SOURCE)")
+    p.add_argument(
+        "--gpu-deadline",
+        type=float,
+        default=2.0,
+        help="longest wait on NVML / nvidia-smi per collection (s)",
+    )
+    p.add_argument(
+        "--gpu-source",
+        choices=("auto", "nvml", "nvidia-smi"),
+        default=None,
+        help="where GPU readings come from (default auto; env ORCH_AGENT_GPU_SOURCE)",
+    )
 
 
 def _observe_opts(p: argparse.ArgumentParser) -> None:
@@ -196,14 +231,15 @@ def build_parser() -> argparse.ArgumentParser:
     _observe_opts(p)
     p.add_argument("--interval", type=float, default=2.0, help="seconds between observations")
     p.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
-    p.add_argument("--ignore-stdin", action="store_true",
-                   help="do not read requests from stdin")
+    p.add_argument("--ignore-stdin", action="store_true", help="do not read requests from stdin")
     p.set_defaults(func=cmd_stream)
 
     p = sub.add_parser("facts", help="python, tmux, NVML, GPUs, disk, sessions (torch optional)")
     p.add_argument("--workdir", default=".", help="workdir whose free disk is reported")
     p.add_argument("--torch", action="store_true", help="also time `import torch` and CUDA")
-    p.add_argument("--torch-timeout", type=float, default=60.0, help="limit for the torch check (s)")
+    p.add_argument(
+        "--torch-timeout", type=float, default=60.0, help="limit for the torch check (s)"
+    )
     p.add_argument("--socket-name", default=None, help="tmux -L socket name")
     p.add_argument("--socket-path", default=None, help="tmux -S socket path")
     _gpu_opts(p)

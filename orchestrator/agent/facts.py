@@ -61,8 +61,9 @@ def torch_check(python: str, timeout_s: float) -> dict[str, Any]:
     """Import torch in a child ``python`` (at most ``timeout_s``) and report what CUDA it sees."""
     start = time.monotonic()
     try:
-        out = subprocess.run([python, "-c", _TORCH_PROBE], capture_output=True,
-                             timeout=timeout_s, check=False)
+        out = subprocess.run(
+            [python, "-c", _TORCH_PROBE], capture_output=True, timeout=timeout_s, check=False
+        )
     except subprocess.TimeoutExpired:
         return {"ok": False, "error": f"import torch did not finish within {timeout_s} s"}
     except OSError as exc:
@@ -96,12 +97,20 @@ def gather(
     disk_path, free = _disk_free_mib(workdir)
     facts: dict[str, Any] = {
         "schema_version": SCHEMA_VERSION,
-        "python": {"version": ".".join(map(str, sys.version_info[:3])), "executable": sys.executable},
+        "python": {
+            "version": ".".join(map(str, sys.version_info[:3])),
+            "executable": sys.executable,
+        },
         "tmux": {"version": _tmux_version(), "sessions": tmux.sessions(), "error": tmux.error},
         "nvml": nvml.to_dict(),
         "gpus": [
-            {"index": g.index, "uuid": g.uuid, "name": g.name, "memory_total_mib": g.memory_total_mib,
-             "error": g.error}
+            {
+                "index": g.index,
+                "uuid": g.uuid,
+                "name": g.name,
+                "memory_total_mib": g.memory_total_mib,
+                "error": g.error,
+            }
             for g in gpus
         ],
         "disk": {"path": disk_path, "free_mib": free},

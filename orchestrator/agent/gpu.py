@@ -18,6 +18,7 @@ and later collections answer ``timeout`` at once until the worker comes back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import subprocess
@@ -275,10 +276,8 @@ class GpuCollector:
     def close(self) -> None:
         """Shut NVML down if it answered (best effort, never blocks past the deadline)."""
         if self._initialised and self._worker is not None:
-            try:
+            with contextlib.suppress(Exception):  # shutting down anyway
                 self._worker.submit(self._pynvml.nvmlShutdown, min(self.deadline_s, 0.5))
-            except Exception:  # noqa: BLE001 - shutting down anyway
-                pass
             self._initialised = False
 
     # --- pynvml -----------------------------------------------------------------------------
@@ -297,14 +296,18 @@ class GpuCollector:
     def _collect_nvml(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         problem = self._load()
         if problem:
-            return (), NvmlStatus(ok=False, source="nvml", error_kind="library-not-found",
-                                  message=problem)
+            return (), NvmlStatus(
+                ok=False, source="nvml", error_kind="library-not-found", message=problem
+            )
         assert self._worker is not None
         worker = self._worker
         if not worker._done:
             stuck = time.monotonic() - (worker.busy_since or time.monotonic())
             return self._timed_out_samples(), NvmlStatus(
-                ok=False, source="nvml", error_kind="timeout", driver_version=self._driver,
+                ok=False,
+                source="nvml",
+                error_kind="timeout",
+                driver_version=self._driver,
                 message=f"NVML still blocked in {worker.step or 'a call'} for {stuck:.1f} s",
             )
         progress: list[GpuSample] = []
@@ -312,22 +315,33 @@ class GpuCollector:
             done, result = worker.submit(lambda: self._sweep(progress), self.deadline_s)
         except self._pynvml.NVMLError as exc:
             code = getattr(exc, "value", None)
-            return (), NvmlStatus(ok=False, source="nvml", error_kind=nvml_error_kind(code),
-                                  message=f"{worker.step}: {exc}", driver_version=self._driver)
+            return (), NvmlStatus(
+                ok=False,
+                source="nvml",
+                error_kind=nvml_error_kind(code),
+                message=f"{worker.step}: {exc}",
+                driver_version=self._driver,
+            )
         except OSError as exc:  # a broken library file
             return (), NvmlStatus(ok=False, source="nvml", error_kind="other", message=str(exc))
         if not done:
             seen = {s.index for s in progress}
             rest = tuple(s for s in self._timed_out_samples() if s.index not in seen)
             return tuple(progress) + rest, NvmlStatus(
-                ok=False, source="nvml", error_kind="timeout", driver_version=self._driver,
+                ok=False,
+                source="nvml",
+                error_kind="timeout",
+                driver_version=self._driver,
                 message=f"{worker.step or 'NVML'} did not return within {self.deadline_s} s",
             )
         samples: tuple[GpuSample, ...] = result
         bad = [s for s in samples if s.error]
         if bad:
             return samples, NvmlStatus(
-                ok=False, source="nvml", error_kind=bad[0].error, driver_version=self._driver,
+                ok=False,
+                source="nvml",
+                error_kind=bad[0].error,
+                driver_version=self._driver,
                 message="; ".join(f"GPU {s.index}: {s.error}" for s in bad),
             )
         return samples, NvmlStatus(ok=True, source="nvml", driver_version=self._driver)
@@ -401,7 +415,9 @@ class GpuCollector:
         if h is None:
             return GpuSample(index=i, uuid=uuid, name=name, error="gpu-lost")
         try:
-            util = self._field(lambda: nv.nvmlDeviceGetUtilizationRates(h), f"GetUtilizationRates(GPU {i})")
+            util = self._field(
+                lambda: nv.nvmlDeviceGetUtilizationRates(h), f"GetUtilizationRates(GPU {i})"
+            )
             mem = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(h), f"GetMemoryInfo(GPU {i})")
             temp = self._field(
                 lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
@@ -413,12 +429,17 @@ class GpuCollector:
                 f"GetComputeRunningProcesses(GPU {i})",
             )
         except nv.NVMLError as exc:
-            return GpuSample(index=i, uuid=uuid, name=name,
-                             error=nvml_error_kind(getattr(exc, "value", None)))
+            return GpuSample(
+                index=i, uuid=uuid, name=name, error=nvml_error_kind(getattr(exc, "value", None))
+            )
         processes = None
         if procs is not None:
             processes = tuple(
-                GpuProcess(pid=int(p.pid), used_memory_mib=_mib(p.usedGpuMemory), name=_proc_name(int(p.pid)))
+                GpuProcess(
+                    pid=int(p.pid),
+                    used_memory_mib=_mib(p.usedGpuMemory),
+                    name=_proc_name(int(p.pid)),
+                )
                 for p in procs
             )
         return GpuSample(
@@ -442,17 +463,26 @@ class GpuCollector:
             self.deadline_s,
         )
         if rc == "missing":
-            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind="library-not-found",
-                                  message=f"{self.smi} not found{note}")
+            return (), NvmlStatus(
+                ok=False,
+                source="nvidia-smi",
+                error_kind="library-not-found",
+                message=f"{self.smi} not found{note}",
+            )
         if rc == "timeout":
-            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind="timeout",
-                                  message=f"nvidia-smi did not return within {self.deadline_s} s")
+            return (), NvmlStatus(
+                ok=False,
+                source="nvidia-smi",
+                error_kind="timeout",
+                message=f"nvidia-smi did not return within {self.deadline_s} s",
+            )
         rows, rest = parse_smi_gpus(out)
         problems = [line for line in rest + err.splitlines() if line.strip()]
         if not rows:
             text = " ".join(problems) or f"nvidia-smi exited {rc} with no output"
-            return (), NvmlStatus(ok=False, source="nvidia-smi", error_kind=smi_error_kind(text),
-                                  message=text[:500])
+            return (), NvmlStatus(
+                ok=False, source="nvidia-smi", error_kind=smi_error_kind(text), message=text[:500]
+            )
         rc2, out2, _err2 = _run_bounded(
             [self.smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
             self.deadline_s,
@@ -462,7 +492,9 @@ class GpuCollector:
         for r in rows:
             r.pop("driver_version", None)
         samples = tuple(
-            GpuSample(**r, processes=tuple(apps.get(r["uuid"] or "", ())) if apps is not None else None)
+            GpuSample(
+                **r, processes=tuple(apps.get(r["uuid"] or "", ())) if apps is not None else None
+            )
             for r in rows
         )
         if problems:
@@ -470,13 +502,22 @@ class GpuCollector:
             # nvidia-smi prints no row for a failed GPU: the gaps in the index range are it
             seen = {s.index for s in samples}
             gaps = [i for i in range(max(seen) + 1) if i not in seen]
-            samples = tuple(sorted(samples + tuple(GpuSample(index=i, error=kind) for i in gaps),
-                                   key=lambda s: s.index))
-            return samples, NvmlStatus(ok=False, source="nvidia-smi", driver_version=driver,
-                                       error_kind=kind,
-                                       message=" ".join(problems)[:500])
-        return samples, NvmlStatus(ok=True, source="nvidia-smi", driver_version=driver,
-                                   message=note.strip(" ()") or None)
+            samples = tuple(
+                sorted(
+                    samples + tuple(GpuSample(index=i, error=kind) for i in gaps),
+                    key=lambda s: s.index,
+                )
+            )
+            return samples, NvmlStatus(
+                ok=False,
+                source="nvidia-smi",
+                driver_version=driver,
+                error_kind=kind,
+                message=" ".join(problems)[:500],
+            )
+        return samples, NvmlStatus(
+            ok=True, source="nvidia-smi", driver_version=driver, message=note.strip(" ()") or None
+        )
 
 
 def _run_bounded(argv: list[str], deadline_s: float) -> tuple[int | str, str, str]:
@@ -486,8 +527,9 @@ def _run_bounded(argv: list[str], deadline_s: float) -> tuple[int | str, str, st
     we wait only briefly instead of blocking the snapshot on it.
     """
     try:
-        proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
-                                stderr=subprocess.PIPE)
+        proc = subprocess.Popen(
+            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
     except OSError:
         return "missing", "", ""
     try:
@@ -516,6 +558,10 @@ def _mib(value: Any) -> float | None:
 
 def _with_elapsed(status: NvmlStatus, start: float) -> NvmlStatus:
     return NvmlStatus(
-        ok=status.ok, source=status.source, error_kind=status.error_kind, message=status.message,
-        driver_version=status.driver_version, elapsed_ms=round((time.monotonic() - start) * 1000, 2),
+        ok=status.ok,
+        source=status.source,
+        error_kind=status.error_kind,
+        message=status.message,
+        driver_version=status.driver_version,
+        elapsed_ms=round((time.monotonic() - start) * 1000, 2),
     )

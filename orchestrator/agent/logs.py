@@ -115,8 +115,15 @@ class LogReader:
             err = "log deleted" if offset else None
             return LogChunk((), 0, None, None, 0, exists=False, error=err)
         except OSError as exc:
-            return LogChunk((), offset or 0, None, None, 0, exists=False,
-                            error=f"log unreadable: {exc.strerror}")
+            return LogChunk(
+                (),
+                offset or 0,
+                None,
+                None,
+                0,
+                exists=False,
+                error=f"log unreadable: {exc.strerror}",
+            )
         with fh:
             st = os.fstat(fh.fileno())
             size = st.st_size
@@ -139,6 +146,12 @@ class LogReader:
             if skipped:
                 lines.insert(0, f"…[skipped {skipped} bytes]")
             return LogChunk(
-                tuple(lines), start + consumed, size, st.st_mtime, len(data), exists=True,
-                error=error, skipped_bytes=skipped,
+                tuple(lines),
+                start + consumed,
+                size,
+                st.st_mtime,
+                len(data),
+                exists=True,
+                error=error,
+                skipped_bytes=skipped,
             )

@@ -66,7 +66,9 @@ class MetricParser:
         merged = dict(DEFAULT_PATTERNS)
         for key, rx in (patterns or {}).items():
             if key not in DEFAULT_PATTERNS:
-                raise ValueError(f"log_patterns.{key}: unknown metric (known: {', '.join(DEFAULT_PATTERNS)})")
+                raise ValueError(
+                    f"log_patterns.{key}: unknown metric (known: {', '.join(DEFAULT_PATTERNS)})"
+                )
             merged[key] = rx
         self._rx: dict[str, re.Pattern[str]] = {}
         for key, rx in merged.items():

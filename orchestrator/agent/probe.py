@@ -32,7 +32,9 @@ _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:, pid=(\d+|'<unknown>'))?(?:, name=([^,]*))?"
 )
 _FALLEN = re.compile(r"(?:GPU at PCI:|GPU )([0-9a-fA-F:.]+)?.*fallen off the bus", re.IGNORECASE)
-_OOM = re.compile(r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+) \(([^)]*)\)")
+_OOM = re.compile(
+    r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+) \(([^)]*)\)"
+)
 _OOM_INVOKED = re.compile(r"(\S+) invoked oom-killer")
 _MONO = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 _UNIX = re.compile(r"^(\d{9,}\.\d+)\s+(.*)$")
@@ -129,7 +131,11 @@ def parse_kernel_line(line: str, boot_time: float | None = None) -> KernelEvent 
     if m:
         pid = m.group(3)
         return KernelEvent(
-            kind="xid", line=msg.strip(), at=at, xid=int(m.group(2)), pci=m.group(1),
+            kind="xid",
+            line=msg.strip(),
+            at=at,
+            xid=int(m.group(2)),
+            pci=m.group(1),
             pid=int(pid) if pid and pid.isdigit() else None,
             process=(m.group(4) or "").strip() or None,
         )
@@ -139,8 +145,9 @@ def parse_kernel_line(line: str, boot_time: float | None = None) -> KernelEvent 
         return KernelEvent(kind="fallen-off-bus", line=msg.strip(), at=at, pci=pci)
     m = _OOM.search(msg)
     if m:
-        return KernelEvent(kind="oom-killer", line=msg.strip(), at=at, pid=int(m.group(1)),
-                           process=m.group(2))
+        return KernelEvent(
+            kind="oom-killer", line=msg.strip(), at=at, pid=int(m.group(1)), process=m.group(2)
+        )
     return None
 
 
@@ -182,8 +189,9 @@ def _boot_time(proc_root: str) -> float | None:
         return None
 
 
-def kernel_events(since: float | None, timeout_s: float, proc_root: str = "/proc"
-                  ) -> tuple[list[KernelEvent], str | None, list[str]]:
+def kernel_events(
+    since: float | None, timeout_s: float, proc_root: str = "/proc"
+) -> tuple[list[KernelEvent], str | None, list[str]]:
     """(events, source, errors) from ``journalctl -k`` if present, else ``dmesg``."""
     errors: list[str] = []
     if shutil.which("journalctl"):
@@ -224,7 +232,9 @@ def probe(
             status[vmid] = parse_pct_status(out)
         else:
             text = (err or out).strip()
-            status[vmid] = "missing" if "does not exist" in text or "no such" in text.lower() else "unknown"
+            status[vmid] = (
+                "missing" if "does not exist" in text or "no such" in text.lower() else "unknown"
+            )
             errors.append(f"pct status {vmid}: {text[:200] or f'exit {rc}'}")
     events, source, kerr = kernel_events(since, timeout_s, proc_root)
     errors.extend(kerr)
@@ -237,8 +247,11 @@ def probe(
     for g in gpus:
         for p in g.processes or ():
             try:
-                with open(os.path.join(proc_root, str(p.pid), "cgroup"), encoding="utf-8",
-                          errors="replace") as fh:
+                with open(
+                    os.path.join(proc_root, str(p.pid), "cgroup"),
+                    encoding="utf-8",
+                    errors="replace",
+                ) as fh:
                     gpu_pids[str(p.pid)] = parse_cgroup_vmid(fh.read(65536))
             except OSError:
                 gpu_pids[str(p.pid)] = None

@@ -123,9 +123,14 @@ class ProcSampler:
             self._prev[pid] = (ticks, now)
             out.append(
                 ProcessInfo(
-                    pid=pid, ppid=ppid, name=comm, state=state,
+                    pid=pid,
+                    ppid=ppid,
+                    name=comm,
+                    state=state,
                     cpu_pct=round(cpu_pct, 1) if cpu_pct is not None else None,
-                    rss_mib=round(rss * _PAGE_MIB, 1), threads=threads, zombie=state == "Z",
+                    rss_mib=round(rss * _PAGE_MIB, 1),
+                    threads=threads,
+                    zombie=state == "Z",
                 )
             )
             kids = self._children(pid)

@@ -95,7 +95,8 @@ trap 'forward HUP' HUP
 put pgid "$JOB"
 REC=
 if [[ -n "${ORCH_AGENT_PATH:-}" ]]; then
-  PYTHONPATH="$ORCH_AGENT_PATH" "${ORCH_AGENT_PYTHON:-python3}" -S -m orchestrator.agent record \
+  "${ORCH_AGENT_PYTHON:-python3}" -S -c 'import sys; sys.path.insert(0, sys.argv.pop(1))
+from orchestrator.agent.__main__ import main; sys.exit(main())' "$ORCH_AGENT_PATH" record \
     --run-dir "$RUN_DIR" --interval "${ORCH_RECORD_INTERVAL_S:-2}" --pid "$JOB" \
     </dev/null >>"$RUN_DIR/recorder.log" 2>&1 &
   REC=$!

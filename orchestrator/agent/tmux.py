@@ -77,7 +77,9 @@ class TmuxReader:
         if self._server is None:
             import libtmux
 
-            self._server = libtmux.Server(socket_name=self.socket_name, socket_path=self.socket_path)
+            self._server = libtmux.Server(
+                socket_name=self.socket_name, socket_path=self.socket_path
+            )
         return self._server
 
     def preload(self) -> None:
@@ -115,7 +117,9 @@ class TmuxReader:
         dead, status, signal, pid, pane = parse_pane_line(res.stdout[0])
         tail: tuple[str, ...] = ()
         if tail_lines > 0:
-            cap = srv.cmd("capture-pane", "-p", "-J", "-t", pane, "-S", f"-{max(tail_lines * 4, 50)}")
+            cap = srv.cmd(
+                "capture-pane", "-p", "-J", "-t", pane, "-S", f"-{max(tail_lines * 4, 50)}"
+            )
             if cap.returncode == 0:
                 lines = list(cap.stdout)
                 while lines and not lines[-1].strip():

@@ -364,6 +364,63 @@ def stop_container(state_dir: Path | str | None, container: str | int) -> None:
         raise SandboxError(f"pct stop {_vmid(container)}: {proc.stderr.strip()}")
 
 
+def stop_sshd(state_dir: Path | str | None) -> bool:
+    """Fault injection: kill the sandbox sshd and its open sessions, as when the host goes away.
+
+    Returns False when it was not running. :func:`start_sshd` brings it back on the same port.
+    """
+    from orchestrator.sandbox import sshd
+
+    return sshd.stop_sshd(resolve_state_dir(state_dir) / "sshd")
+
+
+def start_sshd(state_dir: Path | str | None, timeout_s: float = 15.0) -> int:
+    """Start the sandbox sshd again on its old port with its old keys; returns its pid.
+
+    Raises:
+        SshdError: it did not come up within ``timeout_s`` (e.g. the port was taken meanwhile).
+    """
+    from orchestrator.sandbox import sshd
+
+    state_dir = resolve_state_dir(state_dir)
+    state = _read_state(state_dir)
+    if sshd.sshd_running(state_dir / "sshd"):
+        return int(state["sshd_pid"])
+    server = sshd.start_sshd(
+        state_dir / "sshd",
+        path_prepend=[str(state_dir / "bin")],
+        env=host_env(state_dir),
+        port=int(state["port"]),
+        timeout_s=timeout_s,
+    )
+    state["sshd_pid"] = server.pid
+    _write_atomic(state_dir / "state.json", json.dumps(state, indent=2) + "\n")
+    return server.pid
+
+
+def kill_tmux_server(state_dir: Path | str | None, container: str | int) -> int | None:
+    """Fault injection: SIGKILL the container's tmux server (every session in it dies silently).
+
+    Returns the killed server's pid, or None when no server was running.
+    """
+    proc = run_pct(
+        resolve_state_dir(state_dir),
+        "exec",
+        str(_vmid(container)),
+        "--",
+        "tmux",
+        "display-message",
+        "-p",
+        "#{pid}",
+    )
+    text = proc.stdout.strip()
+    if proc.returncode != 0 or not text.isdigit():
+        return None
+    with contextlib.suppress(ProcessLookupError):
+        os.kill(int(text), signal.SIGKILL)
+    return int(text)
+
+
 # --------------------------------------------------------------------------- up / down / status
 
 

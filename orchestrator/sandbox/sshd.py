@@ -90,7 +90,13 @@ def _setenv_value(key: str, value: str) -> str:
     return f'"{key}={value}"'
 
 
-def _config(state_dir: Path, port: int, path_prepend: Sequence[str], env: Mapping[str, str]) -> str:
+def _config(
+    state_dir: Path,
+    port: int,
+    path_prepend: Sequence[str],
+    env: Mapping[str, str],
+    address: str = HOST,
+) -> str:
     base_path = os.environ.get("PATH") or "/usr/local/bin:/usr/bin:/bin:/usr/sbin:/sbin"
     path = ":".join([*(str(Path(p).absolute()) for p in path_prepend), base_path])
     # SHLVL=1: Debian's bash sources ~/.bashrc for ssh commands only at shell level < 2;
@@ -98,7 +104,7 @@ def _config(state_dir: Path, port: int, path_prepend: Sequence[str], env: Mappin
     merged = {"SHLVL": "1", **env, "PATH": path}
     setenv = [_setenv_value(k, v) for k, v in merged.items()]
     lines = [
-        f"ListenAddress {HOST}:{port}",
+        f"ListenAddress {address}:{port}",
         f"HostKey {state_dir / 'ssh_host_ed25519_key'}",
         f"AuthorizedKeysFile {state_dir / 'authorized_keys'}",
         f"PidFile {state_dir / 'sshd.pid'}",
@@ -123,9 +129,9 @@ def _config(state_dir: Path, port: int, path_prepend: Sequence[str], env: Mappin
     return "\n".join(lines) + "\n"
 
 
-def _port_open(port: int) -> bool:
+def _port_open(port: int, address: str = HOST) -> bool:
     try:
-        with socket.create_connection((HOST, port), timeout=0.5) as sock:
+        with socket.create_connection((address, port), timeout=0.5) as sock:
             sock.settimeout(0.5)
             return sock.recv(4).startswith(b"SSH-")
     except OSError:
@@ -146,6 +152,8 @@ def start_sshd(
     env: Mapping[str, str] | None = None,
     port: int | None = None,
     timeout_s: float = 15.0,
+    address: str = HOST,
+    netns: str | None = None,
 ) -> Sshd:
     """Start sshd in ``state_dir`` and wait (up to ``timeout_s``) until it answers with its banner.
 
@@ -155,6 +163,10 @@ def start_sshd(
         env: extra variables for every remote command (values without quotes/newlines).
         port: listen here (e.g. to restart on the same port); ``None`` picks a free one.
         timeout_s: seconds to wait for the banner.
+        address: listen address (default 127.0.0.1); with ``netns``, one of that namespace's
+            addresses that this namespace can reach (the reliability tests' veth pair).
+        netns: run sshd inside this network namespace (``ip netns exec NS``; needs root).
+            ``port`` must then be given: the free-port probe only sees this namespace.
 
     Raises:
         SshdError: sshd exited or did not answer in time; the message carries its log tail.
@@ -175,10 +187,11 @@ def start_sshd(
     for _ in range(attempts):
         use_port = port if port is not None else _free_port()
         config = state_dir / "sshd_config"
-        config.write_text(_config(state_dir, use_port, path_prepend, env or {}))
+        config.write_text(_config(state_dir, use_port, path_prepend, env or {}, address))
+        prefix = ["ip", "netns", "exec", netns] if netns else []
         with open(log_path, "ab") as log:
             proc = subprocess.Popen(
-                [SSHD, "-D", "-e", "-f", str(config)],
+                [*prefix, SSHD, "-D", "-e", "-f", str(config)],
                 stdin=subprocess.DEVNULL,
                 stdout=log,
                 stderr=log,
@@ -186,10 +199,14 @@ def start_sshd(
                 close_fds=True,
             )
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and proc.poll() is None and not _port_open(use_port):
+        while (
+            time.monotonic() < deadline
+            and proc.poll() is None
+            and not _port_open(use_port, address)
+        ):
             time.sleep(0.05)
-        if proc.poll() is None and _port_open(use_port):
-            line = f"[{HOST}]:{use_port} {host_pub}"
+        if proc.poll() is None and _port_open(use_port, address):
+            line = f"[{address}]:{use_port} {host_pub}"
             known_hosts = state_dir / "known_hosts"
             known_hosts.write_text(line + "\n")
             known_hosts.chmod(0o600)

@@ -434,21 +434,25 @@ class SshTransport(Transport):
         if not self._slots.acquire(timeout=max(0.0, deadline - time.monotonic())):
             raise CommandTimeout(self.name, command, timeout)
         try:
-            for attempt in range(8):
+            attempt, net_failures = 0, 0
+            while True:
+                attempt += 1
                 transport = self.connection()
                 open_timeout = max(0.1, min(deadline - time.monotonic(), self._dead_after_s))
                 try:
                     return transport.open_session(timeout=open_timeout)
                 except paramiko.ChannelException as exc:
-                    # sshd may not have freed a just-closed session yet: a short wait, then again
-                    if attempt == 7:
+                    # sshd frees a closed session only once its process is reaped: wait, retry
+                    # (nothing has run yet), until the command's own deadline
+                    pause = min(0.05 * 2**attempt, 0.5)
+                    if time.monotonic() + pause >= deadline:
                         raise HostUnreachable(self.name, f"channel refused: {exc}") from None
-                    time.sleep(0.05 * (attempt + 1))
+                    time.sleep(pause)
                 except NET_ERRORS as exc:
                     self._drop(transport)
-                    if "Timeout opening channel" in str(exc) or attempt >= 1:
+                    net_failures += 1
+                    if "Timeout opening channel" in str(exc) or net_failures > 1:
                         raise _translate(self.name, exc, "opening a channel") from None
-            raise AssertionError("unreachable")
         except BaseException:
             self._slots.release()
             raise

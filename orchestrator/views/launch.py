@@ -99,7 +99,9 @@ def runs_table(doc: dict[str, Any]) -> Table:
     for r in doc.get("runs", []):
         st = r["state"]
         shown = f"exited {r['exit_status']}" if st == "exited" else st
-        style = {"running": "green", "vanished": "red"}.get(st, "yellow" if r.get("exit_status") else "")
+        style = {"running": "green", "vanished": "red"}.get(
+            st, "yellow" if r.get("exit_status") else ""
+        )
         started = r.get("started_at")
         size = r.get("log_size_bytes")
         table.add_row(

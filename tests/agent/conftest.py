@@ -41,8 +41,13 @@ class AgentEnv:
         return data
 
     def tmux(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(["tmux", *args], capture_output=True, text=True, timeout=10,
-                              env={**os.environ, "TMUX_TMPDIR": str(self.tmux_tmpdir)})
+        return subprocess.run(
+            ["tmux", *args],
+            capture_output=True,
+            text=True,
+            timeout=10,
+            env={**os.environ, "TMUX_TMPDIR": str(self.tmux_tmpdir)},
+        )
 
     def inventory(self, **container: object) -> Inventory:
         c = ContainerConfig(name="local", host="local", workdir=str(self.workdir), **container)  # type: ignore[arg-type]
@@ -62,11 +67,16 @@ def fake_nvml_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def agent_env(tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[AgentEnv]:
-    tmux_dir = Path(f"/tmp/orch-at-{os.getpid()}-{tmp_path.name}")  # short: tmux socket paths are limited
+def agent_env(
+    tmp_path: Path, fake_nvml_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[AgentEnv]:
+    tmux_dir = Path(
+        f"/tmp/orch-at-{os.getpid()}-{tmp_path.name}"
+    )  # short: tmux socket paths are limited
     tmux_dir.mkdir(parents=True, exist_ok=True)
-    env = AgentEnv(workdir=tmp_path / "work", scenario_file=tmp_path / "scenario.json",
-                   tmux_tmpdir=tmux_dir)
+    env = AgentEnv(
+        workdir=tmp_path / "work", scenario_file=tmp_path / "scenario.json", tmux_tmpdir=tmux_dir
+    )
     env.workdir.mkdir()
     env.set_scenario("healthy")
     monkeypatch.setenv("LD_LIBRARY_PATH", str(fake_nvml_dir))

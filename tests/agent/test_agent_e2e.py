@@ -86,8 +86,12 @@ def _stream_agents(marker: str) -> list[int]:
                 stat = Path(f"/proc/{name}/stat").read_bytes()
             except OSError:
                 continue
-            if b"orchestrator.agent" in cmd and b"\0stream\0" in cmd and marker.encode() in cmd \
-                    and b") Z " not in stat:
+            if (
+                b"orchestrator.agent" in cmd
+                and b"\0stream\0" in cmd
+                and marker.encode() in cmd
+                and b") Z " not in stat
+            ):
                 out.append(int(name))
     return out
 
@@ -98,9 +102,15 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
     target.bundle_dir()
     log = "runs/e2e-stream/train.log"
     script = f"echo step=1 loss=2.0 >> {log}; sleep 3; echo step=2 loss=1.0 >> {log}; exit 7"
-    res = target.transport.run(["bash", "-c", f"cd {sandbox.workdir('ct200')} && tmux kill-session -t train 2>/dev/null; "
-                                f"tmux new-session -d -s train bash -c {json.dumps(script)} && "
-                                f"tmux set-option -t train remain-on-exit on"])
+    res = target.transport.run(
+        [
+            "bash",
+            "-c",
+            f"cd {sandbox.workdir('ct200')} && tmux kill-session -t train 2>/dev/null; "
+            f"tmux new-session -d -s train bash -c {json.dumps(script)} && "
+            f"tmux set-option -t train remain-on-exit on",
+        ]
+    )
     assert res.ok, res.err
     seen = []
     stream = target.stream(0.3)
@@ -119,16 +129,25 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
     assert dead.session.pane_dead_status == 7 and dead.metrics.step == 2
     assert any(s.processes for s in seen if s.session and s.session.pane_dead is False)
     assert (run / "train.log").exists()
-    wait_for(lambda: not _stream_agents(str(sandbox.workdir("ct200"))), timeout_s=10,
-             what="no stream agent left in the container after disconnect")
+    wait_for(
+        lambda: not _stream_agents(str(sandbox.workdir("ct200"))),
+        timeout_s=10,
+        what="no stream agent left in the container after disconnect",
+    )
 
 
 def test_host_probe_finds_xid_79_and_maps_a_gpu_process_to_vmid_200(sandbox, inv) -> None:  # type: ignore[no-untyped-def]
     if not sandbox.cgroup:
         pytest.skip("cgroup v2 not writable here: container processes carry no lxc/<vmid> cgroup")
     target = Target(inv, "ct200")
-    res = target.transport.run(["bash", "-c", "tmux new-session -d -s gpuproc sleep 120 && "
-                                "tmux list-panes -t gpuproc -F '#{pane_pid}'"])
+    res = target.transport.run(
+        [
+            "bash",
+            "-c",
+            "tmux new-session -d -s gpuproc sleep 120 && "
+            "tmux list-panes -t gpuproc -F '#{pane_pid}'",
+        ]
+    )
     assert res.ok, res.err
     pid = int(res.out.split()[-1])
     since = time.time() - 1
@@ -136,8 +155,10 @@ def test_host_probe_finds_xid_79_and_maps_a_gpu_process_to_vmid_200(sandbox, inv
         doc = manager.read_scenario(sandbox.state_dir)
         doc["devices"][0]["processes"] = [{"pid": pid, "used_mib": 1234}]
         manager.set_scenario(sandbox.state_dir, {**doc, "name": "probe-test"})
-        append_kernel_line(sandbox.state_dir,
-                           "NVRM: Xid (PCI:0000:5d:00): 79, pid=412304, name=python3, GPU has fallen off the bus.")
+        append_kernel_line(
+            sandbox.state_dir,
+            "NVRM: Xid (PCI:0000:5d:00): 79, pid=412304, name=python3, GPU has fallen off the bus.",
+        )
         probe = Host(inv, "sandbox").probe(since)
     finally:
         manager.set_scenario(sandbox.state_dir, "healthy")

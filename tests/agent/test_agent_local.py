@@ -35,7 +35,7 @@ def _check_gpus(snap, name: str, source: str) -> None:
         return
     devices = want["devices"]
     assert [g.index for g in snap.gpus] == [d["index"] for d in devices]
-    for g, d in zip(snap.gpus, devices):
+    for g, d in zip(snap.gpus, devices, strict=True):
         if d.get("lost"):
             assert g.error == "gpu-lost" and g.utilization_pct is None
             continue
@@ -68,7 +68,9 @@ def test_scenarios_through_pynvml(agent_env: AgentEnv, name: str) -> None:
 def test_scenarios_through_nvidia_smi_without_pynvml(agent_env: AgentEnv, name: str) -> None:
     """The bundle is sent without pynvml, so the agent cannot import it and falls back."""
     agent_env.set_scenario(name)
-    target = Target(agent_env.inventory(), "local", bundle=deploy.build_bundle(include_pynvml=False))
+    target = Target(
+        agent_env.inventory(), "local", bundle=deploy.build_bundle(include_pynvml=False)
+    )
     snap = target.snapshot()
     _check_gpus(snap, name, "nvidia-smi")
     if snap.nvml.ok:
@@ -93,8 +95,9 @@ def test_gpu_hang_is_a_timeout_within_the_deadline(agent_env: AgentEnv, smi: boo
 
 
 def _write_lines(path: Path, n: int, start: int = 0) -> bytes:
-    data = b"".join(f"step={i} loss={1.0 / (i + 1):.4f} tok/s=21500\n".encode()
-                    for i in range(start, start + n))
+    data = b"".join(
+        f"step={i} loss={1.0 / (i + 1):.4f} tok/s=21500\n".encode() for i in range(start, start + n)
+    )
     with open(path, "ab") as fh:
         fh.write(data)
     return data
@@ -183,17 +186,29 @@ def test_stream_agent_exits_when_its_reader_vanishes(agent_env: AgentEnv) -> Non
     agent_env.new_run("r1", b"hello\n")
     bundle_dir = Target(agent_env.inventory(), "local").bundle_dir()
     reader = subprocess.Popen(
-        ["bash", "-c", f"PYTHONPATH={bundle_dir} {sys.executable} -m orchestrator.agent stream "
-                       f"--interval 60 --workdir {agent_env.workdir} | head -c 1 >/dev/null; sleep 60"],
+        [
+            "bash",
+            "-c",
+            f"PYTHONPATH={bundle_dir} {sys.executable} -m orchestrator.agent stream "
+            f"--interval 60 --workdir {agent_env.workdir} | head -c 1 >/dev/null; sleep 60",
+        ],
         start_new_session=True,
     )
     try:
         pids = wait_for(lambda: _agent_pids(agent_env.workdir), timeout_s=15, what="agent start")
         # head exits after one byte: the pipe's reader is gone while the agent sleeps 60 s
-        wait_for(lambda: not any(os.path.exists(f"/proc/{p}") and b"Z" not in
-                                 Path(f"/proc/{p}/stat").read_bytes().split(b") ")[-1][:1]
-                                 for p in pids if os.path.exists(f"/proc/{p}")),
-                 timeout_s=10, what="agent exit after reader hang-up")
+        wait_for(
+            lambda: (
+                not any(
+                    os.path.exists(f"/proc/{p}")
+                    and b"Z" not in Path(f"/proc/{p}/stat").read_bytes().split(b") ")[-1][:1]
+                    for p in pids
+                    if os.path.exists(f"/proc/{p}")
+                )
+            ),
+            timeout_s=10,
+            what="agent exit after reader hang-up",
+        )
     finally:
         os.killpg(reader.pid, 9)
         reader.wait()
@@ -203,9 +218,19 @@ def test_stream_answers_a_request_at_once(agent_env: AgentEnv) -> None:
     agent_env.new_run("r1", b"hello\n")
     bundle_dir = Target(agent_env.inventory(), "local").bundle_dir()
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.agent", "stream", "--interval", "60",
-         "--workdir", str(agent_env.workdir)],
-        stdin=subprocess.PIPE, stdout=subprocess.PIPE, env={**os.environ, "PYTHONPATH": bundle_dir},
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.agent",
+            "stream",
+            "--interval",
+            "60",
+            "--workdir",
+            str(agent_env.workdir),
+        ],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={**os.environ, "PYTHONPATH": bundle_dir},
     )
     try:
         first = json.loads(proc.stdout.readline())
@@ -287,24 +312,34 @@ def _garbage_bundle(body: bytes) -> deploy.Bundle:
     ("program", "match"),
     [
         (b"print('Segmentation fault (core dumped)')\n", "not JSON"),
-        (b"import sys; sys.stdout.write('{\"schema_version\": 1, \"target\": \"x\", \"taken')\n", "truncated JSON"),
-        (b"print('{\"schema_version\": 99, \"target\": \"x\", \"taken_at\": 1.0}')\n", "schema_version 99 is newer"),
+        (
+            b'import sys; sys.stdout.write(\'{"schema_version": 1, "target": "x", "taken\')\n',
+            "truncated JSON",
+        ),
+        (
+            b'print(\'{"schema_version": 99, "target": "x", "taken_at": 1.0}\')\n',
+            "schema_version 99 is newer",
+        ),
         (b"import sys; sys.stdout.write('{\"a\": \"' + 'x' * (9 << 20) + '\"}')\n", "exceeds"),
         (b"print('[1, 2]')\n", "expected a JSON object"),
-        (b"print('{\"schema_version\": 1, \"target\": \"x\", \"taken_at\": \"soon\"}')\n", "taken_at"),
+        (b'print(\'{"schema_version": 1, "target": "x", "taken_at": "soon"}\')\n', "taken_at"),
     ],
     ids=["garbage", "truncated", "future-schema", "huge", "not-object", "bad-type"],
 )
-def test_bad_agent_output_is_a_protocol_error(agent_env: AgentEnv, program: bytes, match: str) -> None:
+def test_bad_agent_output_is_a_protocol_error(
+    agent_env: AgentEnv, program: bytes, match: str
+) -> None:
     target = Target(agent_env.inventory(), "local", bundle=_garbage_bundle(program))
     with pytest.raises(AgentProtocolError, match=match):
         target.snapshot()
 
 
 def test_stream_turns_bad_lines_into_findings_and_goes_on(agent_env: AgentEnv) -> None:
-    program = (b"import json, sys, time\n"
-               b"print('garbage', flush=True)\n"
-               b"print(json.dumps({'schema_version': 1, 'target': 'local', 'taken_at': time.time()}), flush=True)\n")
+    program = (
+        b"import json, sys, time\n"
+        b"print('garbage', flush=True)\n"
+        b"print(json.dumps({'schema_version': 1, 'target': 'local', 'taken_at': time.time()}), flush=True)\n"
+    )
     target = Target(agent_env.inventory(), "local", bundle=_garbage_bundle(program))
     stream = target.stream(0.2)
     got = [next(stream) for _ in range(3)]
@@ -337,9 +372,25 @@ def test_record_appends_bounded_samples(agent_env: AgentEnv) -> None:
     run = agent_env.new_run("r1")
     bundle_dir = Target(agent_env.inventory(), "local").bundle_dir()
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.agent", "record", "--run-dir", str(run),
-         "--interval", "0.05", "--max-bytes", "20000", "--max-duration", "3", "--pid", str(os.getpid())],
-        capture_output=True, timeout=60, env={**os.environ, "PYTHONPATH": bundle_dir},
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.agent",
+            "record",
+            "--run-dir",
+            str(run),
+            "--interval",
+            "0.05",
+            "--max-bytes",
+            "20000",
+            "--max-duration",
+            "3",
+            "--pid",
+            str(os.getpid()),
+        ],
+        capture_output=True,
+        timeout=60,
+        env={**os.environ, "PYTHONPATH": bundle_dir},
     )
     assert out.returncode == 0, out.stderr
     n = json.loads(out.stdout)["samples"]

@@ -20,7 +20,7 @@ pytestmark = pytest.mark.e2e
 
 SESSION = "launch-e2e"
 TICKER = (
-    "python3 -c \"import time\nfor i in range(600):\n"
+    'python3 -c "import time\nfor i in range(600):\n'
     "    print('tick', i, flush=True); time.sleep(0.1)\""
 )
 
@@ -165,3 +165,13 @@ def test_attach_command_line(orch) -> None:  # type: ignore[no-untyped-def]
     assert code == 0
     assert out.startswith("ssh -t -p ")
     assert "'pct exec 200 -- env TERM=xterm-256color tmux attach-session -t =launch-e2e'" in out
+
+
+def test_logs_follow_through_ssh_ends_with_the_run(orch, idle) -> None:  # type: ignore[no-untyped-def]
+    cmd = "for i in 1 2 3 4 5 6; do echo line-$i; sleep 0.4; done"
+    code, _, err = orch("launch", "ct202", "--cmd", cmd, "--no-verify", "--force", "--grace", "5")
+    assert code == 0, err
+    code, out, err = orch("logs", "ct202", "-f", "-n", "100")
+    assert code == 0, err
+    assert out.splitlines() == [f"line-{i}" for i in range(1, 7)]
+    assert "run ended: exit status 0" in err

@@ -112,7 +112,7 @@ def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_pat
     nasty = f"a b;touch {canary}`touch {canary}`$(touch {canary})'\"\\$HOME\n2nd"
     out = tmp_path / "out.json"
     cmd = (
-        "python3 -c \"import json, os; json.dump({k: os.environ.get(k) for k in "
+        'python3 -c "import json, os; json.dump({k: os.environ.get(k) for k in '
         "['NASTY', 'HF_TOKEN', 'CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'PYTHONUNBUFFERED']},"
         f" open('{out}', 'w'))\""
     )
@@ -139,7 +139,7 @@ def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_pat
 
 
 CHECKPOINTER = (
-    "python3 -c \"import signal, sys, time\n"
+    'python3 -c "import signal, sys, time\n'
     "def bye(sig, frame):\n"
     "    print('checkpoint saved on', signal.Signals(sig).name, flush=True); sys.exit(0)\n"
     "signal.signal(signal.SIGINT, bye)\n"
@@ -166,7 +166,7 @@ def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> N
 
 def test_stop_escalates_to_sigkill_after_grace(local_agent: LocalAgent) -> None:
     stubborn = (
-        "python3 -c \"import signal, time\n"
+        'python3 -c "import signal, time\n'
         "for s in (signal.SIGINT, signal.SIGTERM): signal.signal(s, signal.SIG_IGN)\n"
         "print('stubborn', flush=True)\n"
         'time.sleep(60)"'

@@ -1,0 +1,193 @@
+"""Latency of one observation of a container, three ways, against the sandbox (8 GPUs).
+
+(a) seed: the incident write-ups' way. A new ``ssh`` process per poll runs
+    ``pct exec 200 -- bash -c "tmux capture-pane -t train -p -S -8; echo ===;
+    nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader"``.
+    Latency = wall time from spawning ssh to its exit (the operator has the output).
+(b) oneshot: ``Target.snapshot()`` (``agent snapshot``) per poll over orch's pooled
+    SSH connection (agent already deployed). Latency = wall time of the call.
+(c) stream: the next line of a running ``agent stream`` at a short interval
+    (``--stream-interval``, default 0.25 s). The agent is already running, NVML is
+    initialised and the log offset is kept, so a fresh observation costs only its
+    own collection plus delivery. Latency = the moment the operator holds the
+    parsed Snapshot minus the moment the agent began that observation
+    (``taken_at``; sandbox and operator share one clock). This is the age of
+    each observation on arrival, i.e. the cost of obtaining a fresh one; an
+    operator that waits for the next line additionally waits on average half
+    the interval, a chosen cadence rather than a cost (printed as well).
+
+Agent CPU ms per snapshot is the agent's own ``cost.cpu_ms`` (``time.process_time``
+around collecting and encoding one snapshot), median over the stream's lines.
+
+Usage: ``python bench/poll.py [-n 30] [--json]``; the last line with ``--json`` is
+``{"seed_ms", "oneshot_ms", "stream_ms", "ratio_seed_vs_stream",
+"ratio_oneshot_vs_stream", "agent_cpu_ms", ...}``. Goal: a/c >= 20, CPU <= 10 ms.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from orchestrator.config import load_inventory  # noqa: E402
+from orchestrator.sandbox import manager  # noqa: E402
+from orchestrator.target import Target, parse_snapshot  # noqa: E402
+from orchestrator.transport.connect import close_all  # noqa: E402
+
+SEED_REMOTE = (
+    'pct exec 200 -- bash -c "tmux capture-pane -t train -p -S -8 2>/dev/null; echo ===; '
+    'nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader"'
+)
+
+
+def seed_once(info: manager.SandboxInfo) -> float:
+    """One poll the seeds' way; seconds. Raises if it did not return GPU rows."""
+    argv = [
+        "ssh",
+        "-p",
+        str(info.port),
+        "-i",
+        str(info.identity_file),
+        "-o",
+        f"UserKnownHostsFile={info.known_hosts_path}",
+        "-o",
+        "StrictHostKeyChecking=yes",
+        "-o",
+        "BatchMode=yes",
+        "-o",
+        "ConnectTimeout=10",
+        "-F",
+        "/dev/null",
+        f"{_user(info)}@127.0.0.1",
+        SEED_REMOTE,
+    ]
+    start = time.perf_counter()
+    out = subprocess.run(argv, capture_output=True, timeout=60, check=False)
+    elapsed = time.perf_counter() - start
+    if b"===" not in out.stdout or out.stdout.count(b" MiB") < 8:
+        raise RuntimeError(
+            f"seed poll failed: {out.returncode} {out.stderr[-300:]!r} {out.stdout[-300:]!r}"
+        )
+    return elapsed
+
+
+def _user(info: manager.SandboxInfo) -> str:
+    return load_inventory(info.config_path).hosts[info.host].user
+
+
+def start_trainer(target: Target, workdir: str) -> None:
+    """A run that logs a metrics line every 0.2 s in tmux session ``train`` (something to observe)."""
+    script = (
+        "mkdir -p runs/bench && echo bench > runs/current && i=0; while true; do "
+        'i=$((i+1)); echo "step=$i loss=1.5 tok/s=21500" >> runs/bench/train.log; sleep 0.2; done'
+    )
+    res = target.transport.run(
+        [
+            "bash",
+            "-c",
+            f"cd {workdir} && tmux kill-session -t train 2>/dev/null; "
+            f"tmux new-session -d -s train bash -c '{script}'",
+        ]
+    )
+    if not res.ok:
+        raise RuntimeError(f"could not start the bench trainer: {res.err}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("-n", type=int, default=30, help="samples per way (>= 30)")
+    ap.add_argument("--stream-interval", type=float, default=0.25, help="stream interval (s)")
+    ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    args = ap.parse_args(argv)
+    n = max(args.n, 30)
+    state = Path(tempfile.mkdtemp(prefix="orch-bench-poll-"))
+    info = manager.up(state, containers=1, gpus=8, scenario="healthy")
+    try:
+        inv = load_inventory(info.config_path)
+        target = Target(inv, "ct200")
+        start_trainer(target, str(info.workdir("ct200")))
+        target.bundle_dir()
+        for _ in range(2):  # warm: connection, page cache
+            seed_once(info)
+            target.snapshot()
+
+        seed = [seed_once(info) * 1000 for _ in range(n)]
+
+        oneshot, oneshot_cpu = [], []
+        for _ in range(n):
+            start = time.perf_counter()
+            snap = target.snapshot()
+            oneshot.append((time.perf_counter() - start) * 1000)
+            assert len(snap.gpus) == 8 and snap.nvml.ok, snap.nvml
+            oneshot_cpu.append(snap.cost.cpu_ms)
+
+        stream_ms, stream_cpu, gaps = [], [], []
+        line_stream = target.open_stream(args.stream_interval)
+        try:
+            last = None
+            first = True
+            while len(stream_ms) < n:
+                line = line_stream.readline(timeout=30)
+                if line is None:
+                    raise RuntimeError("the stream ended early")
+                now = time.time()
+                snap = parse_snapshot("ct200", line)
+                if first:  # the first line pays for NVML init and the log tail
+                    first = False
+                    continue
+                assert len(snap.gpus) == 8 and snap.nvml.ok
+                stream_ms.append((now - snap.taken_at) * 1000)
+                stream_cpu.append(snap.cost.cpu_ms)
+                if last is not None:
+                    gaps.append((now - last) * 1000)
+                last = now
+        finally:
+            line_stream.close()
+    finally:
+        close_all()
+        manager.down(state)
+
+    med = statistics.median
+    seed_ms, one_ms, st_ms = med(seed), med(oneshot), med(stream_ms)
+    result = {
+        "seed_ms": round(seed_ms, 2),
+        "oneshot_ms": round(one_ms, 2),
+        "stream_ms": round(st_ms, 2),
+        "ratio_seed_vs_stream": round(seed_ms / st_ms, 1),
+        "ratio_oneshot_vs_stream": round(one_ms / st_ms, 1),
+        "agent_cpu_ms": round(med(stream_cpu), 2),
+        "agent_cpu_ms_oneshot": round(med(oneshot_cpu), 2),
+        "stream_interval_ms": args.stream_interval * 1000,
+        "stream_gap_ms": round(med(gaps), 1),
+        "samples": n,
+    }
+    print(f"samples per way: {n} (sandbox: 8 GPUs, ssh to 127.0.0.1:{info.port})")
+    print(f"(a) seed    new ssh + pct exec + tmux + nvidia-smi : median {seed_ms:8.1f} ms")
+    print(f"(b) oneshot agent snapshot over pooled ssh         : median {one_ms:8.1f} ms")
+    print(
+        f"(c) stream  next line, age on arrival              : median {st_ms:8.1f} ms "
+        f"(lines every {result['stream_gap_ms']} ms; interval {args.stream_interval * 1000:.0f} ms)"
+    )
+    print(
+        f"ratio a/c = {result['ratio_seed_vs_stream']}x (goal >= 20), "
+        f"b/c = {result['ratio_oneshot_vs_stream']}x"
+    )
+    print(
+        f"agent CPU per snapshot: {result['agent_cpu_ms']} ms in stream (goal <= 10), "
+        f"{result['agent_cpu_ms_oneshot']} ms one-shot"
+    )
+    if args.json:
+        print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,26 @@
+"""bench/trainer.py prints both throughputs, the ratio, the GPU command, and JSON last."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from tests.trainer.procs import ROOT, trainer_env
+
+
+@pytest.mark.slow
+def test_bench_json_last(tmp_path) -> None:  # noqa: ANN001
+    proc = subprocess.run(
+        [sys.executable, str(ROOT / "bench" / "trainer.py"), "--steps", "4", "--repeats", "1", "--json"],
+        cwd=tmp_path, env=trainer_env(), capture_output=True, text=True, timeout=240, check=False,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.strip().splitlines()
+    result = json.loads(lines[-1])
+    assert set(result) == {"pipelined_tok_s", "plain_tok_s", "ratio"}
+    assert result["pipelined_tok_s"] > 0 and result["plain_tok_s"] > 0
+    assert result["ratio"] == pytest.approx(result["pipelined_tok_s"] / result["plain_tok_s"], rel=1e-2)
+    assert any("trainer/configs/dflash-8gpu.yaml" in line for line in lines)

@@ -1,0 +1,135 @@
+"""A real Prometheus server scrapes ``orch export --listen`` over the sandbox; ``--textfile`` too."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import socket
+import subprocess
+import sys
+import urllib.parse
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from tests.helpers import wait_for
+
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
+PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def get(url: str) -> str:
+    with urllib.request.urlopen(url, timeout=5) as resp:
+        return resp.read().decode()
+
+
+def stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=5)
+
+
+@pytest.mark.skipif(
+    not Path(PROMETHEUS).exists(), reason="prometheus not installed (apt: prometheus)"
+)
+def test_prometheus_scrapes_dcgm_names_from_the_sandbox(fleet, tmp_path):
+    fleet.scenario("healthy")
+    export_port, prom_port = free_port(), free_port()
+    exporter = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            fleet.config,
+            "export",
+            "--listen",
+            f"127.0.0.1:{export_port}",
+            "--interval",
+            "2",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    config = tmp_path / "prometheus.yml"
+    config.write_text(
+        "global: {scrape_interval: 1s, evaluation_interval: 1s}\n"
+        "scrape_configs:\n"
+        "  - job_name: orch\n"
+        f"    static_configs: [{{targets: ['127.0.0.1:{export_port}']}}]\n"
+    )
+    prom = subprocess.Popen(
+        [
+            PROMETHEUS,
+            f"--config.file={config}",
+            f"--storage.tsdb.path={tmp_path / 'data'}",
+            f"--web.listen-address=127.0.0.1:{prom_port}",
+            "--storage.tsdb.retention.time=1h",
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    try:
+        metrics_url = f"http://127.0.0.1:{export_port}/metrics"
+        wait_for(lambda: "DCGM_FI_DEV_FB_USED{" in _try(get, metrics_url), 60, what="exporter data")
+        query = urllib.parse.urlencode({"query": "DCGM_FI_DEV_FB_USED"})
+        api = f"http://127.0.0.1:{prom_port}/api/v1/query?{query}"
+
+        def series():
+            doc = json.loads(_try(get, api) or "{}")
+            return doc.get("data", {}).get("result", []) if doc.get("status") == "success" else []
+
+        result = wait_for(
+            lambda: len(series()) == 16 and series(), 90, 0.5, "16 GPU series in Prometheus"
+        )
+        labels = [r["metric"] for r in result]
+        assert {(m["container"], m["gpu"]) for m in labels} == {
+            (c, str(g)) for c in ("ct200", "ct201") for g in range(8)
+        }
+        assert all(m["Hostname"] == "sandbox" and m["UUID"] and m["modelName"] for m in labels)
+        assert all(m["job"] == "orch" for m in labels)
+        up = json.loads(
+            get(f"http://127.0.0.1:{prom_port}/api/v1/query?query=orch_target_reachable")
+        )
+        assert sorted(float(r["value"][1]) for r in up["data"]["result"]) == [1.0, 1.0]
+    finally:
+        stop(prom)
+        stop(exporter)
+    assert exporter.returncode in (0, -15), exporter.stderr.read()
+
+
+def test_textfile_once_for_node_exporter(fleet, tmp_path):
+    fleet.scenario("ghost")
+    try:
+        path = tmp_path / "orch.prom"
+        proc = fleet.orch("export", "--textfile", str(path))
+        assert proc.returncode == 0, proc.stderr
+        text = path.read_text()
+        assert 'DCGM_FI_DEV_GPU_UTIL{Hostname="sandbox",UUID=' in text
+        util3 = [
+            line
+            for line in text.splitlines()
+            if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="3"' in line
+        ]
+        assert util3 and all(line.endswith(" 100.0") for line in util3)
+        assert [p.name for p in tmp_path.iterdir()] == ["orch.prom"]
+    finally:
+        fleet.scenario("healthy")
+
+
+def _try(fn, *args):
+    try:
+        return fn(*args)
+    except OSError:
+        return ""
