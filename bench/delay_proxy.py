@@ -67,6 +67,8 @@ async def _serve(
             return
         try:
             await asyncio.gather(_pipe(client_r, up_w, delay_s), _pipe(up_r, client_w, delay_s))
+        except asyncio.CancelledError:
+            pass  # shutting down with the connection open
         finally:
             for w in (client_w, up_w):
                 with contextlib.suppress(OSError):

@@ -328,7 +328,7 @@ class Notifier:
                 "%s delivery failed (attempt %d): %s",
                 sink,
                 rs.attempt_number,
-                rs.outcome.exception(),
+                rs.outcome.exception() if rs.outcome else None,
             ),
         )
         try:

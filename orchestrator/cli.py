@@ -580,6 +580,40 @@ def diagnose(
         print(format_matches(matches, pbs, str(logfile)))
 
 
+@app.command("postmortem")
+def postmortem_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    run_id: str | None = typer.Option(None, "--run", help="Run id (default: runs/current)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Bundle directory (default: <state>/postmortems/<target>-<run>-<ts>/)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"verdict": {...}, "findings": [...], "bundle": DIR}.'
+    ),
+) -> None:
+    """Explain a run: evidence, detectors and playbooks, a verdict, and a bundle directory.
+
+    Collects the manifest, exit status, log tail, last pane screen, flight recorder
+    (gpu.jsonl), host kernel log since the launch and pct status; writes them with
+    report.md and report.html to the bundle (0700 dir, 0600 files). Verdict kinds:
+    container-stopped, oom-killer, log-signature (with its playbook), crashed,
+    silent-death, ghost-utilization, finished, other findings of a live run, or
+    healthy. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
+    (nothing to explain; the bundle is still written); 2 unknown target or run;
+    3 host or container unreachable; 4 --out exists and is not empty.
+    """
+    from orchestrator import postmortem
+    from orchestrator.views.postmortem import print_verdict
+
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out)
+    if as_json:
+        print_json(pm.to_dict())
+    else:
+        print_verdict(out_console, pm)
+    if not pm.verdict.reached:
+        raise typer.Exit(1)
+
+
 @playbook_app.command("list")
 def playbook_list(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
@@ -668,9 +702,15 @@ def playbook_run(
 
 @app.command("watch")
 def watch_cmd(
-    targets: list[str] = typer.Argument(None, help="Containers to watch (default: all); one name opens its detail view."),
+    targets: list[str] = typer.Argument(
+        None, help="Containers to watch (default: all); one name opens its detail view."
+    ),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between snapshots."),
-    plain: bool = typer.Option(False, "--plain", help="One line per change instead of the full-screen view (automatic when stdout is not a terminal)."),
+    plain: bool = typer.Option(
+        False,
+        "--plain",
+        help="One line per change instead of the full-screen view (automatic when stdout is not a terminal).",
+    ),
 ) -> None:
     """Live dashboard of every target: state, run, step, tokens/s, GPUs by role, findings.
 
@@ -679,20 +719,57 @@ def watch_cmd(
     """
     from orchestrator.views.watch import watch
 
-    raise typer.Exit(watch(load_inventory(), targets or [], interval_s=interval, plain=plain, console=out_console))
+    raise typer.Exit(
+        watch(
+            load_inventory(), targets or [], interval_s=interval, plain=plain, console=out_console
+        )
+    )
 
 
 @app.command("check")
 def check_cmd(
-    targets: list[str] = typer.Argument(None, help="Containers to check (default: all in hosts.yaml)."),
+    targets: list[str] = typer.Argument(
+        None, help="Containers to check (default: all in hosts.yaml)."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of lines."),
-    notify: str | None = typer.Option(None, "--notify", metavar="URL", envvar="ORCH_WEBHOOK", show_envvar=True, help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps."),
-    notify_cmd: str | None = typer.Option(None, "--notify-cmd", metavar="CMD", help="Command run with the alert JSON on stdin (split like a shell would, run without one)."),
-    renotify: float = typer.Option(4.0, "--renotify", metavar="HOURS", help="Repeat an alert still active after this many hours."),
-    db: Path | None = typer.Option(None, "--db", help="History database (default $ORCH_DB or ~/.local/state/orch/orch.db)."),
-    timeout: float = typer.Option(30.0, "--timeout", metavar="S", help="Seconds a target may take to answer before it counts as unreachable."),
-    jobs: int = typer.Option(32, "--jobs", min=1, help="Targets snapshotted at once (1 = strictly sequential)."),
-    critical: list[str] = typer.Option(["ghost-utilization"], "--critical", metavar="KIND", help="Finding kind to page for as CRITICAL even when rated a warning (repeatable; --critical none for none)."),
+    notify: str | None = typer.Option(
+        None,
+        "--notify",
+        metavar="URL",
+        envvar="ORCH_WEBHOOK",
+        show_envvar=True,
+        help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps.",
+    ),
+    notify_cmd: str | None = typer.Option(
+        None,
+        "--notify-cmd",
+        metavar="CMD",
+        help="Command run with the alert JSON on stdin (split like a shell would, run without one).",
+    ),
+    renotify: float = typer.Option(
+        4.0,
+        "--renotify",
+        metavar="HOURS",
+        help="Repeat an alert still active after this many hours.",
+    ),
+    db: Path | None = typer.Option(
+        None, "--db", help="History database (default $ORCH_DB or ~/.local/state/orch/orch.db)."
+    ),
+    timeout: float = typer.Option(
+        30.0,
+        "--timeout",
+        metavar="S",
+        help="Seconds a target may take to answer before it counts as unreachable.",
+    ),
+    jobs: int = typer.Option(
+        32, "--jobs", min=1, help="Targets snapshotted at once (1 = strictly sequential)."
+    ),
+    critical: list[str] = typer.Option(
+        ["ghost-utilization"],
+        "--critical",
+        metavar="KIND",
+        help="Finding kind to page for as CRITICAL even when rated a warning (repeatable; --critical none for none).",
+    ),
 ) -> None:
     """One health check of every target, for cron and Nagios.
 
@@ -735,10 +812,24 @@ def check_cmd(
 @app.command("export")
 def export_cmd(
     targets: list[str] = typer.Argument(None, help="Containers to export (default: all)."),
-    listen: str | None = typer.Option(None, "--listen", metavar="HOST:PORT", help="Serve /metrics here, e.g. 127.0.0.1:9400."),
-    textfile: Path | None = typer.Option(None, "--textfile", metavar="PATH", help="Write node_exporter textfile metrics here (atomically)."),
-    interval: float | None = typer.Option(None, "--interval", metavar="S", help="Seconds between polls (default 15 with --listen; with --textfile alone: write once and exit)."),
-    timeout: float = typer.Option(30.0, "--timeout", metavar="S", help="Seconds a target may take to answer."),
+    listen: str | None = typer.Option(
+        None, "--listen", metavar="HOST:PORT", help="Serve /metrics here, e.g. 127.0.0.1:9400."
+    ),
+    textfile: Path | None = typer.Option(
+        None,
+        "--textfile",
+        metavar="PATH",
+        help="Write node_exporter textfile metrics here (atomically).",
+    ),
+    interval: float | None = typer.Option(
+        None,
+        "--interval",
+        metavar="S",
+        help="Seconds between polls (default 15 with --listen; with --textfile alone: write once and exit).",
+    ),
+    timeout: float = typer.Option(
+        30.0, "--timeout", metavar="S", help="Seconds a target may take to answer."
+    ),
 ) -> None:
     """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges."""
     from orchestrator.errors import UsageError
@@ -755,7 +846,9 @@ def export_cmd(
     inventory = load_inventory()
     poller = export.Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout)
     try:
-        export.serve(poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval)
+        export.serve(
+            poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval
+        )
     except KeyboardInterrupt:
         pass
     except OSError as exc:

@@ -14,12 +14,14 @@ is already there; within one orch process the answer is cached.
 
 from __future__ import annotations
 
+import gzip
 import hashlib
 import importlib.util
 import io
 import logging
 import tarfile
 import threading
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -82,18 +84,22 @@ sys.stdout.write('ok %s\n' % want)
 
 @dataclass(frozen=True, slots=True)
 class Bundle:
-    """The agent's files (relative path -> bytes), their hash and the tar.gz that carries them."""
+    """Files (relative path -> bytes), their hash and the tar.gz that carries them.
+
+    ``kind`` names the directory it lands in: ``<workdir>/.orch/<kind>-<hash>/``.
+    """
 
     files: dict[str, bytes]
     hash: str
     tarball: bytes
+    kind: str = "agent"
 
     @property
     def dirname(self) -> str:
-        return f"agent-{self.hash}"
+        return f"{self.kind}-{self.hash}"
 
 
-def bundle_hash(files: dict[str, bytes]) -> str:
+def bundle_hash(files: Mapping[str, bytes]) -> str:
     """16 hex chars of SHA-256 over sorted (path, size, content); the remote side recomputes it.
 
     >>> bundle_hash({"a.py": b"x"}) == bundle_hash({"a.py": b"x"}) != bundle_hash({"a.py": b"y"})
@@ -106,7 +112,38 @@ def bundle_hash(files: dict[str, bytes]) -> str:
     return h.hexdigest()[:16]
 
 
-def _package_files(root: Path, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+def make_bundle(
+    files: Mapping[str, bytes] | Iterable[tuple[str, str | Path]], kind: str = "agent"
+) -> Bundle:
+    """Build a :class:`Bundle` from ``{arcname: bytes}`` or ``(arcname, path)`` pairs.
+
+    The tarball is deterministic (sorted names, mtime 0, mode 0644), so the same
+    files always give the same bytes and the same hash. Reads each path once;
+    an unreadable path raises ``OSError``.
+
+    >>> b = make_bundle({"t/a.py": b"x"}, kind="trainer")
+    >>> b.dirname == f"trainer-{bundle_hash({'t/a.py': b'x'})}"
+    True
+    >>> make_bundle({"t/a.py": b"x"}).tarball == b.tarball
+    True
+    """
+    if isinstance(files, Mapping):
+        data = dict(files)
+    else:
+        data = {name: Path(path).read_bytes() for name, path in files}
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w") as tar:
+        for name in sorted(data):
+            info = tarfile.TarInfo(name)
+            info.size, info.mtime, info.mode = len(data[name]), 0, 0o644
+            tar.addfile(info, io.BytesIO(data[name]))
+    # tarfile's "w:gz" stamps the current time into the gzip header; mtime=0 keeps bytes stable.
+    tarball = gzip.compress(buf.getvalue(), compresslevel=6, mtime=0)
+    return Bundle(files=data, hash=bundle_hash(data), tarball=tarball, kind=kind)
+
+
+def package_files(root: Path, prefix: str, skip: tuple[str, ...] = ()) -> dict[str, bytes]:
+    """Every ``*.py`` under ``root`` (no ``__pycache__``, nothing under ``skip``) as ``prefix/rel``."""
     out = {}
     for path in sorted(root.rglob("*.py")):
         rel = path.relative_to(root).as_posix()
@@ -142,19 +179,13 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
         "orchestrator/__init__.py": (here / "__init__.py").read_bytes(),
         "orchestrator/model.py": (here / "model.py").read_bytes(),
     }
-    files.update(_package_files(here / "agent", "orchestrator/agent"))
+    files.update(package_files(here / "agent", "orchestrator/agent"))
     files.update(
-        _package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py"))
+        package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py"))
     )
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-        for name in sorted(files):
-            info = tarfile.TarInfo(name)
-            info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
-            tar.addfile(info, io.BytesIO(files[name]))
-    bundle = Bundle(files=files, hash=bundle_hash(files), tarball=buf.getvalue())
+    bundle = make_bundle(files)
     if include_pynvml:
         with _cache_lock:
             _bundle = bundle

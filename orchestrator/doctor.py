@@ -30,6 +30,7 @@ from orchestrator.config import (
     ContainerConfig,
     HostConfig,
     Inventory,
+    builtin_inventory,
     config_search_paths,
     find_config,
     load_inventory,
@@ -110,7 +111,8 @@ def to_json(checks: list[Check]) -> dict[str, Any]:
 
 
 def check_config(explicit: Path | None) -> tuple[Check, Inventory | None]:
-    """hosts.yaml found (by the lookup order) and valid."""
+    """hosts.yaml found (by the lookup order) and valid. None found is a warning: orch still
+    works on the built-in ``local`` target, whose checks then run."""
     name = "config"
     try:
         path = find_config(explicit)
@@ -118,10 +120,8 @@ def check_config(explicit: Path | None) -> tuple[Check, Inventory | None]:
         return Check(name, FAIL, str(exc), "fix the path given to -c or $ORCH_CONFIG"), None
     if path is None:
         looked = ", ".join(str(p) for p in config_search_paths())
-        return (
-            Check(name, FAIL, f"no hosts.yaml found ($ORCH_CONFIG, {looked})", "orch init"),
-            None,
-        )
+        detail = f"no hosts.yaml found ($ORCH_CONFIG, {looked}); only the built-in local target"
+        return Check(name, WARN, detail, "orch init"), builtin_inventory()
     try:
         inv = load_inventory(path)
     except OrchError as exc:
@@ -414,6 +414,17 @@ _NVML_FIXES = {
 }
 
 
+def _nvml_fix(ct: ContainerConfig, kind: str) -> str:
+    if ct.is_local and kind == "library-not-found":
+        return (
+            "no NVIDIA driver on this machine: install one (nvidia-smi must work), or try "
+            "orch on simulated GPUs: orch sandbox up"
+        )
+    return _NVML_FIXES.get(
+        kind, "nvidia-smi in the container shows the same error; see docs/detectors.md (nvml-error)"
+    )
+
+
 def check_nvml(inv: Inventory, ct: ContainerConfig) -> Check:
     """NVML readable in the container, through the agent's ``facts`` (pynvml, the path orch
     uses); when the agent cannot run, ``nvidia-smi -L`` says at least whether GPUs show."""
@@ -438,11 +449,7 @@ def check_nvml(inv: Inventory, ct: ContainerConfig) -> Check:
             name,
             FAIL,
             detail[:300],
-            _NVML_FIXES.get(
-                kind,
-                "nvidia-smi in the "
-                "container shows the same error; see docs/detectors.md (nvml-error)",
-            ),
+            _nvml_fix(ct, kind),
         )
     try:
         res = _in_container(inv, ct, ["nvidia-smi", "-L"])
@@ -465,7 +472,7 @@ def check_nvml(inv: Inventory, ct: ContainerConfig) -> Check:
         name,
         FAIL,
         f"agent failed ({agent_error[:200]}); nvidia-smi -L exited {res.exit_status}",
-        _NVML_FIXES["library-not-found"],
+        _nvml_fix(ct, "library-not-found"),
     )
 
 

@@ -18,9 +18,7 @@ preflight (:class:`PreflightRefused`, nothing was started).
 from __future__ import annotations
 
 import importlib.util
-import io
 import logging
-import tarfile
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -240,16 +238,6 @@ def diagnose(lines: Sequence[str], exit_status: int | None) -> str | None:
 # --- the bundled trainer ---------------------------------------------------------------------
 
 
-class _TrainerBundle(deploy.Bundle):
-    """A :class:`deploy.Bundle` that lands in ``.orch/trainer-<hash>/``."""
-
-    __slots__ = ()
-
-    @property
-    def dirname(self) -> str:
-        return f"trainer-{self.hash}"
-
-
 _trainer_bundle: deploy.Bundle | None = None
 
 
@@ -263,19 +251,10 @@ def trainer_bundle() -> deploy.Bundle:
             if spec is None or not spec.origin:
                 raise OrchError("the bundled trainer is not installed; pip install orch[trainer]")
             root = Path(spec.origin).resolve().parent
-        files = deploy._package_files(root, "trainer")
+        files = deploy.package_files(root, "trainer")
         for path in sorted((root / "configs").glob("*.yaml")):
             files[f"trainer/configs/{path.name}"] = path.read_bytes()
-        # deploy.py builds its tarball inline for the agent only; same format here.
-        buf = io.BytesIO()
-        with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=6) as tar:
-            for name in sorted(files):
-                info = tarfile.TarInfo(name)
-                info.size, info.mtime, info.mode = len(files[name]), 0, 0o644
-                tar.addfile(info, io.BytesIO(files[name]))
-        _trainer_bundle = _TrainerBundle(
-            files=files, hash=deploy.bundle_hash(files), tarball=buf.getvalue()
-        )
+        _trainer_bundle = deploy.make_bundle(files, kind="trainer")
     return _trainer_bundle
 
 

@@ -521,6 +521,17 @@ class LogMatcher:
             for pb in self._pbs
             for pat, src in zip(pb.patterns, pb.log, strict=True)
         ]
+        index: dict[str, list[int]] = {}
+        self._always: list[int] = []
+        for i, (_pb, _pat, needles) in enumerate(self._checks):
+            if not needles:
+                self._always.append(i)
+                continue
+            # index on one requirement: an alternation (nan|inf) is usually the telling part
+            key = max(needles, key=lambda alts: (len(alts) > 1, min(map(len, alts))))
+            for alt in key:
+                index.setdefault(alt, []).append(i)
+        self._index = list(index.items())
         self._first: dict[str, tuple[int, str]] = {}
         self._count: dict[str, int] = {}
 
@@ -528,11 +539,16 @@ class LogMatcher:
         """Match one line (1-based ``lineno``); returns the ids it matched."""
         text = line[:MAX_LINE_CHARS].rstrip("\r\n")
         low = text.lower()
+        cands = set(self._always)
+        for needle, ids in self._index:
+            if needle in low:
+                cands.update(ids)
+        if not cands:
+            return []
         hit: list[str] = []
-        for pb, pat, needles in self._checks:
-            if pb.id in hit:
-                continue
-            if any(not any(n in low for n in alts) for alts in needles):
+        for i in sorted(cands):
+            pb, pat, needles = self._checks[i]
+            if pb.id in hit or not all(any(a in low for a in alts) for alts in needles):
                 continue
             if pat.search(text):
                 hit.append(pb.id)
@@ -644,8 +660,8 @@ def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
     >>> pb = get_playbook(load_playbooks(), "prewarm-relaunch")
     >>> ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
     ...        "gpus": (5, 6), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}
-    >>> [s.display for s in plan_procedure(pb, ctx)][1:3]
-    ['env TORCHINDUCTOR_CACHE_DIR=/tmp/c python3 -m trainer --prewarm-only --device cuda:5', 'env TORCHINDUCTOR_CACHE_DIR=/tmp/c python3 -m trainer --prewarm-only --device cuda:6']
+    >>> [s.argv[-1] for s in plan_procedure(pb, ctx)[1:3]]
+    ['5', '6']
     """
     from orchestrator.errors import UsageError
 
@@ -715,36 +731,38 @@ def run_procedure(
     """Carry out planned steps in order on ``target``; stops at the first failure.
 
     argv steps run through ``orchestrator.target.Target(inventory, target).transport``
-    (quoted by transport.quoting); actions call ``orchestrator.launch.stop/launch/verify
-    (inventory, target)``. Raises OrchError when a step fails or when those modules
-    are missing from this build.
+    (quoted by transport.quoting). Actions: ``stop`` -> ``launch.stop``, ``launch`` ->
+    ``launch.launch`` (which preflights, starts and verifies), ``verify`` -> done by the
+    launch step when there was one, else ``launch.status_one`` must show a live run.
+    Raises OrchError (LaunchFailed, PreflightRefused, ...) when a step fails.
     """
-    from orchestrator.errors import OrchError
+    from orchestrator import launch as launch_mod
+    from orchestrator.errors import LaunchFailed, OrchError
+    from orchestrator.target import Target
 
-    try:
-        from orchestrator import launch as launch_mod  # type: ignore[attr-defined]
-        from orchestrator.target import Target
-    except ImportError as exc:
-        raise OrchError(
-            f"acting needs orchestrator.launch and orchestrator.target ({exc}); "
-            f"run without --yes for the dry run"
-        ) from None
-    transport = Target(inventory, target).transport
+    tgt = Target(inventory, target)
+    launched = False
     for step in steps:
         echo(f"[{step.number}/{len(steps)}] {step.name}: {step.display}")
-        if step.action is not None:
-            fn = getattr(launch_mod, step.action, None)
-            if fn is None:
+        if step.action == "stop":
+            launch_mod.stop(inventory, target, target=tgt)
+        elif step.action == "launch":
+            launch_mod.launch(inventory, target, verify=True, target=tgt)
+            launched = True
+        elif step.action == "verify":
+            if launched:
+                echo("  verified by the launch step")
+                continue
+            row = launch_mod.status_one(inventory, target)
+            if row.get("error") or row.get("run_state") != "running":
+                why = row.get("error") or f"run state {row.get('run_state')!r}"
+                raise LaunchFailed(f"{target}: not verified: {why}")
+        else:
+            assert step.argv is not None
+            result = tgt.transport.run(step.argv, timeout=step.timeout_s, env=step.env or None)
+            if not result.ok:
+                tail = (result.err or result.out).strip().splitlines()[-3:]
                 raise OrchError(
-                    f"orchestrator.launch has no {step.action}(); cannot run step {step.number}"
+                    f"{target}: step {step.number} ({step.name}) failed with exit status "
+                    f"{result.exit_status}: {' | '.join(tail)}"
                 )
-            fn(inventory, target)
-            continue
-        assert step.argv is not None
-        result = transport.run(step.argv, timeout=step.timeout_s, env=step.env or None)
-        if not result.ok:
-            tail = (result.err or result.out).strip().splitlines()[-3:]
-            raise OrchError(
-                f"{target}: step {step.number} ({step.name}) failed with exit status "
-                f"{result.exit_status}: {' | '.join(tail)}"
-            )

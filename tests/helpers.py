@@ -25,3 +25,12 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: fl
         if time.monotonic() >= deadline:
             raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
         time.sleep(interval_s)
+
+
+def free_port(host: str = "127.0.0.1") -> int:
+    """A TCP port nobody listens on right now (bind to 0, read it back, close)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind((host, 0))
+        return int(s.getsockname()[1])

@@ -6,6 +6,6 @@ orch's monitor parses is documented in ``docs/trainer.md``.
 
 from __future__ import annotations
 
-__all__ = ["__version__"]
+from trainer._version import __version__
 
-__version__ = "0.1.0"
+__all__ = ["__version__"]

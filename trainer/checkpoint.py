@@ -83,5 +83,9 @@ def load_latest(run_dir: Path) -> Loaded | None:
             return Loaded(int(state["step"]), path, state)
         except Exception as exc:  # noqa: BLE001  (any unreadable file is skipped, by contract)
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(f"trainer: warning: skipping unreadable checkpoint {path}: {reason}", file=sys.stderr, flush=True)
+            print(
+                f"trainer: warning: skipping unreadable checkpoint {path}: {reason}",
+                file=sys.stderr,
+                flush=True,
+            )
     return None

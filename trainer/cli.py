@@ -18,7 +18,7 @@ from types import FrameType
 
 import torch
 
-from trainer import __version__
+from trainer._version import __version__
 from trainer.config import ConfigError, DependencyError, TrainConfig, load_config, with_steps
 from trainer.faults import Fault, parse_fault
 from trainer.hf import check_dependencies
@@ -40,11 +40,23 @@ def build_parser() -> argparse.ArgumentParser:
         description="Train a DFlash-style speculative-decoding drafter against a frozen target LM. "
         "Output contract (log line, metrics.jsonl, heartbeat, exit codes): docs/trainer.md.",
     )
-    p.add_argument("--config", required=True, help="YAML config, e.g. trainer/configs/tiny-cpu.yaml")
+    p.add_argument(
+        "--config", required=True, help="YAML config, e.g. trainer/configs/tiny-cpu.yaml"
+    )
     p.add_argument("--steps", type=int, help="total steps to reach (overrides train.steps)")
-    p.add_argument("--run-dir", default="trainer-run", help="metrics.jsonl, heartbeat and checkpoints/ go here")
-    p.add_argument("--resume", choices=["auto"], help="auto: continue from the newest valid checkpoint in --run-dir")
-    p.add_argument("--compile", action="store_true", help="torch.compile the drafter attention (flex_attention if available)")
+    p.add_argument(
+        "--run-dir", default="trainer-run", help="metrics.jsonl, heartbeat and checkpoints/ go here"
+    )
+    p.add_argument(
+        "--resume",
+        choices=["auto"],
+        help="auto: continue from the newest valid checkpoint in --run-dir",
+    )
+    p.add_argument(
+        "--compile",
+        action="store_true",
+        help="torch.compile the drafter attention (flex_attention if available)",
+    )
     p.add_argument(
         "--warmup",
         choices=["sequential", "none"],
@@ -68,7 +80,11 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="SECTION.KEY=VALUE",
         help="override a config value (YAML syntax), e.g. --set devices.drafter=[cpu,cpu]",
     )
-    p.add_argument("--plain", action="store_true", help="single-threaded reference loop instead of the pipeline")
+    p.add_argument(
+        "--plain",
+        action="store_true",
+        help="single-threaded reference loop instead of the pipeline",
+    )
     return p
 
 
@@ -121,7 +137,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         trainer = Trainer(
             cfg,
-            RunOptions(run_dir, compile=args.compile, warmup=args.warmup, faults=args.fault, resume=bool(args.resume)),
+            RunOptions(
+                run_dir,
+                compile=args.compile,
+                warmup=args.warmup,
+                faults=args.fault,
+                resume=bool(args.resume),
+            ),
         )
     except (DependencyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -151,8 +173,14 @@ def main(argv: list[str] | None = None) -> int:
             for dev, secs in trainer.warmup(args.warmup):
                 say(f"trainer: warm-up {dev} forward+backward {secs:.2f}s")
             if args.warmup == "none":
-                say("trainer: warm-up skipped (--warmup none): first compiles run concurrently in worker threads")
-        result = trainer.run_plain(cfg.train.steps) if args.plain else trainer.run_pipelined(cfg.train.steps)
+                say(
+                    "trainer: warm-up skipped (--warmup none): first compiles run concurrently in worker threads"
+                )
+        result = (
+            trainer.run_plain(cfg.train.steps)
+            if args.plain
+            else trainer.run_pipelined(cfg.train.steps)
+        )
     finally:
         trainer.close()
     if result.stopped_by:

@@ -214,12 +214,18 @@ def _build(raw: dict[str, Any], file: str, lines: dict[str, int]) -> TrainConfig
             dotted = f"{name}.{key}"
             if key not in known_keys:
                 raise ConfigError(
-                    file, lines.get(dotted), dotted, f"unknown key (known: {', '.join(sorted(known_keys))})"
+                    file,
+                    lines.get(dotted),
+                    dotted,
+                    f"unknown key (known: {', '.join(sorted(known_keys))})",
                 )
             ok, converted = _coerce(value, hints[key])
             if not ok:
                 raise ConfigError(
-                    file, lines.get(dotted), dotted, f"must be {_describe(hints[key])}, got {value!r}"
+                    file,
+                    lines.get(dotted),
+                    dotted,
+                    f"must be {_describe(hints[key])}, got {value!r}",
                 )
             values[key] = converted
         sections[name] = cls(**values)
@@ -271,8 +277,14 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         fail("target.n_heads", f"must divide target.d_model={cfg.target.d_model}")
     if cfg.target.hf_path is None and (cfg.target.d_model // cfg.target.n_heads) % 2:
         fail("target.n_heads", "head size target.d_model/n_heads must be even (rotary embedding)")
-    if cfg.drafter.d_model % cfg.drafter.n_heads or (cfg.drafter.d_model // cfg.drafter.n_heads) % 2:
-        fail("drafter.n_heads", f"must divide drafter.d_model={cfg.drafter.d_model} into even head sizes")
+    if (
+        cfg.drafter.d_model % cfg.drafter.n_heads
+        or (cfg.drafter.d_model // cfg.drafter.n_heads) % 2
+    ):
+        fail(
+            "drafter.n_heads",
+            f"must divide drafter.d_model={cfg.drafter.d_model} into even head sizes",
+        )
     if not cfg.drafter.target_layers:
         fail("drafter.target_layers", "must name at least one target layer")
     if cfg.target.hf_path is None:
@@ -298,7 +310,10 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         fail("devices.drafter", "must list at least one device")
     if len(cfg.devices.target) > cfg.target.n_layers and cfg.target.hf_path is None:
         fail("devices.target", f"more devices than target.n_layers={cfg.target.n_layers}")
-    for key, devs in (("devices.target", cfg.devices.target), ("devices.drafter", cfg.devices.drafter)):
+    for key, devs in (
+        ("devices.target", cfg.devices.target),
+        ("devices.drafter", cfg.devices.drafter),
+    ):
         for dev in devs:
             if dev != "cpu" and not (dev.startswith("cuda:") and dev[5:].isdigit()):
                 fail(key, f"device {dev!r} must be 'cpu' or 'cuda:N'")

@@ -51,14 +51,18 @@ class TokenSource:
             return torch.stack([self.text[s : s + t] for s in starts.tolist()])
         tokens = torch.empty(batch_size, t, dtype=torch.int64)
         tokens[:, 0] = torch.randint(0, self.vocab_size, (batch_size,), generator=gen)
-        choice = torch.multinomial(self.probs, batch_size * (t - 1), replacement=True, generator=gen)
+        choice = torch.multinomial(
+            self.probs, batch_size * (t - 1), replacement=True, generator=gen
+        )
         choice = choice.view(batch_size, t - 1)
         for i in range(1, t):
             tokens[:, i] = self.successors[tokens[:, i - 1], choice[:, i - 1]]
         return tokens
 
 
-def sample_anchors(seed: int, step: int, batch_size: int, blocks: int, seq_len: int, block_size: int) -> torch.Tensor:
+def sample_anchors(
+    seed: int, step: int, batch_size: int, blocks: int, seq_len: int, block_size: int
+) -> torch.Tensor:
     """Random anchor positions ``(batch, blocks)`` in ``[1, seq_len - block_size]``, sorted per row.
 
     >>> a = sample_anchors(0, 5, 3, 4, 16, 4)

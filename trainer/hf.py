@@ -33,7 +33,9 @@ def check_dependencies(cfg: TrainConfig) -> None:
     if importlib.util.find_spec("transformers") is None:
         raise DependencyError(f"{where} needs the 'transformers' package; pip install transformers")
     if not Path(cfg.target.hf_path).is_dir():
-        raise DependencyError(f"{where}: no such local directory {cfg.target.hf_path!r} (hub downloads are off)")
+        raise DependencyError(
+            f"{where}: no such local directory {cfg.target.hf_path!r} (hub downloads are off)"
+        )
 
 
 class HFTarget(nn.Module):

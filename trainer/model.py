@@ -24,7 +24,9 @@ log = logging.getLogger(__name__)
 Attention = Callable[[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
-def sdpa_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def sdpa_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+) -> torch.Tensor:
     """Masked attention; ``mask`` is bool ``(b, q_len, k_len)``, True where a query may look."""
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, :, :])
 
@@ -45,7 +47,9 @@ def make_attention(compile_: bool) -> tuple[Attention, str]:
         return compiled_sdpa, "sdpa+compile"
     flex = torch.compile(flex_attention, dynamic=False)
 
-    def flex_attend(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    def flex_attend(
+        q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
+    ) -> torch.Tensor:
         if q.device.type == "cpu":  # flex_attention has no CPU backward (torch 2.13)
             return compiled_sdpa(q, k, v, mask)
 
@@ -216,7 +220,9 @@ class Drafter(nn.Module):
         head_weight: target LM head with its final norm folded in ``(V, d_t)``.
     """
 
-    def __init__(self, cfg: DrafterConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor) -> None:
+    def __init__(
+        self, cfg: DrafterConfig, embed_weight: torch.Tensor, head_weight: torch.Tensor
+    ) -> None:
         super().__init__()
         gen_state = torch.random.get_rng_state()
         torch.manual_seed(cfg.seed)
@@ -228,12 +234,18 @@ class Drafter(nn.Module):
         self.in_proj = nn.Linear(d_t, d, bias=False)
         self.ctx_proj = nn.Linear(len(cfg.target_layers) * d_t, d, bias=False)
         self.ctx_norm = nn.RMSNorm(d)
-        self.layers = nn.ModuleList(DrafterLayer(d, cfg.n_heads, cfg.d_ff) for _ in range(cfg.n_layers))
+        self.layers = nn.ModuleList(
+            DrafterLayer(d, cfg.n_heads, cfg.d_ff) for _ in range(cfg.n_layers)
+        )
         self.norm = nn.RMSNorm(d)
         self.out_proj = nn.Linear(d, d_t, bias=False)
         for name, p in self.named_parameters():
             if p.dim() == 2:
-                nn.init.normal_(p, std=(0.02 if name.endswith(("out.weight", "down.weight")) else 1.0) / p.shape[1] ** 0.5)
+                nn.init.normal_(
+                    p,
+                    std=(0.02 if name.endswith(("out.weight", "down.weight")) else 1.0)
+                    / p.shape[1] ** 0.5,
+                )
         torch.random.set_rng_state(gen_state)
         self.grad_checkpoint = False
         self.attend: Attention = sdpa_attention

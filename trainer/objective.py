@@ -34,7 +34,10 @@ class Shard:
         """Copy of this shard on ``device`` (non-blocking where the source is pinned)."""
         return Shard(
             self.step,
-            *(x.to(device, non_blocking=True) for x in (self.ctx_hidden, self.tokens, self.greedy, self.anchors)),
+            *(
+                x.to(device, non_blocking=True)
+                for x in (self.ctx_hidden, self.tokens, self.greedy, self.anchors)
+            ),
         )
 
     def split(self, parts: int) -> list[Shard]:
@@ -58,7 +61,9 @@ def run_target(
     return Shard(step, ctx, tokens.to(dev), logits.argmax(-1), anchors.to(dev))
 
 
-def block_inputs(shard: Shard, block_size: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+def block_inputs(
+    shard: Shard, block_size: int
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Build ``(block_tokens, pos_block, mask, labels)`` for every anchor of ``shard``.
 
     Shapes: block_tokens/pos_block/labels ``(b, n*B)``, mask ``(b, n*B, t + n*B)``.

@@ -138,13 +138,18 @@ class Trainer:
         self.replicas: list[Drafter] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         for dev in cfg.devices.drafter:
-            d = Drafter(cfg.drafter, self.target.embedding_weight(), self.target.head_weight()).to(dev)
+            d = Drafter(cfg.drafter, self.target.embedding_weight(), self.target.head_weight()).to(
+                dev
+            )
             d.attend = self.attend
             d.grad_checkpoint = cfg.train.grad_checkpoint
             self.replicas.append(d)
             self.optimizers.append(
                 torch.optim.AdamW(
-                    d.parameters(), lr=cfg.train.lr, betas=(0.9, 0.95), weight_decay=cfg.train.weight_decay
+                    d.parameters(),
+                    lr=cfg.train.lr,
+                    betas=(0.9, 0.95),
+                    weight_decay=cfg.train.weight_decay,
                 )
             )
         self.start_step = 0
@@ -183,10 +188,19 @@ class Trainer:
         """Target features for this rank's slice of the global batch of ``step``."""
         t = self.cfg.train
         tokens = self.source.batch(step, t.batch_size)
-        anchors = sample_anchors(t.seed, step, t.batch_size, t.blocks_per_seq, self.cfg.data.seq_len, self.cfg.drafter.block_size)
+        anchors = sample_anchors(
+            t.seed,
+            step,
+            t.batch_size,
+            t.blocks_per_seq,
+            self.cfg.data.seq_len,
+            self.cfg.drafter.block_size,
+        )
         local = t.batch_size // self.world_size
         sl = slice(self.rank * local, (self.rank + 1) * local)
-        return run_target(self.target, tokens[sl], anchors[sl], self.cfg.drafter.target_layers, step)
+        return run_target(
+            self.target, tokens[sl], anchors[sl], self.cfg.drafter.target_layers, step
+        )
 
     def _apply(self, i: int, flat: torch.Tensor, step: int) -> float:
         """Install summed gradient ``flat`` into replica ``i`` and take its optimizer step."""
@@ -260,7 +274,9 @@ class Trainer:
             The first exception any worker raised (its traceback intact), after stopping the rest.
         """
         n = len(self.replicas)
-        queues: list[queue.Queue[Shard | None]] = [queue.Queue(self.cfg.train.queue_depth) for _ in range(n)]
+        queues: list[queue.Queue[Shard | None]] = [
+            queue.Queue(self.cfg.train.queue_depth) for _ in range(n)
+        ]
         reducer = _Reducer(n, self.world_size > 1)
         errors: list[BaseException] = []
         failed = threading.Event()
@@ -277,7 +293,9 @@ class Trainer:
                     if i == 0:
                         self.faults.before_step(step)
                     t0 = time.monotonic()
-                    loss, loss_sum, accepted = drafter_loss(replica, item.to(dev), self.blocks_per_step)
+                    loss, loss_sum, accepted = drafter_loss(
+                        replica, item.to(dev), self.blocks_per_step
+                    )
                     if i == 0 and self.faults.poison(step):
                         loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
                     loss.backward()
@@ -298,7 +316,10 @@ class Trainer:
                 reducer.barrier.abort()
                 failed.set()
 
-        threads = [threading.Thread(target=worker, args=(i,), name=f"drafter-{i}", daemon=True) for i in range(n)]
+        threads = [
+            threading.Thread(target=worker, args=(i,), name=f"drafter-{i}", daemon=True)
+            for i in range(n)
+        ]
         for t in threads:
             t.start()
         self.reporter.restart_clock()
@@ -359,7 +380,9 @@ class Trainer:
         for step in range(start + 1, steps + 1):
             if self.stop_reason:
                 break
-            loss, loss_sum, accepted = drafter_loss(replica, self.local_batch(step).to(dev), self.blocks_per_step)
+            loss, loss_sum, accepted = drafter_loss(
+                replica, self.local_batch(step).to(dev), self.blocks_per_step
+            )
             loss.backward()
             vec = self._grad_vector(0, loss_sum, accepted)
             if self.world_size > 1:

@@ -782,7 +782,7 @@ def _guard(fn: Any) -> Any:
 
 
 def register(subparsers: Any) -> None:
-    """Add ``launch``, ``stop``, ``runs`` and ``logs`` to the agent's argparse subparsers.
+    """Add ``launch``, ``stop``, ``runs``, ``logs`` and ``evidence`` to the agent's subparsers.
 
     Each parser gets ``func``: a handler taking the parsed namespace and
     returning the exit code (it prints its JSON itself).
@@ -830,3 +830,7 @@ def register(subparsers: Any) -> None:
     p.add_argument("-f", "--follow", action="store_true", help="one JSON line per new chunk")
     p.add_argument("--interval", type=float, default=0.5, help="follow poll period (s)")
     p.set_defaults(func=_guard(_cmd_logs))
+
+    from orchestrator.agent import evidence  # the postmortem's one-call collector
+
+    evidence.register(subparsers)

@@ -113,7 +113,9 @@ def escalate(findings: Iterable[Finding], kinds: Iterable[str]) -> list[Finding]
     """
     wanted = set(kinds)
     return [
-        replace(f, severity=Severity.CRITICAL) if f.kind in wanted and f.severity >= Severity.WARNING else f
+        replace(f, severity=Severity.CRITICAL)
+        if f.kind in wanted and f.severity >= Severity.WARNING
+        else f
         for f in findings
     ]
 
@@ -272,7 +274,8 @@ def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
             return job
 
         def probe_job(host: str) -> Callable[[], HostProbe]:
-            since = float(since_raw[host]) if since_raw[host] else started - 3600.0
+            raw = since_raw[host]
+            since = float(raw) if raw else started - 3600.0
             return lambda: Host(inventory, host).probe(since)
 
         jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in names}

@@ -18,7 +18,7 @@ import collections
 import logging
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -218,8 +218,11 @@ class Poller:
         from orchestrator.views.check import _reason, ensure_unreachable_finding, gather
         from orchestrator.views.state import roles_by_gpu
 
+        def job(name: str) -> Callable[[], Snapshot]:
+            return lambda: self._target(name).snapshot()
+
         got = gather(
-            {n: (lambda n=n: self._target(n).snapshot()) for n in self.names},
+            {n: job(n) for n in self.names},
             workers=self.workers,
             timeout_s=self.timeout_s,
         )

@@ -470,11 +470,14 @@ def pump(
         reason = (str(exc) or type(exc).__name__) if exc else "stream ended"
         out.put((name, Snapshot.unreachable(name, time.time(), reason.splitlines()[0][:200])))
 
+    def nap(seconds: float) -> None:
+        stop.wait(seconds)  # wakes at once when told to stop
+
     retrying = tenacity.Retrying(
         retry=tenacity.retry_if_exception_type(Exception),
         wait=tenacity.wait_exponential(multiplier=0.5, max=max_backoff_s),
         stop=lambda rs: stop.is_set(),
-        sleep=stop.wait,
+        sleep=nap,
         before_sleep=report,
         reraise=False,
     )

@@ -34,7 +34,7 @@ def _check_gpus(snap, name: str, source: str) -> None:
         assert snap.gpus == ()
         return
     devices = want["devices"]
-    assert [g.index for g in snap.gpus] == [d["index"] for d in devices]
+    assert [g.index for g in snap.gpus] == [d["index"] for d in devices], snap.nvml
     for g, d in zip(snap.gpus, devices, strict=True):
         if d.get("lost"):
             assert g.error == "gpu-lost" and g.utilization_pct is None
@@ -259,22 +259,9 @@ def test_redeploys_only_when_the_hash_changes(agent_env: AgentEnv) -> None:
     assert (first / ".orch-bundle").stat().st_mtime_ns == marker_mtime  # nothing re-sent
     base = deploy.build_bundle()
     files = {**base.files, "orchestrator/agent/extra.py": b"X = 1\n"}
-    changed = deploy.Bundle(files=files, hash=deploy.bundle_hash(files), tarball=_tar(files))
+    changed = deploy.make_bundle(files)
     second = Path(Target(agent_env.inventory(), "local", bundle=changed).bundle_dir())
     assert second != first and (second / "orchestrator/agent/extra.py").exists()
-
-
-def _tar(files: dict[str, bytes]) -> bytes:
-    import io
-    import tarfile
-
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, body in sorted(files.items()):
-            info = tarfile.TarInfo(name)
-            info.size = len(body)
-            tar.addfile(info, io.BytesIO(body))
-    return buf.getvalue()
 
 
 def test_a_bundle_that_does_not_match_its_hash_is_refused(agent_env: AgentEnv) -> None:
@@ -305,7 +292,7 @@ def test_too_old_python_names_the_version(agent_env: AgentEnv, tmp_path: Path) -
 def _garbage_bundle(body: bytes) -> deploy.Bundle:
     base = deploy.build_bundle()
     files = {**base.files, "orchestrator/agent/__main__.py": body}
-    return deploy.Bundle(files=files, hash=deploy.bundle_hash(files), tarball=_tar(files))
+    return deploy.make_bundle(files)
 
 
 @pytest.mark.parametrize(

@@ -210,9 +210,9 @@ def test_prewarm_plan_is_sequential_per_gpu_and_quoted(pbs) -> None:
            "gpus": (5, 6, 7), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}  # fmt: skip
     steps = plan_procedure(get_playbook(pbs, "prewarm-relaunch"), ctx)
     assert [s.action for s in steps] == ["stop", None, None, None, "launch", "verify"]
-    assert [s.argv[-1] for s in steps[1:4]] == ["cuda:5", "cuda:6", "cuda:7"]  # type: ignore[index]
+    assert [s.argv[-1] for s in steps[1:4]] == ["5", "6", "7"]  # type: ignore[index]
     assert steps[1].display.startswith(
-        "env TORCHINDUCTOR_CACHE_DIR=/tmp/c '/opt/my venv/bin/python' -m trainer"
+        "env TORCHINDUCTOR_CACHE_DIR=/tmp/c '/opt/my venv/bin/python' -c"
     )
     with pytest.raises(UsageError, match="not a procedure"):
         plan_procedure(get_playbook(pbs, "cuda-oom"), ctx)
@@ -274,8 +274,7 @@ def test_cli_playbook_run_dry_run(capsys, tmp_path: Path) -> None:
     assert orch(["-c", str(cfg), "playbook", "run", "prewarm-relaunch", "lxc200", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["dry_run"] is True
-    assert [s["command"] for s in plan["steps"]][1] == (
-        "env TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor_root python3 -m trainer --prewarm-only --device cuda:5"
-    )
+    assert plan["steps"][1]["argv"][0] == "python3" and plan["steps"][1]["argv"][-1] == "5"
+    assert plan["steps"][1]["command"].endswith("torch.cuda.synchronize(d)' 5")
     assert orch(["-c", str(cfg), "playbook", "run", "clean-env", "lxc200"]) == 0
     assert "dry run: clean-env on lxc200" in capsys.readouterr().out

@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-
 ROOT = Path(__file__).resolve().parents[2]
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.yaml"
 
@@ -23,14 +22,30 @@ def trainer_env() -> dict[str, str]:
 
 def trainer_cmd(run_dir: Path, *extra: str, config: Path = TINY) -> list[str]:
     """argv for ``python -m trainer`` on ``config`` with ``run_dir`` and extra flags."""
-    return [sys.executable, "-m", "trainer", "--config", str(config), "--run-dir", str(run_dir), *extra]
+    return [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--config",
+        str(config),
+        "--run-dir",
+        str(run_dir),
+        *extra,
+    ]
 
 
-def run_trainer(run_dir: Path, *extra: str, timeout_s: float = 120.0) -> subprocess.CompletedProcess[str]:
+def run_trainer(
+    run_dir: Path, *extra: str, timeout_s: float = 120.0
+) -> subprocess.CompletedProcess[str]:
     """Run the trainer to completion (bounded by ``timeout_s``) and capture its output."""
     return subprocess.run(
-        trainer_cmd(run_dir, *extra), cwd=ROOT, env=trainer_env(), capture_output=True, text=True,
-        timeout=timeout_s, check=False,
+        trainer_cmd(run_dir, *extra),
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        check=False,
     )
 
 

@@ -11,7 +11,15 @@ import pytest
 import torch
 
 from tests.helpers import wait_for
-from tests.trainer.procs import ROOT, TINY, heartbeat_step, read_metrics, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.procs import (
+    ROOT,
+    TINY,
+    heartbeat_step,
+    read_metrics,
+    run_trainer,
+    trainer_cmd,
+    trainer_env,
+)
 from trainer import checkpoint
 from trainer.config import load_config
 from trainer.pipeline import RunOptions, Trainer
@@ -27,7 +35,9 @@ def test_save_is_atomic_and_pruned(tmp_path: Path) -> None:
     assert torch.equal(loaded.state["drafter"]["w"], torch.full((2,), 20.0))
 
 
-def test_truncated_checkpoint_is_skipped_with_warning(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+def test_truncated_checkpoint_is_skipped_with_warning(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
     checkpoint.save(tmp_path, 5, {"drafter": {"w": torch.zeros(1000)}}, keep=5)
     newest = checkpoint.save(tmp_path, 10, {"drafter": {"w": torch.ones(1000)}}, keep=5)
     newest.write_bytes(newest.read_bytes()[:300])  # a crash mid-write without our temp+rename
@@ -53,8 +63,20 @@ def test_resume_in_process_equals_uninterrupted_run(tmp_path: Path) -> None:
 def test_sigterm_checkpoints_then_resume_continues(tmp_path: Path) -> None:
     run = tmp_path / "run"
     proc = subprocess.Popen(
-        trainer_cmd(run, "--steps", "100000", "--set", "train.log_every=1", "--set", "train.ckpt_every=100000"),
-        cwd=ROOT, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        trainer_cmd(
+            run,
+            "--steps",
+            "100000",
+            "--set",
+            "train.log_every=1",
+            "--set",
+            "train.ckpt_every=100000",
+        ),
+        cwd=ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_for(lambda: (heartbeat_step(run) or 0) >= 5, timeout_s=60, what="5 steps")
@@ -71,9 +93,14 @@ def test_sigterm_checkpoints_then_resume_continues(tmp_path: Path) -> None:
     assert (run / "checkpoints" / f"step_{step:07d}.pt").exists()
     assert read_metrics(run)[-1]["step"] == step
 
-    resumed = run_trainer(run, "--resume", "auto", "--steps", str(step + 3), "--set", "train.log_every=1")
+    resumed = run_trainer(
+        run, "--resume", "auto", "--steps", str(step + 3), "--set", "train.log_every=1"
+    )
     assert resumed.returncode == 0, resumed.stderr
-    assert f"trainer: resumed from {run / 'checkpoints' / f'step_{step:07d}.pt'} at step={step}" in resumed.stdout
+    assert (
+        f"trainer: resumed from {run / 'checkpoints' / f'step_{step:07d}.pt'} at step={step}"
+        in resumed.stdout
+    )
     new_steps = [r["step"] for r in read_metrics(run)]
     assert new_steps[-4:] == [step, step + 1, step + 2, step + 3]
     assert f"trainer: finished step={step + 3}" in resumed.stdout

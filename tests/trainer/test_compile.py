@@ -11,11 +11,20 @@ from tests.trainer.procs import read_metrics, run_trainer
 
 @pytest.mark.slow
 def test_compile_with_sequential_warmup(tmp_path: Path) -> None:
-    proc = run_trainer(tmp_path, "--compile", "--steps", "3", "--set", "train.log_every=1", timeout_s=400)
+    proc = run_trainer(
+        tmp_path, "--compile", "--steps", "3", "--set", "train.log_every=1", timeout_s=400
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     out = proc.stdout
-    assert "attention=flex_attention+compile|cpu:sdpa+compile" in out or "attention=sdpa+compile" in out
-    warm = [line for line in out.splitlines() if line.startswith("trainer: warm-up cpu forward+backward")]
+    assert (
+        "attention=flex_attention+compile|cpu:sdpa+compile" in out
+        or "attention=sdpa+compile" in out
+    )
+    warm = [
+        line
+        for line in out.splitlines()
+        if line.startswith("trainer: warm-up cpu forward+backward")
+    ]
     assert len(warm) == 2  # one per drafter device, before the worker threads start
     assert out.index(warm[-1]) < out.index("step=1 ")
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]

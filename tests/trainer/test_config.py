@@ -25,15 +25,26 @@ def write(tmp_path: Path, text: str) -> Path:
         ("train:\n  steps: 5\n  lrate: 0.1\n", ":3: train.lrate: unknown key"),
         ("train:\n  lr: fast\n", ":2: train.lr: must be a number, got 'fast'"),
         ("drafter:\n  target_layers: [0, 9]\n", ":2: drafter.target_layers: [9] outside 0..3"),
-        ("devices:\n  drafter: [gpu0]\n", ":2: devices.drafter: device 'gpu0' must be 'cpu' or 'cuda:N'"),
-        ("train:\n  batch_size: 3\ndevices:\n  drafter: [cpu, cpu]\n", ":2: train.batch_size: 3 is not divisible by 2"),
+        (
+            "devices:\n  drafter: [gpu0]\n",
+            ":2: devices.drafter: device 'gpu0' must be 'cpu' or 'cuda:N'",
+        ),
+        (
+            "train:\n  batch_size: 3\ndevices:\n  drafter: [cpu, cpu]\n",
+            ":2: train.batch_size: 3 is not divisible by 2",
+        ),
         ("trian:\n  lr: 1\n", ":1: trian: unknown section"),
         ("data:\n  kind: text\n  path: /nonexistent/x.txt\n", ":3: data.path: no such file"),
         ("train:\n  steps: [1\n", "yaml"),
-        ("train:\n  grad_checkpoint: 1\n", ":2: train.grad_checkpoint: must be true or false, got 1"),
+        (
+            "train:\n  grad_checkpoint: 1\n",
+            ":2: train.grad_checkpoint: must be true or false, got 1",
+        ),
     ],
 )
-def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str) -> None:
+def test_bad_config_is_one_line_exit_2(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], text: str, expected: str
+) -> None:
     path = write(tmp_path, text)
     rc = main(["--config", str(path), "--run-dir", str(tmp_path / "run")])
     err = capsys.readouterr().err
@@ -47,8 +58,13 @@ def test_bad_config_is_one_line_exit_2(tmp_path: Path, capsys: pytest.CaptureFix
 def test_bad_config_subprocess_has_no_traceback(tmp_path: Path) -> None:
     path = write(tmp_path, "drafter:\n  n_layers: -1\n")
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "--config", str(path)], cwd=ROOT, env=trainer_env(),
-        capture_output=True, text=True, timeout=60, check=False,
+        [sys.executable, "-m", "trainer", "--config", str(path)],
+        cwd=ROOT,
+        env=trainer_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
     )
     assert proc.returncode == 2
     assert proc.stderr == f"error: {path}:2: drafter.n_layers: must be > 0, got -1\n"
@@ -60,7 +76,9 @@ def test_missing_config_file(tmp_path: Path, capsys: pytest.CaptureFixture[str])
     assert "nope.yaml: file: cannot read" in capsys.readouterr().err
 
 
-def test_device_map_without_accelerate_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_device_map_without_accelerate_fails_fast(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     pytest.importorskip("torch")
     try:
         import accelerate  # noqa: F401
@@ -75,7 +93,9 @@ def test_device_map_without_accelerate_fails_fast(tmp_path: Path, capsys: pytest
     assert "target.device_map='auto' needs the 'accelerate' package" in err
 
 
-def test_hf_target_without_transformers_fails_fast(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_hf_target_without_transformers_fails_fast(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     try:
         import transformers  # noqa: F401
 

@@ -23,16 +23,30 @@ SETS = ["devices.drafter=[cpu]", f"train.steps={STEPS}", "train.log_every=1"]
 @pytest.mark.slow
 def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
     torchrun = shutil.which("torchrun") or pytest.skip("torchrun not on PATH")
-    single = Trainer(load_config(TINY, SETS), RunOptions(tmp_path / "single", log_out=io.StringIO()))
+    single = Trainer(
+        load_config(TINY, SETS), RunOptions(tmp_path / "single", log_out=io.StringIO())
+    )
     single.run_pipelined(STEPS)
 
     run = tmp_path / "ddp"
-    argv = [torchrun, "--standalone", "--nproc_per_node", "2", "-m", "trainer", "--config", str(TINY),
-            "--run-dir", str(run)]
+    argv = [
+        torchrun,
+        "--standalone",
+        "--nproc_per_node",
+        "2",
+        "-m",
+        "trainer",
+        "--config",
+        str(TINY),
+        "--run-dir",
+        str(run),
+    ]
     for item in SETS:
         argv += ["--set", item]
     env = trainer_env() | {"GLOO_SOCKET_IFNAME": "lo"}
-    proc = subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False)
+    proc = subprocess.run(
+        argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=240, check=False
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-3000:]
     assert "world_size=2" in proc.stdout
     assert proc.stdout.count("trainer: finished") == 1  # only rank 0 talks

@@ -41,5 +41,7 @@ def test_two_replicas_match_one_replica_on_combined_batch(tmp_path: Path) -> Non
     assert max_diff(params(one), ref) == 0.0  # same ops, same order
     assert max_diff(params(two), ref) < 1e-5  # same maths, different summation order
     assert max_diff(params(two, 0), params(two, 1)) == 0.0  # replicas stay identical
-    for a, b in zip(one.optimizers[0].state.values(), two.optimizers[1].state.values(), strict=True):
+    for a, b in zip(
+        one.optimizers[0].state.values(), two.optimizers[1].state.values(), strict=True
+    ):
         assert torch.allclose(a["exp_avg_sq"], b["exp_avg_sq"], rtol=1e-4, atol=1e-10)

@@ -9,7 +9,14 @@ import time
 from pathlib import Path
 
 from tests.helpers import wait_for
-from tests.trainer.procs import ROOT, heartbeat_step, read_metrics, run_trainer, trainer_cmd, trainer_env
+from tests.trainer.procs import (
+    ROOT,
+    heartbeat_step,
+    read_metrics,
+    run_trainer,
+    trainer_cmd,
+    trainer_env,
+)
 from trainer.faults import OOM_TEXT
 from trainer.metrics import parse_line
 
@@ -56,7 +63,9 @@ def test_nan_poisons_loss_from_that_step(tmp_path: Path) -> None:
 
 
 def test_slow_drops_throughput(tmp_path: Path) -> None:
-    proc = run_trainer(tmp_path, "--steps", "16", "--fault", "slow@9:6", "--set", "train.log_every=4")
+    proc = run_trainer(
+        tmp_path, "--steps", "16", "--fault", "slow@9:6", "--set", "train.log_every=4"
+    )
     assert proc.returncode == 0, proc.stderr
     tok_s = {r["step"]: r["tok_s"] for r in read_metrics(tmp_path)}
     before = max(tok_s[4], tok_s[8])
@@ -68,7 +77,11 @@ def test_hang_stays_alive_without_progress(tmp_path: Path) -> None:
     """A hang beats no more and logs nothing, yet the process lives; a second SIGTERM ends it."""
     proc = subprocess.Popen(
         trainer_cmd(tmp_path, "--steps", "50", "--fault", "hang@3", *FAST),
-        cwd=ROOT, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         wait_for(lambda: heartbeat_step(tmp_path) == 2, timeout_s=60, what="two steps")

@@ -34,7 +34,14 @@ def test_text_data_bytewise(tmp_path: Path) -> None:
     text = tmp_path / "corpus.txt"
     text.write_text("the quick brown fox jumps over the lazy dog. " * 40)
     cfg = load_config(
-        TINY, ["data.kind=text", f"data.path={text}", "target.vocab_size=256", "train.steps=3", "train.log_every=1"]
+        TINY,
+        [
+            "data.kind=text",
+            f"data.path={text}",
+            "target.vocab_size=256",
+            "train.steps=3",
+            "train.log_every=1",
+        ],
     )
     result = Trainer(cfg, RunOptions(tmp_path / "run", log_out=io.StringIO())).run_pipelined(3)
     assert result.step == 3
@@ -53,6 +60,8 @@ def test_cli_200_steps_under_two_minutes(tmp_path: Path) -> None:
     assert any("python=" in line and "torch=" in line and "cuda=" in line for line in out)
     metrics = [m for line in out if (m := parse_line(line))]
     assert len(metrics) == 20 and metrics[-1]["step"] == 200
-    assert metrics[-1]["loss"] < metrics[0]["loss"] and metrics[-1]["acc_len"] > metrics[0]["acc_len"]
+    assert (
+        metrics[-1]["loss"] < metrics[0]["loss"] and metrics[-1]["acc_len"] > metrics[0]["acc_len"]
+    )
     assert out[-1].startswith("trainer: finished step=200")
     print(f"tiny-cpu 200 steps: {wall_s:.1f} s wall")

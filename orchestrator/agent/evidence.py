@@ -1,0 +1,178 @@
+"""Agent command ``evidence``: everything a postmortem needs from one run directory, in one call.
+
+Runs inside the container (standard library and the agent package only). Bounded
+by construction: the log and the flight recorder are read from the end
+(:func:`~orchestrator.agent.runs.tail_lines`), never whole; the pane capture is
+at most ``--pane-lines`` lines. Prints one JSON document::
+
+    {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
+     "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
+     "state": <runs.run_state with tmux info>, "tmux_server_running": bool,
+     "log": {"path", "exists", "size_bytes", "mtime", "tail": [...]},
+     "pane": {"lines": [...], "error": str | null},
+     "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
+     "metrics": [<metrics.jsonl records>], "heartbeat": {"text", "age_s"} | null,
+     "pgid": int | null, "wrapper_pid": int | null, "files": {name: size_bytes}}
+
+The equivalent by hand: ``cat manifest.json exit_status; tail -n 200 train.log;
+tmux capture-pane -p -J -t =SESSION:run -S -200; tail -n 720 gpu.jsonl``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator.agent import runs
+
+DEFAULT_LOG_LINES = 200
+DEFAULT_PANE_LINES = 200
+DEFAULT_GPU_SAMPLES = 720
+"""Flight-recorder samples kept (24 min at the launcher's 2 s period)."""
+DEFAULT_METRIC_RECORDS = 2000
+MAX_LINE_CHARS = 4000
+
+
+def _jsonl_tail(path: Path, n: int) -> list[dict[str, Any]]:
+    """The last ``n`` JSON-object lines of ``path`` (unreadable lines skipped; read from the end)."""
+    lines, _size = runs.tail_lines(path, n)
+    out = []
+    for line in lines:
+        try:
+            doc = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(doc, dict):
+            out.append(doc)
+    return out
+
+
+def gpu_history(run_dir: Path, n: int) -> list[dict[str, Any]]:
+    """The newest ``n`` flight-recorder samples, from ``gpu.jsonl`` and (if short) ``gpu.jsonl.1``."""
+    newest = _jsonl_tail(run_dir / "gpu.jsonl", n)
+    if len(newest) < n:
+        older = _jsonl_tail(run_dir / "gpu.jsonl.1", n - len(newest))
+        newest = older + newest
+    return newest
+
+
+def tmux_server_running() -> bool:
+    """Whether a tmux server answers on this socket (``$TMUX_TMPDIR``)."""
+    res = runs.tmux("list-sessions")
+    if res.returncode == 0:
+        return True
+    text = res.stderr.lower()
+    return not ("no server running" in text or "error connecting" in text)
+
+
+def capture_pane(session: str, lines: int) -> tuple[list[str], str | None]:
+    """The run pane's screen plus up to ``lines`` of scrollback (trailing blank lines dropped)."""
+    res = runs.tmux(
+        "capture-pane", "-p", "-J", "-t", f"={session}:{runs.RUN_WINDOW}", "-S", f"-{lines}"
+    )
+    if res.returncode != 0:
+        return [], (res.stderr.strip() or f"tmux exit {res.returncode}")[:300]
+    out = [line[:MAX_LINE_CHARS] for line in res.stdout.splitlines()]
+    while out and not out[-1].strip():
+        out.pop()
+    return out[-lines:], None
+
+
+def _stat(path: Path) -> os.stat_result | None:
+    try:
+        return path.stat()
+    except OSError:
+        return None
+
+
+def collect(args: argparse.Namespace) -> dict[str, Any]:
+    """The evidence document for ``args.run_id`` (default: the current run)."""
+    run_dir = runs._run_dir(args.workdir, args.run_id)
+    now = time.time()
+    manifest: dict[str, Any] | None = None
+    manifest_error = None
+    try:
+        loaded = json.loads((run_dir / "manifest.json").read_text())
+        manifest = loaded if isinstance(loaded, dict) else None
+    except FileNotFoundError:
+        manifest_error = "manifest.json missing"
+    except (OSError, ValueError) as exc:
+        manifest_error = f"manifest.json unreadable: {str(exc)[:200]}"
+    session = str((manifest or {}).get("session") or args.session)
+    state = runs.run_state(run_dir, session=session)
+    exit_st = _stat(run_dir / "exit_status")
+    log = run_dir / "train.log"
+    log_st = _stat(log)
+    tail, _ = runs.tail_lines(log, args.log_lines)
+    server = tmux_server_running()
+    pane: list[str] = []
+    pane_error: str | None = "no tmux server running" if not server else None
+    if server and (state.get("tmux") or {}).get("exists"):
+        pane, pane_error = capture_pane(session, args.pane_lines)
+    elif server:
+        pane_error = f"no tmux session {session!r}"
+    beat = run_dir / "heartbeat"
+    beat_st = _stat(beat)
+    wrapper = (runs._read(run_dir / "wrapper.pid") or "").split()
+    files = {
+        p.name: st.st_size
+        for p in sorted(run_dir.iterdir())
+        if (st := _stat(p)) is not None and p.is_file()
+    }
+    return {
+        "ok": True,
+        "now": now,
+        "run_id": run_dir.name,
+        "run_dir": str(run_dir),
+        "current": runs.current_run_id(args.workdir),
+        "manifest": manifest,
+        "manifest_error": manifest_error,
+        "exit_status": state["exit_status"],
+        "exit_status_at": exit_st.st_mtime if exit_st else None,
+        "state": state,
+        "session": session,
+        "tmux_server_running": server,
+        "log": {
+            "path": str(log),
+            "exists": log_st is not None,
+            "size_bytes": log_st.st_size if log_st else None,
+            "mtime": log_st.st_mtime if log_st else None,
+            "tail": [line[:MAX_LINE_CHARS] for line in tail],
+        },
+        "pane": {"lines": pane, "error": pane_error},
+        "gpu_history": gpu_history(run_dir, args.gpu_samples),
+        "metrics": _jsonl_tail(run_dir / "metrics.jsonl", args.metric_records),
+        "heartbeat": {
+            "text": (runs._read(beat) or "")[:100],
+            "age_s": round(now - beat_st.st_mtime, 3),
+        }
+        if beat_st
+        else None,
+        "pgid": runs._read_int(run_dir / "pgid"),
+        "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
+        "files": files,
+    }
+
+
+def _cmd_evidence(args: argparse.Namespace) -> int:
+    runs._emit(collect(args))
+    return runs.EXIT_OK
+
+
+def register(subparsers: Any) -> None:
+    """Add ``evidence`` to the agent's argparse subparsers (called by ``runs.register``)."""
+    p = subparsers.add_parser("evidence", help="a run's postmortem evidence (bounded reads)")
+    p.add_argument("--workdir", required=True, help="the container's workdir")
+    p.add_argument("--session", default="train", help="tmux session (the manifest's wins)")
+    p.add_argument("--run-id", default=None, help="default: the current run")
+    p.add_argument(
+        "--log-lines", type=int, default=DEFAULT_LOG_LINES, help="log lines from the end"
+    )
+    p.add_argument("--pane-lines", type=int, default=DEFAULT_PANE_LINES, help="pane lines")
+    p.add_argument("--gpu-samples", type=int, default=DEFAULT_GPU_SAMPLES, help="gpu.jsonl lines")
+    p.add_argument("--metric-records", type=int, default=DEFAULT_METRIC_RECORDS)
+    p.set_defaults(func=runs._guard(_cmd_evidence))
