@@ -64,7 +64,7 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"bench: config={args.config} steps={args.steps} repeats={args.repeats} "
         f"drafter_devices={','.join(cfg.devices.drafter)} target_devices={','.join(cfg.devices.target)} "
-        f"torch={torch.__version__} threads={torch.get_num_threads()}"
+        f"torch={torch.__version__} torch_threads={cfg.train.torch_threads or torch.get_num_threads()}"
     )
     pipelined: list[float] = []
     plain: list[float] = []

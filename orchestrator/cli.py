@@ -663,16 +663,24 @@ def playbook_run(
     playbook_id: str = typer.Argument(..., metavar="ID", help="A procedure playbook id."),
     target: str = typer.Argument(..., help="Container name from hosts.yaml."),
     yes: bool = typer.Option(False, "--yes", help="Act; without it only print the exact steps."),
-    as_json: bool = typer.Option(False, "--json", help="Print the planned steps as JSON."),
+    force: bool = typer.Option(
+        False, "--force", help="With --yes: archive (rename aside) what a step would overwrite."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print the plan (dry run) or the step results as JSON."),
     playbooks_dir: Path | None = typer.Option(None, "--playbooks", help="Playbook directory (default: bundled)."),
 ) -> None:
     """Run a procedure on TARGET: dry run by default (prints every exact command), --yes to act.
 
-    Exit codes: 0 done (or dry run printed); 1 a step failed; 2 bad id/target; 3 unreachable.
+    --yes is consent to every printed step, including stopping the live run (SIGINT,
+    log and exit status kept). A step that would overwrite an existing path (e.g.
+    clean-env's venv) is refused unless --force, which renames it aside; nothing is
+    ever deleted. Exit codes: 0 done (or dry run printed); 1 a step failed (earlier
+    steps stay done); 2 unknown id or target, or not a procedure; 3 unreachable;
+    4 refused (an existing path without --force, or the relaunch preflight refused).
     """
-    from orchestrator.playbooks import (
-        get_playbook,
-        load_playbooks,
+    from orchestrator.playbooks import get_playbook, load_playbooks
+    from orchestrator.procedures import (
+        format_plan,
         plan_procedure,
         procedure_context,
         run_procedure,
@@ -681,20 +689,20 @@ def playbook_run(
     pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
     inventory = load_inventory()
     steps = plan_procedure(pb, procedure_context(inventory.container(target)))
-    if as_json and not yes:
-        print_json({"playbook": pb.id, "target": target, "dry_run": True, "steps": [
-            {"number": s.number, "name": s.name, "action": s.action,
-             "argv": list(s.argv) if s.argv else None, "env": s.env, "command": s.display}
-            for s in steps
-        ]})  # fmt: skip
-        return
     if not yes:
-        print(f"dry run: {pb.id} on {target} ({len(steps)} steps); add --yes to act")
-        for s in steps:
-            print(f"  {s.number}. {s.name}\n     {s.display}")
+        if as_json:
+            print_json({"playbook": pb.id, "target": target, "dry_run": True,
+                        "steps": [s.to_dict() for s in steps]})  # fmt: skip
+        else:
+            print(format_plan(pb.id, target, steps))
         return
-    run_procedure(steps, inventory, target)
-    print(f"{pb.id} on {target}: all {len(steps)} steps done")
+    results = run_procedure(
+        steps, inventory, target, force=force, echo=(lambda _line: None) if as_json else print
+    )
+    if as_json:
+        print_json({"playbook": pb.id, "target": target, "dry_run": False, "steps": results})
+    else:
+        print(f"{pb.id} on {target}: all {len(steps)} steps done")
 
 
 # --- views: watch, check, export -------------------------------------------------------------

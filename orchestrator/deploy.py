@@ -1,9 +1,11 @@
 """Ship the agent into a container: build a bundle, send it once per content hash, verify it.
 
 The bundle holds ``orchestrator/__init__.py``, ``orchestrator/model.py``, the
-``orchestrator/agent`` package and copies of the operator's installed pure-Python
-``libtmux`` and ``pynvml``, so the container needs neither network nor pip. It
-lands in ``<workdir>/.orch/agent-<hash>/`` (``PYTHONPATH`` for the agent).
+``orchestrator/agent`` package and a copy of the operator's installed pure-Python
+``pynvml`` (the agent runs ``tmux`` itself, without libtmux), so the container
+needs neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
+(``PYTHONPATH`` for the agent). :func:`make_bundle` builds any other bundle the
+same way (the launch's trainer bundle lands in ``.orch/trainer-<hash>/``).
 
 Transfer: one deterministic ``tar.gz`` piped over stdin to ``python3 -c`` in the
 container, which unpacks into a temp dir, recomputes the hash over the files,
@@ -180,9 +182,6 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
         "orchestrator/model.py": (here / "model.py").read_bytes(),
     }
     files.update(package_files(here / "agent", "orchestrator/agent"))
-    files.update(
-        package_files(_installed("libtmux").parent, "libtmux", skip=("test", "pytest_plugin.py"))
-    )
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()
     bundle = make_bundle(files)
@@ -214,6 +213,29 @@ def forget(transport: Transport, workdir: str) -> None:
             del _deployed[key]
 
 
+def bundle_path(workdir: str, bundle: Bundle) -> str:
+    """Where ``bundle`` lives in the container: ``<workdir>/.orch/<kind>-<hash>``.
+
+    >>> bundle_path("/w/", make_bundle({"a.py": b""}, kind="t")).startswith("/w/.orch/t-")
+    True
+    """
+    return f"{workdir.rstrip('/')}/.orch/{bundle.dirname}"
+
+
+def deployed(transport: Transport, workdir: str, python: str, bundle: Bundle) -> str | None:
+    """The bundle's path if this process already knows it is in place, else ``None``."""
+    with _cache_lock:
+        return _deployed.get((transport.name, workdir, python, bundle.hash))
+
+
+def remember(transport: Transport, workdir: str, python: str, bundle: Bundle) -> str:
+    """Record that the bundle is in place (an agent ran from it); return its path."""
+    dest = bundle_path(workdir, bundle)
+    with _cache_lock:
+        _deployed[(transport.name, workdir, python, bundle.hash)] = dest
+    return dest
+
+
 def ensure_agent(
     transport: Transport,
     workdir: str,
@@ -230,11 +252,10 @@ def ensure_agent(
         TransportError: the container could not be reached.
     """
     bundle = bundle or build_bundle()
-    dest = f"{workdir.rstrip('/')}/.orch/{bundle.dirname}"
-    key = (transport.name, workdir, python, bundle.hash)
-    with _cache_lock:
-        if key in _deployed:
-            return _deployed[key]
+    dest = bundle_path(workdir, bundle)
+    known = deployed(transport, workdir, python, bundle)
+    if known is not None:
+        return known
     res = transport.run([python, "-c", _CHECK, dest, bundle.hash], timeout=timeout_s)
     where = transport.name
     if res.exit_status in (126, 127) or (not res.ok and "not found" in res.err.lower()):
@@ -265,6 +286,4 @@ def ensure_agent(
                 f"{where}: sending the agent to {dest} failed (exit {res.exit_status}): "
                 f"{(res.err or res.out).strip()[-300:] or 'no output'}"
             )
-    with _cache_lock:
-        _deployed[key] = dest
-    return dest
+    return remember(transport, workdir, python, bundle)

@@ -1,6 +1,9 @@
 """Playbooks: failure signatures (log regexes, finding kinds, exit codes -> diagnosis, remedy)
 and procedures (ordered steps), loaded from ``playbooks/*.yaml`` and validated.
 
+This module loads, validates and matches. Carrying a procedure out (``orch playbook
+run``: planning, dry run, ``--yes``) lives in :mod:`orchestrator.procedures`.
+
 A bad file is one :class:`~orchestrator.errors.ConfigError` naming ``file:line: key``.
 :func:`match_log` streams any iterable of lines (a 10 GB log is fine) and ranks the
 matching signature playbooks best first. The schema is in docs/playbooks.md.
@@ -34,8 +37,12 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 """The bundled playbooks (repository root ``playbooks/``)."""
 
 KINDS = ("signature", "procedure")
-ACTIONS = ("stop", "launch", "verify")
-"""Built-in procedure actions, carried out by orchestrator.launch (see docs/playbooks.md)."""
+ACTIONS = ("stop", "launch", "verify", "archive")
+"""Built-in procedure actions (orchestrator.procedures; see docs/playbooks.md)."""
+SKIP_SUFFIX = "-rules.yaml"
+"""Files in the playbook directory named ``*-rules.yaml`` are not playbooks (Prometheus
+alerting rules live beside them, ``playbooks/prometheus-rules.yaml``); every other
+``*.yaml`` must be a valid playbook."""
 PLACEHOLDERS = ("python", "workdir", "session", "target", "gpu", "gpus", "venv", "cache_dir")
 """Names a step's ``run``/``argv``/``env`` may use as ``{name}``."""
 
@@ -44,7 +51,9 @@ _TOP_KEYS = {
     "references", "steps",
 }  # fmt: skip
 _MATCH_KEYS = {"log", "findings", "exit_codes"}
-_STEP_KEYS = {"name", "run", "argv", "action", "foreach", "env", "timeout_s", "note"}
+_STEP_KEYS = {
+    "name", "run", "argv", "action", "path", "overwrites", "foreach", "env", "timeout_s", "note",
+}  # fmt: skip
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 _LEADING_FLAGS = re.compile(r"^\(\?([aiLmsux]+)\)")
 MAX_LINE_CHARS = 65536
@@ -56,12 +65,16 @@ class Step:
     """One step of a procedure: an argv to run in the container, or a built-in ``action``.
 
     ``foreach: gpu`` repeats the step once per GPU of the target, in order (sequential
-    warm-up is the point of ``prewarm-relaunch``).
+    warm-up is the point of ``prewarm-relaunch``). ``path`` is the ``archive`` action's
+    target; ``overwrites`` names a path an argv step would replace (refused unless
+    ``--force``, which archives it first).
     """
 
     name: str
     argv: tuple[str, ...] | None = None
     action: str | None = None
+    path: str | None = None
+    overwrites: str | None = None
     foreach: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
@@ -113,6 +126,8 @@ class Playbook:
                         ("name", s.name),
                         ("argv", list(s.argv) if s.argv else None),
                         ("action", s.action),
+                        ("path", s.path),
+                        ("overwrites", s.overwrites),
                         ("foreach", s.foreach),
                         ("env", s.env or None),
                         ("timeout_s", s.timeout_s),
@@ -298,6 +313,15 @@ def _step(doc: _Doc, at: tuple[Any, ...], data: Any) -> Step:
             raise doc.error(
                 (*at, "action"), f"unknown action {action!r}; known: {', '.join(ACTIONS)}"
             )
+    path = _str(doc, (*at, "path"), data.get("path"), required=False)
+    if (action == "archive") != (path is not None):
+        raise doc.error((*at, "path"), "the archive action needs path:, and only it takes one")
+    overwrites = _str(doc, (*at, "overwrites"), data.get("overwrites"), required=False)
+    if overwrites is not None and argv is None:
+        raise doc.error((*at, "overwrites"), "only run/argv steps take overwrites:")
+    for key, value in (("path", path), ("overwrites", overwrites)):
+        if value is not None:
+            _check_placeholders(doc, (*at, key), value)
     foreach = data.get("foreach")
     if foreach is not None and foreach != "gpu":
         raise doc.error((*at, "foreach"), "only 'gpu' is supported")
@@ -313,6 +337,8 @@ def _step(doc: _Doc, at: tuple[Any, ...], data: Any) -> Step:
         name=name or "",
         argv=argv,
         action=action,
+        path=path,
+        overwrites=overwrites,
         foreach=foreach,
         env={str(k): str(v) for k, v in env.items()},
         timeout_s=float(timeout),
@@ -398,21 +424,11 @@ def parse_playbook(text: str, path: str) -> Playbook:
     )
 
 
-def _foreign(text: str) -> bool:
-    r"""A YAML mapping sharing no top-level key with the playbook schema (e.g. Prometheus rules).
-
-    >>> _foreign("groups:\n  - name: x\n"), _foreign("id: x\ntitl: y\n"), _foreign(": bad")
-    (True, False, False)
-    """
-    try:
-        data = yaml.safe_load(text)
-    except yaml.YAMLError:
-        return False
-    return isinstance(data, dict) and bool(data) and not (set(data) & _TOP_KEYS)
-
-
 def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A002 - the agreed API
     """Every ``*.yaml`` in ``dir`` (default: the bundled ``playbooks/``), sorted by id.
+
+    Files named ``*-rules.yaml`` (:data:`SKIP_SUFFIX`, Prometheus rules) are skipped;
+    any other YAML file that is not a valid playbook is an error, never silently ignored.
 
     Raises:
         ConfigError: a file is malformed, or two files share an id (exit code 2).
@@ -422,10 +438,10 @@ def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A0
         raise ConfigError(str(root), None, "", "no such playbook directory")
     out: dict[str, Playbook] = {}
     for path in sorted(root.glob("*.yaml")):
-        text = path.read_text(encoding="utf-8")
-        if _foreign(text):
-            log.debug("%s: not a playbook (no playbook keys at top level); skipped", path)
+        if path.name.endswith(SKIP_SUFFIX):
+            log.debug("%s: *%s is not a playbook; skipped", path, SKIP_SUFFIX)
             continue
+        text = path.read_text(encoding="utf-8")
         pb = parse_playbook(text, str(path))
         if pb.id in out:
             raise ConfigError(
@@ -612,97 +628,7 @@ def iter_log_lines(path: Path | str, max_line_bytes: int = MAX_LINE_CHARS) -> It
             yield chunk.decode("utf-8", errors="replace")
 
 
-# --- procedures ----------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class PlannedStep:
-    """A procedure step with its placeholders filled: what ``--yes`` would do, exactly."""
-
-    number: int
-    name: str
-    argv: tuple[str, ...] | None = None
-    action: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
-
-    @property
-    def display(self) -> str:
-        """The exact command line (quoted by transport.quoting) or ``orch action: NAME``."""
-        from orchestrator.transport.quoting import command_line, with_env
-
-        if self.argv is None:
-            return f"[orch action] {self.action}"
-        return command_line(with_env(self.argv, self.env or None))
-
-
-def procedure_context(container: Any) -> dict[str, Any]:
-    """Placeholder values for a container (a ``config.ContainerConfig``).
-
-    ``venv`` is ``<workdir>/.venv-orch``; ``cache_dir`` is the container's
-    ``TORCHINDUCTOR_CACHE_DIR`` or torch's default for root (``/tmp/torchinductor_root``).
-    """
-    gpus = tuple(container.gpu_indices)
-    return {
-        "python": container.python,
-        "workdir": container.workdir,
-        "session": container.session,
-        "target": container.name,
-        "gpus": gpus,
-        "venv": f"{container.workdir.rstrip('/')}/.venv-orch",
-        "cache_dir": container.env.get("TORCHINDUCTOR_CACHE_DIR", "/tmp/torchinductor_root"),
-    }
-
-
-def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
-    """Expand ``pb``'s steps for one target: placeholders filled, ``foreach: gpu`` unrolled in order.
-
-    >>> pb = get_playbook(load_playbooks(), "prewarm-relaunch")
-    >>> ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
-    ...        "gpus": (5, 6), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}
-    >>> [s.argv[-1] for s in plan_procedure(pb, ctx)[1:3]]
-    ['5', '6']
-    """
-    from orchestrator.errors import UsageError
-
-    if pb.kind != "procedure":
-        raise UsageError(
-            f"{pb.id} is a signature playbook, not a procedure; see: orch playbook show {pb.id}"
-        )
-    out: list[PlannedStep] = []
-    for step in pb.steps:
-        rounds: list[int | None] = [None]
-        if step.foreach == "gpu":
-            rounds = list(context.get("gpus") or ())
-            if not rounds:
-                raise UsageError(
-                    f"{pb.id}: step {step.name!r} runs per GPU but the target has no gpus: in hosts.yaml"
-                )
-        for g in rounds:
-            values = {**context, "gpus": ",".join(str(i) for i in context.get("gpus") or ())}
-            if g is not None:
-                values["gpu"] = str(g)
-
-            def fill(text: str, values: dict[str, Any] = values, name: str = step.name) -> str:
-                try:
-                    return text.format_map(values)
-                except KeyError as exc:
-                    raise UsageError(
-                        f"{pb.id}: step {name!r}: {{{exc.args[0]}}} only exists in per-GPU steps"
-                    ) from None
-
-            name = f"{step.name} (GPU {g})" if g is not None else step.name
-            out.append(
-                PlannedStep(
-                    number=len(out) + 1,
-                    name=name,
-                    argv=tuple(fill(a) for a in step.argv) if step.argv else None,
-                    action=step.action,
-                    env={k: fill(v) for k, v in step.env.items()},
-                    timeout_s=step.timeout_s,
-                )
-            )
-    return out
+# --- text output ---------------------------------------------------------------------------------
 
 
 def format_matches(matches: Sequence[Match], playbooks: Sequence[Playbook], path: str) -> str:
@@ -723,46 +649,3 @@ def format_matches(matches: Sequence[Match], playbooks: Sequence[Playbook], path
         lines += [f"   - {r}" for r in m.remedy]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
-
-
-def run_procedure(
-    steps: Sequence[PlannedStep], inventory: Any, target: str, *, echo: Any = print
-) -> None:
-    """Carry out planned steps in order on ``target``; stops at the first failure.
-
-    argv steps run through ``orchestrator.target.Target(inventory, target).transport``
-    (quoted by transport.quoting). Actions: ``stop`` -> ``launch.stop``, ``launch`` ->
-    ``launch.launch`` (which preflights, starts and verifies), ``verify`` -> done by the
-    launch step when there was one, else ``launch.status_one`` must show a live run.
-    Raises OrchError (LaunchFailed, PreflightRefused, ...) when a step fails.
-    """
-    from orchestrator import launch as launch_mod
-    from orchestrator.errors import LaunchFailed, OrchError
-    from orchestrator.target import Target
-
-    tgt = Target(inventory, target)
-    launched = False
-    for step in steps:
-        echo(f"[{step.number}/{len(steps)}] {step.name}: {step.display}")
-        if step.action == "stop":
-            launch_mod.stop(inventory, target, target=tgt)
-        elif step.action == "launch":
-            launch_mod.launch(inventory, target, verify=True, target=tgt)
-            launched = True
-        elif step.action == "verify":
-            if launched:
-                echo("  verified by the launch step")
-                continue
-            row = launch_mod.status_one(inventory, target)
-            if row.get("error") or row.get("run_state") != "running":
-                why = row.get("error") or f"run state {row.get('run_state')!r}"
-                raise LaunchFailed(f"{target}: not verified: {why}")
-        else:
-            assert step.argv is not None
-            result = tgt.transport.run(step.argv, timeout=step.timeout_s, env=step.env or None)
-            if not result.ok:
-                tail = (result.err or result.out).strip().splitlines()[-3:]
-                raise OrchError(
-                    f"{target}: step {step.number} ({step.name}) failed with exit status "
-                    f"{result.exit_status}: {' | '.join(tail)}"
-                )

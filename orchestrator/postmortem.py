@@ -117,6 +117,7 @@ class Evidence:
     log_tail: tuple[str, ...] = ()
     log_exists: bool = False
     log_mtime: float | None = None
+    log_size_bytes: int | None = None
     pane: tuple[str, ...] = ()
     gpu_history: tuple[dict[str, Any], ...] = ()
     metrics: tuple[dict[str, Any], ...] = ()
@@ -244,6 +245,21 @@ def collect(
                      secrets, errors)  # fmt: skip
 
 
+def redact_tree(value: Any, secrets: Sequence[str]) -> Any:
+    """``value`` (JSON-like) with every string redacted.
+
+    >>> redact_tree({"a": ["x hf_abcd y", 3]}, ["hf_abcd"])
+    {'a': ['x *** y', 3]}
+    """
+    if isinstance(value, str):
+        return redact(value, secrets)
+    if isinstance(value, dict):
+        return {k: redact_tree(v, secrets) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v, secrets) for v in value]
+    return value
+
+
 def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:
     if not isinstance(raw, dict):
         return None
@@ -291,6 +307,7 @@ def _evidence(
         log_tail=tuple(redact(str(x), secrets) for x in logd.get("tail") or ()),
         log_exists=bool(logd.get("exists")),
         log_mtime=logd.get("mtime"),
+        log_size_bytes=logd.get("size_bytes"),
         pane=tuple(redact(str(x), secrets) for x in (doc.get("pane") or {}).get("lines") or ()),
         gpu_history=tuple(r for r in doc.get("gpu_history") or () if isinstance(r, dict)),
         metrics=tuple(r for r in doc.get("metrics") or () if isinstance(r, dict)),
@@ -299,7 +316,7 @@ def _evidence(
         probe=probe,
         final=final,
         run_pids=tuple(sorted(pids)),
-        agent={k: doc.get(k) for k in _AGENT_KEYS} if doc else {},
+        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets) if doc else {},
         errors=tuple(redact(e, secrets) for e in errors),
     )
 
@@ -399,6 +416,7 @@ def final_snapshot(ev: Evidence) -> Snapshot:
         manifest=ev.manifest,
         log_path=(ev.run_dir or "") + "/train.log",
         log_exists=ev.log_exists,
+        log_size_bytes=ev.log_size_bytes,
         log_mtime=ev.log_mtime,
         new_log_lines=ev.log_tail,
         exit_status=ev.exit_status,
@@ -545,7 +563,7 @@ def _remedy(pbs: Sequence[Playbook], pid: str | None) -> tuple[str, ...]:
 
 
 def _what(ev: Evidence) -> str:
-    cmd = ev.manifest.command if ev.manifest else None
+    cmd = " ".join(ev.manifest.command.split()) if ev.manifest else None
     short = (cmd[:80] + "...") if cmd and len(cmd) > 80 else cmd
     return f"run {ev.run_id or '?'}" + (f" ({short})" if short else "")
 
@@ -643,14 +661,19 @@ def decide(
             f = first["crashed"]
             pb = f.playbook
             remedy = _remedy(pbs, pb)
+            summary = f.summary
             if code == 137 and (pb == "oom-killer" or pb is None):
                 pb, remedy = None, _KILL_REMEDY
+                summary = (
+                    f"{what} was killed by SIGKILL (exit status 137){when}; no OOM-killer line "
+                    "in the host kernel log names it: killed from outside"
+                )
             cause = (
                 f"killed by {signal_name(code)}"
                 if code and signal_name(code)
                 else (f"the command exited with status {code}")
             )
-            return from_finding(f, playbook=pb, remedy=remedy, cause=cause)
+            return from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if code == 0 or "finished" in first:

@@ -25,7 +25,7 @@ from orchestrator import deploy
 from orchestrator.config import Inventory
 from orchestrator.errors import AgentError, AgentProtocolError, CommandTimeout, TransportError
 from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
-from orchestrator.transport.base import LineStream, Transport
+from orchestrator.transport.base import LineStream, Result, Transport
 
 log = logging.getLogger(__name__)
 
@@ -88,10 +88,69 @@ def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
         raise AgentProtocolError(target, str(exc)[:300]) from None
 
 
+BUNDLE_MISSING_EXIT = 97
+"""The boot's exit status when the bundle directory has no verified marker."""
+
+# Python-2-safe up to the import, so an old python fails with a SyntaxError we can recognise.
 _BOOT = (
-    "import sys; sys.path.insert(0, sys.argv.pop(1)); "
-    "from orchestrator.agent.__main__ import main; sys.exit(main())"
+    "import os, sys; d = sys.argv.pop(1)\n"
+    "if not os.path.isfile(os.path.join(d, '.orch-bundle')):\n"
+    "    sys.stderr.write('orch agent bundle missing: %s\\n' % d); sys.exit(97)\n"
+    "sys.path.insert(0, d); from orchestrator.agent.__main__ import main; sys.exit(main())"
 )
+_NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
+
+
+def agent_never_ran(res: Result) -> bool:
+    """True when a failed agent call failed before the agent itself ran.
+
+    That is: no bundle (the boot's exit 97, or a missing module), no python
+    (126/127), or a python too old to parse the agent. Then deploying and
+    running again is safe even for commands that change state.
+
+    >>> agent_never_ran(Result(exit_status=97, stdout=b"", stderr=b""))
+    True
+    >>> agent_never_ran(Result(exit_status=1, stdout=b"", stderr=b"ValueError: x"))
+    False
+    """
+    if res.ok or res.stdout.strip():
+        return False
+    if res.exit_status in (BUNDLE_MISSING_EXIT, 126, 127):
+        return True
+    return any(s in res.err for s in _NEVER_RAN)
+
+
+def run_agent(
+    transport: Transport,
+    workdir: str,
+    python: str,
+    args: Sequence[str],
+    *,
+    bundle: deploy.Bundle | None = None,
+    timeout: float = 30.0,
+) -> Result:
+    """Run one agent command from the bundle, deploying it only when needed.
+
+    The first call of a process runs the agent straight away (its boot checks the
+    bundle's marker) instead of first asking whether the bundle is there: one
+    interpreter start and ``pct exec`` less per one-shot command. When the agent
+    never ran (:func:`agent_never_ran`), :func:`deploy.ensure_agent` checks python
+    and sends the bundle (raising its clear ``AgentError``), and the command runs
+    once more. Raises TransportError/CommandTimeout from the transport.
+    """
+    bundle = bundle or deploy.build_bundle()
+    known = deploy.deployed(transport, workdir, python, bundle)
+    bundle_dir = known or deploy.bundle_path(workdir, bundle)
+    res = transport.run(agent_argv(python, bundle_dir, args), timeout=timeout)
+    if agent_never_ran(res):
+        log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
+                 res.exit_status)  # fmt: skip
+        deploy.forget(transport, workdir)
+        bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle)
+        res = transport.run(agent_argv(python, bundle_dir, args), timeout=timeout)
+    elif known is None and (res.ok or res.stdout.strip()):
+        deploy.remember(transport, workdir, python, bundle)
+    return res
 
 
 def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
@@ -182,18 +241,14 @@ class Target:
 
         A non-zero exit with a JSON document (the agent's own error report) is
         returned as data; one without is an :class:`AgentError` with stderr's tail.
-        If the bundle vanished from the container it is re-sent once.
+        The bundle is sent when missing (also when it vanished): :func:`run_agent`.
         """
-        for attempt in (1, 2):
-            bundle_dir = self.bundle_dir()
-            res = self.transport.run(self._argv(bundle_dir, args), timeout=timeout)
-            if res.ok or res.stdout.strip():
-                return parse_document(self.name, res.stdout)
-            if attempt == 1 and "No module named 'orchestrator" in res.err:
-                log.info("%s: agent bundle missing in %s; sending it again", self.name, bundle_dir)
-                deploy.forget(self.transport, self.container.workdir)
-                continue
-            break
+        c = self.container
+        res = run_agent(
+            self.transport, c.workdir, c.python, args, bundle=self._bundle, timeout=timeout
+        )
+        if res.ok or res.stdout.strip():
+            return parse_document(self.name, res.stdout)
         tail = res.err.strip()[-400:] or "no output"
         raise AgentError(
             f"{self.name}: agent {args[0] if args else ''} failed (exit {res.exit_status}): {tail}"
@@ -350,13 +405,12 @@ class Host:
 
     def probe(self, since: float | None = None, *, timeout: float = 60.0) -> HostProbe:
         """``pct status``, kernel events since ``since`` (Unix s), GPU PIDs -> vmid."""
-        bundle_dir = deploy.ensure_agent(self.transport, self.workdir, self.python)
         args = ["probe", "--host", self.name]
         for vmid in self.vmids():
             args += ["--vmid", str(vmid)]
         if since is not None:
             args += ["--since", repr(float(since))]
-        res = self.transport.run(agent_argv(self.python, bundle_dir, args), timeout=timeout)
+        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout)
         if not res.ok and not res.stdout.strip():
             raise AgentError(
                 f"{self.name}: host probe failed (exit {res.exit_status}): "

@@ -219,7 +219,11 @@ def _observe_opts(p: argparse.ArgumentParser) -> None:
     _gpu_opts(p)
 
 
-def build_parser() -> argparse.ArgumentParser:
+OWN_COMMANDS = frozenset({"snapshot", "stream", "facts", "record", "probe"})
+
+
+def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
+    """The agent's parser; ``with_runs=False`` leaves out the run commands of ``runs.py``."""
     parser = argparse.ArgumentParser(prog="orchestrator.agent", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -264,6 +268,8 @@ def build_parser() -> argparse.ArgumentParser:
     _gpu_opts(p)
     p.set_defaults(func=cmd_probe)
 
+    if not with_runs:
+        return parser
     try:
         from orchestrator.agent import runs
     except ImportError:
@@ -274,7 +280,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    argv = sys.argv[1:] if argv is None else argv
+    # The run commands' module costs ~50 ms to import; one-shot snapshots skip it.
+    args = build_parser(with_runs=not argv or argv[0] not in OWN_COMMANDS).parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

@@ -1,4 +1,4 @@
-"""The run's tmux session, read through libtmux (two tmux commands per observation).
+"""The run's tmux session (two tmux commands per observation, each under a timeout).
 
 Equivalent shell commands::
 
@@ -7,13 +7,19 @@ Equivalent shell commands::
 
 The server socket follows tmux's own rules (``$TMUX_TMPDIR``, ``-L``/``-S``);
 ``socket_name``/``socket_path`` pick another. A missing server or session is
-data (``server_running``/``exists`` false), never an exception. libtmux runs tmux
-without a timeout, so a wedged tmux server would block the caller.
+data (``server_running``/``exists`` false), never an exception; so is a tmux
+that does not answer within ``timeout_s``.
+
+tmux is run directly rather than through libtmux: the agent only needs two
+commands, and importing libtmux cost ~250 ms of every one-shot agent call
+(profiled in docs/snapshot.md), while it also runs tmux without a timeout.
 """
 
 from __future__ import annotations
 
 import logging
+import subprocess
+from dataclasses import dataclass
 
 from orchestrator.model import SessionState
 
@@ -59,41 +65,81 @@ def classify_tmux_error(stderr: list[str]) -> str:
     return "other"
 
 
+@dataclass(frozen=True, slots=True)
+class TmuxResult:
+    """One tmux command's outcome: stdout lines (trailing blanks dropped), stderr lines."""
+
+    returncode: int
+    stdout: list[str]
+    stderr: list[str]
+
+
+def split_output(stdout: str, stderr: str) -> tuple[list[str], list[str]]:
+    """stdout lines without the trailing empty ones; non-empty stderr lines.
+
+    >>> split_output("a\\n\\nb\\n\\n", "\\nno server running\\n")
+    (['a', '', 'b'], ['no server running'])
+    """
+    out = stdout.split("\n")
+    while out and out[-1] == "":
+        out.pop()
+    return out, [line for line in stderr.split("\n") if line]
+
+
 class TmuxReader:
-    """Reads one session's state; holds a libtmux Server (cheap, no connection kept).
+    """Reads one session's state by running ``tmux`` (no connection kept).
 
     Args:
         socket_name: tmux ``-L`` name; ``None`` for the default.
         socket_path: tmux ``-S`` path; wins over ``socket_name``.
+        timeout_s: longest one tmux command may take before it counts as failed.
     """
 
-    def __init__(self, socket_name: str | None = None, socket_path: str | None = None) -> None:
+    def __init__(
+        self,
+        socket_name: str | None = None,
+        socket_path: str | None = None,
+        timeout_s: float = 5.0,
+    ) -> None:
         self.socket_name = socket_name
         self.socket_path = socket_path
-        self._server = None
+        self.timeout_s = timeout_s
         self.error: str | None = None
 
-    def _srv(self):  # type: ignore[no-untyped-def]
-        if self._server is None:
-            import libtmux
+    def _argv(self, args: tuple[str, ...]) -> list[str]:
+        if self.socket_path:
+            return ["tmux", "-S", self.socket_path, *args]
+        if self.socket_name:
+            return ["tmux", "-L", self.socket_name, *args]
+        return ["tmux", *args]
 
-            self._server = libtmux.Server(
-                socket_name=self.socket_name, socket_path=self.socket_path
-            )
-        return self._server
+    def cmd(self, *args: str) -> TmuxResult:
+        """Run one tmux command (found on PATH).
+
+        Raises:
+            FileNotFoundError: no tmux; subprocess.TimeoutExpired: no answer in ``timeout_s``.
+        """
+        proc = subprocess.run(
+            self._argv(args),
+            capture_output=True,
+            text=True,
+            encoding="utf-8",
+            errors="backslashreplace",
+            timeout=self.timeout_s,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
+        out, err = split_output(proc.stdout, proc.stderr)
+        return TmuxResult(proc.returncode, out, err)
 
     def preload(self) -> None:
-        """Import libtmux now (best effort) so the first observation does not pay for it."""
-        try:
-            self._srv()
-        except ImportError as exc:
-            self.error = f"libtmux not importable: {exc}"
+        """Nothing to load any more (libtmux is gone); kept for the Observer's start-up call."""
 
     def sessions(self) -> list[str]:
         """Names of the sessions on the server (empty when it is not running or tmux is missing)."""
         try:
-            res = self._srv().cmd("list-sessions", "-F", "#{session_name}")
-        except Exception as exc:  # noqa: BLE001 - libtmux raises TmuxCommandNotFound etc.
+            res = self.cmd("list-sessions", "-F", "#{session_name}")
+        except (OSError, subprocess.SubprocessError) as exc:
             self.error = f"tmux: {exc.__class__.__name__}: {exc}"
             return []
         return [] if res.returncode else list(res.stdout)
@@ -102,9 +148,8 @@ class TmuxReader:
         """State of ``session`` and the last ``tail_lines`` non-trailing-blank lines of its pane."""
         self.error = None
         try:
-            srv = self._srv()
-            res = srv.cmd("list-panes", "-s", "-t", f"={session}", "-F", PANE_FORMAT)
-        except Exception as exc:  # noqa: BLE001 - tmux missing is data
+            res = self.cmd("list-panes", "-s", "-t", f"={session}", "-F", PANE_FORMAT)
+        except (OSError, subprocess.SubprocessError) as exc:  # tmux missing or wedged is data
             self.error = f"tmux: {exc.__class__.__name__}: {exc}"
             return SessionState(name=session, exists=False, server_running=False)
         if res.returncode:
@@ -117,10 +162,13 @@ class TmuxReader:
         dead, status, signal, pid, pane = parse_pane_line(res.stdout[0])
         tail: tuple[str, ...] = ()
         if tail_lines > 0:
-            cap = srv.cmd(
-                "capture-pane", "-p", "-J", "-t", pane, "-S", f"-{max(tail_lines * 4, 50)}"
-            )
-            if cap.returncode == 0:
+            try:
+                cap: TmuxResult | None = self.cmd(
+                    "capture-pane", "-p", "-J", "-t", pane, "-S", f"-{max(tail_lines * 4, 50)}"
+                )
+            except (OSError, subprocess.SubprocessError) as exc:
+                self.error, cap = f"tmux: {exc.__class__.__name__}: {exc}", None
+            if cap is not None and cap.returncode == 0:
                 lines = list(cap.stdout)
                 while lines and not lines[-1].strip():
                     lines.pop()

@@ -97,9 +97,7 @@ class Transport(abc.ABC):
         """
 
     @abc.abstractmethod
-    def stream(
-        self, argv: Sequence[str], *, env: Mapping[str, str] | None = None
-    ) -> LineStream:
+    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
         """Start ``argv`` and return its stdout as a :class:`LineStream`."""
 
     @abc.abstractmethod

@@ -6,6 +6,7 @@ Also home of :class:`LineBuffer`, the byte-to-line splitter every LineStream use
 from __future__ import annotations
 
 import contextlib
+import io
 import os
 import selectors
 import signal
@@ -172,9 +173,10 @@ class LocalLineStream(LineStream):
         self._err_thread.start()
 
     def _drain_stderr(self) -> None:
-        assert self._proc.stderr is not None
+        stderr = self._proc.stderr
+        assert isinstance(stderr, io.BufferedReader)  # Popen(bufsize=-1) pipes are buffered
         with contextlib.suppress(OSError, ValueError):  # the pipe closed under us by close()
-            for chunk in iter(lambda: self._proc.stderr.read1(65536), b""):  # type: ignore[union-attr]
+            for chunk in iter(lambda: stderr.read1(65536), b""):
                 self.stderr_tail = (self.stderr_tail + chunk)[-STDERR_TAIL_BYTES:]
 
     def readline(self, timeout: float) -> str | None:

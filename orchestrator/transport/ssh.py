@@ -130,7 +130,7 @@ def resolve(host: HostConfig, ssh_config_path: Path | None = None) -> Endpoint:
     from the dataclass default. Reads ``ssh_config_path`` (default ``~/.ssh/config``) only
     when ``host.ssh_config`` is set.
     """
-    explicit = getattr(host, "explicit", frozenset())
+    explicit: frozenset[str] = getattr(host, "explicit", frozenset())
 
     def given(field: str, default: object) -> bool:
         return field in explicit or getattr(host, field) != default

@@ -157,7 +157,7 @@ def html(pm: Any) -> str:
     return (
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>postmortem {esc(ev.target)} {esc(ev.run_id or '')}</title>"
-        "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;"
+        "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;white-space:pre-wrap;"
         "padding:8px;overflow:auto;font-size:12px}h1{font-size:20px}.v{font-size:18px;"
         f"color:{sev};font-weight:bold}}</style></head><body>"
         f"<h1>Postmortem: {esc(ev.target)} run {esc(ev.run_id or '-')}</h1>"

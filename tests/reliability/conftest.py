@@ -180,6 +180,13 @@ class Fleet:
         pgid = int((self.run_dir(container) / "pgid").read_text().split()[0])
         os.killpg(pgid, sig)
 
+    def vanish(self, container: str = "ct200") -> None:
+        """SIGKILL the wrapper, the trainer's group and the tmux server at once (seed 000's shape)."""
+        run = self.run_dir(container)
+        os.kill(int((run / "wrapper.pid").read_text().split()[0]), signal.SIGKILL)
+        os.killpg(int((run / "pgid").read_text().split()[0]), signal.SIGKILL)
+        self.kill_tmux(container)
+
     def kill_tmux(self, container: str = "ct200") -> int:
         from orchestrator.sandbox import manager
 
@@ -226,6 +233,8 @@ def tuned_config(info: Any, dest: Path, *, interval_s: float, **host: Any) -> Pa
     for h in doc["hosts"].values():
         h.update({"keepalive_s": 1, "connect_timeout_s": 3, **host})
     doc["defaults"]["poll_interval"] = interval_s
+    # a run proves itself (or is flagged log-missing) within seconds, not the default minute
+    doc["defaults"]["thresholds"] = {"startup_timeout_s": 3, "startup_grace_s": 3}
     dest.write_text(yaml.safe_dump(doc, sort_keys=False))
     return dest
 

@@ -20,9 +20,6 @@ from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
-POSTMORTEM_MISSING = "`orch postmortem` does not exist yet (detection engineer: orchestrator/postmortem.py)"
-
-
 def check(fleet, db: Path, *names: str, timeout_s: float = 20.0) -> tuple[int, dict]:
     res = fleet.orch("check", "--json", "--db", str(db), "--timeout", str(timeout_s), *names)
     assert "Traceback" not in res.stderr, res.stderr
@@ -74,37 +71,66 @@ def test_pct_stop_is_container_stopped(fleet, fresh_run, observe, tmp_path):
 
 @pytest.mark.fault(
     area="container and run",
-    fault="tmux server killed (SIGKILL) under a running run",
-    must="silent death ('dead', silent-death finding), never 'unreachable'",
+    fault="tmux server killed (SIGKILL) under a running run, the wrapper left alive",
+    must="the run is reported dead: 'crashed' with 129 (SIGHUP) when the wrapper outlives the "
+    "server long enough to record it, else silent-death; never 'unreachable' or 'running'",
 )
-def test_tmux_server_killed_is_silent_death(fleet, fresh_run, observe, tmp_path):
+def test_tmux_server_killed_is_a_death(fleet, fresh_run, observe, tmp_path):
     db = tmp_path / "orch.db"
     check(fleet, db, "ct200")
     pid = fleet.kill_tmux("ct200")
-    run = fleet.run_dir("ct200")
-    time.sleep(1.0)  # let the pane's processes get their SIGHUP
+    exit_file = fleet.run_dir("ct200") / "exit_status"
+    wait_for(lambda: not _alive_pid(fleet.run_dir("ct200") / "wrapper.pid"), 10,
+             what="the wrapper to go with its pane")  # fmt: skip
     rc, doc = check(fleet, db, "ct200")
     t = target(doc)
-    exit_file = run / "exit_status"
-    status = exit_file.read_text().strip() if exit_file.exists() else "missing"
-    observe(f"tmux server {pid} killed: exit {rc}, state {t['state']!r}, findings {kinds(t)}, "
-            f"exit_status file {status}")  # fmt: skip
+    status = exit_file.read_text().split()[0] if exit_file.exists() else "missing"
+    observe(f"tmux server {pid} killed: check exit {rc}, state {t['state']!r}, findings "
+            f"{kinds(t)}, exit_status file {status}")  # fmt: skip
+    expected = ("crashed", "crashed") if status == "129" else ("dead", "silent-death")
+    assert (t["state"], kinds(t)[0]) == expected, t
+    assert rc == 2
+
+
+def _alive_pid(pidfile: Path) -> bool:
+    try:
+        os.kill(int(pidfile.read_text().split()[0]), 0)
+    except (OSError, ValueError):
+        return False
+    return True
+
+
+@pytest.mark.fault(
+    area="container and run",
+    fault="tmux server, wrapper and trainer SIGKILLed together (nothing left to record an exit)",
+    must="silent death: state 'dead', silent-death finding first, CRITICAL (exit 2)",
+)
+def test_everything_killed_is_silent_death(fleet, fresh_run, observe, tmp_path):
+    db = tmp_path / "orch.db"
+    check(fleet, db, "ct200")
+    fleet.vanish("ct200")
+    rc, doc = check(fleet, db, "ct200")
+    t = target(doc)
+    observe(f"check exit {rc}, state {t['state']!r}, findings {kinds(t)}: "
+            f"{t['findings'][0]['summary'][:90] if t['findings'] else ''}")  # fmt: skip
     assert t["state"] == "dead" and kinds(t)[0] == "silent-death", t
     assert rc == 2
 
 
 @pytest.mark.fault(
     area="container and run",
-    fault="tmux server killed: the postmortem",
+    fault="silent death: the postmortem",
     must="`orch postmortem` names the silent death (no session, no process, no exit status)",
 )
-@pytest.mark.xfail(strict=True, reason=POSTMORTEM_MISSING)
-def test_tmux_server_killed_postmortem_says_so(fleet, fresh_run, observe):
-    fleet.kill_tmux("ct200")
-    time.sleep(1.0)
-    res = fleet.orch("postmortem", "ct200", "--json")
-    observe(f"orch postmortem: exit {res.returncode}: {(res.stdout or res.stderr).strip()[:160]}")
-    assert res.returncode in (0, 1, 2) and "silent-death" in res.stdout, res.stderr
+def test_silent_death_postmortem_says_so(fleet, fresh_run, observe, tmp_path):
+    fleet.vanish("ct200")
+    res = fleet.orch("postmortem", "ct200", "--json", "--out", str(tmp_path / "pm"))
+    assert "Traceback" not in res.stderr, res.stderr
+    doc = json.loads(res.stdout)
+    verdict = doc["verdict"]
+    observe(f"orch postmortem: exit {res.returncode}, verdict {verdict.get('kind')!r}: "
+            f"{str(verdict.get('summary', ''))[:100]}")  # fmt: skip
+    assert res.returncode == 0 and verdict["kind"] == "silent-death", doc
 
 
 @pytest.mark.fault(
@@ -167,7 +193,7 @@ def test_log_deleted_is_flagged_agent_keeps_working(fleet, fresh_run, observe, t
     t2 = target(doc2)
     observe(f"after deleting train.log: state {t['state']!r}, findings {kinds(t)}; "
             f"next check reachable={t2['reachable']} state {t2['state']!r}")  # fmt: skip
-    assert t["reachable"] and t2["reachable"]
+    assert t["reachable"] and t2["reachable"], (t, t2)
     assert "log-missing" in kinds(t), t
     assert t2["state"] in ("running", "starting", "stalled"), t2
 
@@ -192,6 +218,12 @@ def tiny_disk(fleet):
     area="container and run",
     fault="the log's disk fills up during a run (256 KiB tmpfs)",
     must="flagged (the disk-full signature), and the agent keeps answering",
+)
+@pytest.mark.xfail(
+    strict=True,
+    reason="no detector flags a full disk: Snapshot carries no free-disk reading and "
+    "Limits.min_free_disk_gib is unused; tee's 'No space left on device' scrolls out of the "
+    "pane tail before the log-signature detector sees it (agent + detection)",
 )
 def test_disk_full_is_flagged_agent_keeps_working(fleet, tiny_disk, observe, tmp_path):
     fleet.scenario("idle")

@@ -1,0 +1,318 @@
+"""orch postmortem end to end through the sandbox (real sshd, pct stand-in, tmux, fake NVML).
+
+Each test starts a real run with ``orch launch`` in its own container and session
+(``pm-e2e``), breaks it the way a real run breaks (SIGKILL, the kernel OOM killer,
+a killed tmux server, a latched GPU, a crash with the FX-race traceback) and checks
+the verdict, the JSON document and the bundle. The HTML report is opened in
+headless Chromium.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import stat
+import struct
+import subprocess
+import zlib
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator.cli import run
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+SESSION = "pm-e2e"
+SECRET = "hf_postmortemSecretValue42"
+TICKER = (
+    'python3 -c "import time\nfor i in range(3000):\n'
+    "    print('tick', i, flush=True); time.sleep(0.1)\""
+)
+FX_CRASH = (
+    'echo "token is $HF_TOKEN"; echo "step=1 loss=2.5 tok/s=21500"; '
+    "printf '%s\\n' 'Traceback (most recent call last):' "
+    "'  File \"/root/dflash/train.py\", line 412, in drafter_worker' "
+    "'    loss = drafter(batch)' "
+    "'  File \"/usr/lib/python3/dist-packages/torch/_dynamo/eval_frame.py\", line 544, in _fn' "
+    "'    raise RuntimeError(' "
+    "'torch._dynamo.exc.InternalTorchDynamoError: RuntimeError: Detected that you are using FX "
+    "to symbolically trace a dynamo-optimized function. This is not supported at the moment.'; "
+    "exit 1"
+)
+
+
+@pytest.fixture(scope="module")
+def config(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The sandbox's hosts.yaml with our own session name and a secret in the env."""
+    doc = yaml.safe_load(Path(sandbox.config_path).read_text())  # type: ignore[attr-defined]
+    for ct in doc["containers"].values():
+        ct["session"] = SESSION
+        ct.setdefault("env", {})["HF_TOKEN"] = SECRET
+    path = tmp_path_factory.mktemp("postmortem") / "hosts.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    return path
+
+
+@pytest.fixture
+def orch(config: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monkeypatch,
+         sandbox_scenario):  # type: ignore[no-untyped-def]  # fmt: skip
+    """``orch -c CONFIG ARGS`` in-process: (exit code, stdout, stderr); state dir in tmp.
+
+    The sandbox's GPUs start idle (the healthy scenario's are busy: launch would refuse).
+    """
+    sandbox_scenario("idle")
+    monkeypatch.setenv("ORCH_STATE_DIR", str(tmp_path / "state"))
+    used: list[str] = []
+
+    def call(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        if args and args[0] == "launch":
+            used.append(args[1])
+        code = run(["-c", str(config), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    yield call
+    for name in dict.fromkeys(used):
+        call("stop", name, "--grace", "3")
+
+
+def _launch(orch, sandbox, name: str, cmd: str, run_name: str) -> Path:  # type: ignore[no-untyped-def]
+    code, out, err = orch("launch", name, "--cmd", cmd, "--name", run_name, "--force",
+                          "--grace", "3", "--no-verify", "--json")  # fmt: skip
+    assert code == 0, err + out
+    return Path(json.loads(out)["run_dir"])
+
+
+def _command_pid(run_dir: Path) -> int:
+    """The PID of the run's python3 (the process the OOM killer would pick)."""
+    pgid = int((run_dir / "pgid").read_text().split()[0])
+
+    def find() -> int | None:
+        for entry in os.listdir("/proc"):
+            if not entry.isdigit():
+                continue
+            try:
+                st = Path(f"/proc/{entry}/stat").read_text()
+                comm = Path(f"/proc/{entry}/comm").read_text().strip()
+            except OSError:
+                continue
+            if int(st[st.rfind(")") + 2 :].split()[2]) == pgid and comm.startswith("python"):
+                return int(entry)
+        return None
+
+    return wait_for(find, 20, what="the run's python3 process")
+
+
+def _recorded(run_dir: Path, pid: int) -> bool:
+    """The flight recorder has sampled ``pid`` (so the postmortem knows it was the run's)."""
+    try:
+        return f'"pid":{pid},' in (run_dir / "gpu.jsonl").read_text()
+    except FileNotFoundError:
+        return False
+
+
+def _postmortem(orch, name: str, out: Path) -> dict:  # type: ignore[no-untyped-def]
+    code, stdout, err = orch("postmortem", name, "--out", str(out), "--json")
+    assert code == 0, err + stdout
+    assert SECRET not in stdout
+    doc = json.loads(stdout)
+    assert doc["bundle"] == str(out)
+    return doc
+
+
+def _check_bundle(out: Path) -> None:
+    assert stat.S_IMODE(out.stat().st_mode) == 0o700
+    names = {p.name for p in out.iterdir()}
+    assert {"manifest.json", "exit_status", "log-tail.txt", "pane.txt", "gpu.jsonl",
+            "kernel.log", "pct-status.txt", "findings.json", "report.md",
+            "report.html"} <= names, names  # fmt: skip
+    for p in out.iterdir():
+        assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
+        assert SECRET not in p.read_text(errors="replace"), f"secret leaked into {p.name}"
+    assert "running" in (out / "pct-status.txt").read_text()
+
+
+def test_sigkill_is_crashed_137(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_dir = _launch(orch, sandbox, "ct200", TICKER, "pmkill")
+    pid = _command_pid(run_dir)
+    wait_for(lambda: "tick 3" in (run_dir / "train.log").read_text(), 20, what="ticks")
+    os.kill(pid, signal.SIGKILL)
+    wait_for((run_dir / "exit_status").exists, 15, what="the wrapper's exit status")
+
+    doc = _postmortem(orch, "ct200", tmp_path / "b")
+    v = doc["verdict"]
+    assert v["kind"] == "crashed", v
+    assert v["playbook"] is None, "no OOM line in the kernel log: not an OOM verdict"
+    assert "137" in v["summary"] and "SIGKILL" in v["summary"] and "no OOM-killer" in v["summary"]
+    assert doc["exit_status"] == 137
+    assert any(f["kind"] == "crashed" for f in doc["findings"])
+    _check_bundle(tmp_path / "b")
+    assert (tmp_path / "b" / "exit_status").read_text() == "137\n"
+    assert "tick" in (tmp_path / "b" / "log-tail.txt").read_text()
+    assert "[orch] command exited with status 137" in (tmp_path / "b" / "pane.txt").read_text()
+
+
+def test_oom_killer_line_for_the_pid_is_oom_verdict(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.sandbox.kernel import append_kernel_line
+
+    run_dir = _launch(orch, sandbox, "ct201", TICKER, "pmoom")
+    pid = _command_pid(run_dir)
+    wait_for(lambda: _recorded(run_dir, pid), 20, what="a flight-recorder sample of the run")
+    append_kernel_line(
+        sandbox.state_dir,
+        f"Out of memory: Killed process {pid} (python3) total-vm:81234560kB, "
+        "anon-rss:65432100kB, file-rss:0kB, shmem-rss:0kB, UID:0 pgtables:131072kB oom_score_adj:0",
+        level=3,
+    )
+    os.kill(pid, signal.SIGKILL)
+    wait_for((run_dir / "exit_status").exists, 15, what="the wrapper's exit status")
+
+    doc = _postmortem(orch, "ct201", tmp_path / "b")
+    v = doc["verdict"]
+    assert v["kind"] == "oom-killer" and v["playbook"] == "oom-killer", v
+    assert f"pid {pid}" in v["summary"]
+    assert any(f"Killed process {pid}" in e for e in v["evidence"])
+    assert f"Killed process {pid}" in (tmp_path / "b" / "kernel.log").read_text()
+    _check_bundle(tmp_path / "b")
+
+
+def test_killed_tmux_server_is_silent_death(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    from orchestrator.sandbox import manager
+
+    run_dir = _launch(orch, sandbox, "ct202", TICKER, "pmvanish")
+    wait_for(lambda: "tick 3" in (run_dir / "train.log").read_text(), 20, what="ticks")
+    # Seed 000: everything went at once (wrapper, command, tmux server): nobody wrote an exit status.
+    os.kill(int((run_dir / "wrapper.pid").read_text().split()[0]), signal.SIGKILL)
+    os.killpg(int((run_dir / "pgid").read_text().split()[0]), signal.SIGKILL)
+    assert manager.kill_tmux_server(sandbox.state_dir, "ct202")
+
+    doc = _postmortem(orch, "ct202", tmp_path / "b")
+    v = doc["verdict"]
+    assert v["kind"] == "silent-death" and v["playbook"] == "silent-death", v
+    assert doc["exit_status"] is None
+    assert any("tmux: no server running" in e for e in v["evidence"]), v["evidence"]
+    _check_bundle(tmp_path / "b")
+    assert (tmp_path / "b" / "exit_status").read_text() == "missing\n"
+
+
+def test_ghost_scenario_is_ghost_utilization(orch, sandbox, sandbox_scenario, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    sandbox_scenario("ghost")
+    run_dir = _launch(orch, sandbox, "ct200", TICKER, "pmghost")
+    wait_for(
+        lambda: (
+            (run_dir / "gpu.jsonl").exists()
+            and len((run_dir / "gpu.jsonl").read_text().splitlines()) >= 2
+        ),
+        20,
+        what="two flight-recorder samples",
+    )
+    code, stdout, err = orch("postmortem", "ct200", "--json")  # default bundle dir
+    assert code == 0, err + stdout
+    doc = json.loads(stdout)
+    v = doc["verdict"]
+    assert v["kind"] == "ghost-utilization" and v["playbook"] == "ghost-utilization", v
+    ghost = [f for f in doc["findings"] if f["kind"] == "ghost-utilization"]
+    assert ghost and ghost[0]["gpus"] == [3]
+    bundle = Path(doc["bundle"])
+    assert bundle.parent == tmp_path / "state" / "postmortems"
+    assert bundle.name.startswith(f"ct200-{run_dir.name}-")
+    _check_bundle(bundle)
+    # the text view names the verdict and the remedy
+    code, stdout, _ = orch("postmortem", "ct200", "--out", str(tmp_path / "text"))
+    assert code == 0 and "ghost-utilization" in stdout and "remedy:" in stdout
+
+
+def test_fx_race_traceback_is_log_signature(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_dir = _launch(orch, sandbox, "ct201", FX_CRASH, "pmfx")
+    wait_for((run_dir / "exit_status").exists, 15, what="the crash")
+    assert SECRET in (run_dir / "train.log").read_text(), "the run itself printed the secret"
+
+    out = tmp_path / "b"
+    doc = _postmortem(orch, "ct201", out)
+    v = doc["verdict"]
+    assert v["kind"] == "log-signature" and v["playbook"] == "fx-tracing-race", v
+    assert any("symbolically trace a dynamo-optimized function" in e for e in v["evidence"])
+    assert any("warm" in r.lower() for r in v["remedy"])
+    assert doc["exit_status"] == 1
+    _check_bundle(out)
+    assert "token is ***" in (out / "log-tail.txt").read_text()
+    _screenshot(out / "report.html", tmp_path)
+
+
+def test_bundle_is_never_overwritten(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    out = tmp_path / "taken"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = orch("postmortem", "ct201", "--out", str(out))
+    assert code == 4 and "not empty" in err
+    assert (out / "keep.txt").read_text() == "mine"
+    code, _, err = orch("postmortem", "ct201", "--run", "no-such-run", "--out", str(tmp_path / "x"))
+    assert code == 2 and "no-such-run" in err
+
+
+# --- headless Chromium ---------------------------------------------------------------------------
+
+
+def _png_colors(data: bytes) -> int:
+    """How many distinct pixel values a (non-interlaced, 8-bit RGB/RGBA) PNG holds, sampled."""
+    assert data[:8] == b"\x89PNG\r\n\x1a\n"
+    pos, idat, width, height, ctype = 8, b"", 0, 0, 2
+    while pos < len(data):
+        (length,) = struct.unpack(">I", data[pos : pos + 4])
+        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
+        if kind == b"IHDR":
+            width, height, depth, ctype = struct.unpack(">IIBB", body[:10])
+            assert depth == 8 and ctype in (2, 6)
+        elif kind == b"IDAT":
+            idat += body
+        pos += 12 + length
+    bpp = 3 if ctype == 2 else 4
+    raw = zlib.decompress(idat)
+    stride = width * bpp
+    prev = bytearray(stride)
+    seen: set[bytes] = set()
+    for row in range(height):
+        start = row * (stride + 1)
+        filt, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
+        for i in range(stride):
+            a = line[i - bpp] if i >= bpp else 0
+            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
+            if filt == 1:
+                line[i] = (line[i] + a) & 255
+            elif filt == 2:
+                line[i] = (line[i] + b) & 255
+            elif filt == 3:
+                line[i] = (line[i] + (a + b) // 2) & 255
+            elif filt == 4:
+                p = a + b - c
+                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
+                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
+        prev = line
+        if row % 10 == 0:
+            seen.update(bytes(line[i : i + bpp]) for i in range(0, stride, bpp * 5))
+    return len(seen)
+
+
+def _screenshot(report: Path, tmp_path: Path) -> None:
+    """Open the report in headless Chromium; the screenshot must exist and not be blank."""
+    browser = shutil.which("chromium") or shutil.which("chromium-browser")
+    if browser is None:
+        pytest.skip("chromium not installed (apt-get install chromium)")
+    png = tmp_path / "report.png"
+    subprocess.run(
+        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={png}",
+         "--window-size=1200,900", report.resolve().as_uri()],
+        capture_output=True, timeout=90, check=False,
+    )  # fmt: skip
+    assert png.exists(), "chromium wrote no screenshot"
+    data = png.read_bytes()
+    assert len(data) > 10_000, f"screenshot only {len(data)} bytes"
+    assert _png_colors(data) > 8, "the screenshot is blank"

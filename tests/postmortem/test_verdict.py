@@ -1,0 +1,126 @@
+"""The verdict's precedence on hand-built evidence (pure: no sandbox, no I/O)."""
+
+from __future__ import annotations
+
+import pytest
+
+from orchestrator.model import (
+    GpuSample,
+    HostProbe,
+    KernelEvent,
+    ProcessInfo,
+    RunManifest,
+    Severity,
+)
+from orchestrator.postmortem import HEALTHY, Evidence, judge
+
+T0 = 1_700_000_000.0
+FX = (
+    "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized "
+    "function. This is not supported at the moment."
+)
+
+
+def _proc(pid: int, name: str = "python3") -> dict:
+    return ProcessInfo(pid=pid, ppid=1, name=name, state="S").to_dict()
+
+
+def _gpu(index: int, util: float, mem: float) -> dict:
+    return GpuSample(index=index, utilization_pct=util, memory_used_mib=mem, power_w=110.0,
+                     processes=()).to_dict()  # fmt: skip
+
+
+def _evidence(**kw) -> Evidence:  # type: ignore[no-untyped-def]
+    manifest = RunManifest(run_id="r1", command="python3 train.py", workdir="/w", session="train",
+                           started_at=T0, gpus=(0, 1))  # fmt: skip
+    base = dict(
+        target="ct200",
+        collected_at=T0 + 100,
+        run_id="r1",
+        run_dir="/w/runs/r1",
+        manifest=manifest,
+        container_status="running",
+        log_exists=True,
+        log_tail=("step=1 loss=2.0 tok/s=21500",),
+        gpu_history=(
+            {"t": T0 + 10, "gpus": [_gpu(0, 50, 9000)], "procs": [_proc(4242)]},
+            {"t": T0 + 20, "gpus": [_gpu(0, 50, 9000)], "procs": [_proc(4242)]},
+        ),
+        agent={"session": "train", "tmux_server_running": True,
+               "state": {"state": "exited", "tmux": {"exists": True, "pane_dead": True}}},
+    )  # fmt: skip
+    base.update(kw)
+    return Evidence(**base)  # type: ignore[arg-type]
+
+
+def _oom(pid: int, at: float) -> HostProbe:
+    line = f"Out of memory: Killed process {pid} (python3) total-vm:1kB"
+    ev = KernelEvent(kind="oom-killer", line=line, at=at, pid=pid, process="python3")
+    return HostProbe(host="pve1", taken_at=T0 + 99, kernel_events=(ev,))
+
+
+def test_oom_line_for_the_pid_beats_a_log_signature() -> None:
+    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                   log_tail=(FX,), probe=_oom(4242, T0 + 29))  # fmt: skip
+    v = judge(ev).verdict
+    assert (v.kind, v.playbook) == ("oom-killer", "oom-killer")
+    assert v.died_at == T0 + 29
+
+
+def test_oom_line_for_another_process_does_not_count() -> None:
+    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                   probe=HostProbe(host="pve1", taken_at=T0, kernel_events=(KernelEvent(
+                       kind="oom-killer", line="Out of memory: Killed process 9 (postgres)",
+                       at=T0 + 29, pid=9, process="postgres"),)))  # fmt: skip
+    v = judge(ev).verdict
+    assert v.kind == "crashed" and v.playbook is None
+    assert "no OOM-killer line" in v.summary
+
+
+def test_log_signature_beats_the_exit_code() -> None:
+    ev = _evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited", log_tail=("x", FX))
+    v = judge(ev).verdict
+    assert (v.kind, v.playbook) == ("log-signature", "fx-tracing-race")
+    assert v.severity == Severity.CRITICAL and "log line 2" in v.evidence[0]
+
+
+def test_container_stopped_beats_everything() -> None:
+    ev = _evidence(container_status="stopped", exit_status=None, log_tail=(FX,),
+                   probe=_oom(4242, T0 + 29))  # fmt: skip
+    assert judge(ev).verdict.kind == "container-stopped"
+
+
+def test_vanished_run_is_silent_death() -> None:
+    ev = _evidence(run_state="vanished", log_exists=False, log_tail=(),
+                   agent={"session": "train", "tmux_server_running": False, "state": {}})  # fmt: skip
+    v = judge(ev).verdict
+    assert (v.kind, v.playbook) == ("silent-death", "silent-death")
+    assert v.died_at == T0 + 100, "no recorder sample after the last live one: the final state"
+
+
+def test_finished_run_with_a_ghost_gpu_is_ghost() -> None:
+    ghost = tuple({"t": T0 + t, "gpus": [_gpu(3, 100, 0)], "procs": []} for t in (40, 50, 60))
+    ev = _evidence(exit_status=0, exit_status_at=T0 + 30, gpu_history=ghost)
+    assert judge(ev).verdict.kind == "finished", "the final state has no GPU reading"
+    from dataclasses import replace
+
+    from orchestrator.model import Snapshot
+
+    final = Snapshot(
+        target="ct200", taken_at=T0 + 100, gpus=(GpuSample.from_dict(_gpu(3, 100, 0)),)
+    )
+    v = judge(replace(ev, final=final)).verdict
+    assert v.kind == "ghost-utilization"
+
+
+@pytest.mark.parametrize("code", [0, None])
+def test_alive_or_finished_without_problems(code: int | None) -> None:
+    alive = ProcessInfo(pid=4242, ppid=1, name="python3", state="S")
+    from orchestrator.model import Snapshot
+
+    final = Snapshot(target="ct200", taken_at=T0 + 100, processes=(alive,))
+    ev = _evidence(exit_status=code, run_state="running" if code is None else "exited",
+                   final=final, agent={"session": "train", "state": {"tmux": {"exists": True}}})  # fmt: skip
+    v = judge(ev).verdict
+    assert v.kind == ("finished" if code == 0 else HEALTHY)
+    assert v.reached is (code == 0)
