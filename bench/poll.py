@@ -115,7 +115,8 @@ def agent_process_cpu_ms(info: manager.SandboxInfo, target: Target) -> float:
     argv = agent_argv("python3", target.bundle_dir(), ["snapshot", "--workdir", workdir])
     env = {**os.environ, **manager.host_env(info.state_dir)}
     env["TMUX_TMPDIR"] = str(info.container_root(200) / "tmp")  # as pct exec sets it
-    pid = os.posix_spawnp(argv[0], argv, env)  # wait4 gives this child's own rusage
+    quiet = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+    pid = os.posix_spawnp(argv[0], argv, env, file_actions=quiet)  # wait4: this child's rusage
     _, status, usage = os.wait4(pid, 0)
     if os.waitstatus_to_exitcode(status) != 0:
         raise RuntimeError(f"agent snapshot exited {status}")
@@ -150,12 +151,12 @@ def main(argv: list[str] | None = None) -> int:
             assert len(snap.gpus) == 8 and snap.nvml.ok, snap.nvml
             oneshot_cpu.append(snap.cost.cpu_ms)
 
-        first = []
+        first_call = []
         for _ in range(n):
             deploy.forget(target.transport, str(info.workdir("ct200")))
             start = time.perf_counter()
             target.snapshot()
-            first.append((time.perf_counter() - start) * 1000)
+            first_call.append((time.perf_counter() - start) * 1000)
 
         proc_cpu = [agent_process_cpu_ms(info, target) for _ in range(n)]
 
@@ -195,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
         "ratio_oneshot_vs_stream": round(one_ms / st_ms, 1),
         "agent_cpu_ms": round(med(stream_cpu), 2),
         "agent_cpu_ms_oneshot": round(med(oneshot_cpu), 2),
-        "first_oneshot_ms": round(med(first), 2),
+        "first_oneshot_ms": round(med(first_call), 2),
         "agent_process_cpu_ms": round(med(proc_cpu), 1),
         "stream_interval_ms": args.stream_interval * 1000,
         "stream_gap_ms": round(med(gaps), 1),

@@ -33,8 +33,8 @@ from orchestrator.model import SchemaError, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
-DEFAULT_KEEP = 120
-"""Snapshots kept per target: ten hours of a five-minute cron."""
+DEFAULT_KEEP = 60
+"""Snapshots kept per target: five hours of a five-minute cron."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (

@@ -413,7 +413,8 @@ def launch(
     replaced = None
     if pre["live"] and force:
         phase("preflight", "ok", f"live session {c.session!r}: stopping it first (--force)")
-        replaced = stop(inventory, name, grace_s=grace_s, target=tgt)
+        replaced = stop(inventory, name, grace_s=grace_s, target=tgt,
+                        by=f"orch launch --force by {operator()}")  # fmt: skip
         snap = tgt.snapshot()
         busy = busy_gpus(snap, assigned, c.limits.busy_mem_mib)
         if busy:
@@ -546,6 +547,18 @@ def _died(name: str, state: dict[str, Any], secrets: Sequence[str]) -> RunDied:
 # --- the rest of the lifecycle ---------------------------------------------------------------
 
 
+def operator() -> str:
+    """``user@host`` of whoever runs orch here (for ``stop_requested``); never raises."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
 def stop(
     inventory: Inventory,
     name: str,
@@ -553,10 +566,16 @@ def stop(
     grace_s: float = 60.0,
     run_id: str | None = None,
     target: Target | None = None,
+    by: str | None = None,
 ) -> dict[str, Any]:
-    """SIGINT, SIGTERM at half the grace, SIGKILL at ``grace_s``; idempotent. Session and run stay."""
+    """SIGINT, SIGTERM at half the grace, SIGKILL at ``grace_s``; idempotent. Session and run stay.
+
+    The agent first writes ``stop_requested`` in the run directory (time, signal,
+    ``by``, default ``orch stop by user@host``): the end reads as a stop, not a crash.
+    """
     tgt = target or Target(inventory, name)
-    args = ["stop", "--workdir", tgt.container.workdir, "--grace", str(grace_s)]
+    args = ["stop", "--workdir", tgt.container.workdir, "--grace", str(grace_s),
+            "--by", by or f"orch stop by {operator()}"]  # fmt: skip
     if run_id:
         args += ["--run-id", run_id]
     doc = tgt.agent(args, timeout=grace_s + 30.0)

@@ -306,6 +306,10 @@ class RunState(Wire):
     exit_status_at: float | None = None
     heartbeat_age_s: float | None = None
     log_error: str | None = None
+    stop_requested_at: float | None = None
+    """When ``orch stop`` asked this run to end (its ``stop_requested`` file; Unix s)."""
+    stop_requested_by: str | None = None
+    """Who asked (``orch stop by user@host``), from the same file."""
 
 
 @dataclass(frozen=True, slots=True)

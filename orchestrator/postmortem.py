@@ -1,21 +1,17 @@
 """``orch postmortem``: collect the evidence of a run, reach a verdict, write a bundle (reads state).
 
-Evidence (:func:`collect`), all reads bounded: the agent's ``evidence`` command
-(manifest, exit status, the log's last lines read from the end, the last pane
-screen kept by ``remain-on-exit``, the flight recorder's ``gpu.jsonl``,
-``metrics.jsonl``), one ``snapshot`` (the GPUs and processes now), and from the
-Proxmox host ``pct status``, the kernel log since the launch and its parsed
-events (:meth:`orchestrator.target.Host.probe`).
+This module is the I/O half. Evidence (:func:`collect`), all reads bounded: the
+agent's ``evidence`` command (manifest, exit status, ``stop_requested``, the
+log's last lines read from the end, the last pane screen kept by
+``remain-on-exit``, the flight recorder's ``gpu.jsonl``, ``metrics.jsonl``),
+one ``snapshot`` (the GPUs and processes now), and from the Proxmox host
+``pct status``, the kernel log since the launch and its parsed events
+(:meth:`orchestrator.target.Host.probe`). The bundle (:func:`write_bundle`).
 
-Judgement (:func:`judge`, pure): the flight recorder is turned back into a
-snapshot history (:func:`reconstruct_history`) and fed with the final state to
-:func:`orchestrator.detect.engine.run_detectors`; the log tail and the pane go
-through :func:`orchestrator.playbooks.match_log`; :func:`decide` picks the
-verdict with this precedence: container stopped > OOM killer (exit 137 and a
-kernel OOM line for the run's pid or process) > a known log signature > crashed
-(signal or exit code) > silent death > ghost utilization > finished. A run that
-is alive is judged on its worst problem (ghost utilization is the GPU verdict);
-alive with no problem is ``healthy`` (nothing to explain; the CLI exits 1).
+Judgement is pure and lives in :mod:`orchestrator.verdict` (history
+reconstruction, OOM matching, :func:`~orchestrator.verdict.decide` and its
+precedence); its public names are re-exported here. Alive with no problem is
+``healthy`` (nothing to explain; the CLI exits 1).
 
 Secrets: every text that leaves the container is redacted with the container's
 secret-looking ``env`` values, and the manifest's env is masked again.
@@ -28,32 +24,50 @@ import json
 import logging
 import time
 from collections.abc import Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from orchestrator import paths
 from orchestrator.config import Inventory
-from orchestrator.detect.base import fmt_time, signal_name
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import AgentError, Refused, UsageError
-from orchestrator.model import (
-    Finding,
-    GpuSample,
-    HostProbe,
-    KernelEvent,
-    Metrics,
-    NvmlStatus,
-    ProcessInfo,
-    RunManifest,
-    RunState,
-    SchemaError,
-    SessionState,
-    Severity,
-    Snapshot,
-)
-from orchestrator.playbooks import Match, Playbook, match_log
+from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
 from orchestrator.secrets import mask_env, redact, secret_values
+from orchestrator.verdict import (
+    HEALTHY,
+    OOM_WINDOW_S,
+    STOPPED,
+    Evidence,
+    Postmortem,
+    Verdict,
+    decide,
+    died_at,
+    final_snapshot,
+    judge,
+    our_oom_kills,
+    reconstruct_history,
+    run_pids_and_names,
+)
+
+__all__ = [
+    "HEALTHY",
+    "OOM_WINDOW_S",
+    "STOPPED",
+    "Evidence",
+    "Postmortem",
+    "Verdict",
+    "collect",
+    "decide",
+    "default_bundle_dir",
+    "died_at",
+    "final_snapshot",
+    "judge",
+    "our_oom_kills",
+    "postmortem",
+    "reconstruct_history",
+    "redact_tree",
+    "run_pids_and_names",
+    "write_bundle",
+]
 
 log = logging.getLogger(__name__)
 
@@ -62,101 +76,6 @@ PANE_LINES = 200
 KERNEL_LOG_LINES = 2000
 KERNEL_MARGIN_S = 120.0
 """The kernel log is read from this long before the launch (clock skew, the kill's lead-up)."""
-OOM_WINDOW_S = 120.0
-"""An OOM kill naming the run's process (not its pid) counts when this close to the death."""
-HEALTHY = "healthy"
-"""Verdict kind of a run that is alive with no problem (not a finding kind: nothing died)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """What died, when, the most likely cause with its evidence, and the remedy.
-
-    ``kind`` is a finding kind (``crashed``, ``oom-killer``, ``log-signature``...)
-    or ``healthy``; ``reached`` is False only for ``healthy``. ``died_at`` is Unix s.
-    """
-
-    kind: str
-    summary: str
-    playbook: str | None = None
-    severity: Severity = Severity.INFO
-    died_at: float | None = None
-    cause: str = ""
-    evidence: tuple[str, ...] = ()
-    remedy: tuple[str, ...] = ()
-    reached: bool = True
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "kind": self.kind,
-            "playbook": self.playbook,
-            "summary": self.summary,
-            "severity": str(self.severity),
-            "died_at": self.died_at,
-            "cause": self.cause,
-            "evidence": list(self.evidence),
-            "remedy": list(self.remedy),
-            "reached": self.reached,
-        }
-
-
-@dataclass(frozen=True, slots=True)
-class Evidence:
-    """Everything collected about one run; texts already redacted. Times are Unix s."""
-
-    target: str
-    collected_at: float
-    run_id: str | None = None
-    run_dir: str | None = None
-    manifest: RunManifest | None = None
-    container_status: str | None = None
-    pct_status_text: str = ""
-    exit_status: int | None = None
-    exit_status_at: float | None = None
-    run_state: str | None = None
-    log_tail: tuple[str, ...] = ()
-    log_exists: bool = False
-    log_mtime: float | None = None
-    log_size_bytes: int | None = None
-    pane: tuple[str, ...] = ()
-    gpu_history: tuple[dict[str, Any], ...] = ()
-    metrics: tuple[dict[str, Any], ...] = ()
-    kernel_log: tuple[str, ...] = ()
-    kernel_log_source: str | None = None
-    probe: HostProbe | None = None
-    final: Snapshot | None = None
-    run_pids: tuple[int, ...] = ()
-    agent: dict[str, Any] = field(default_factory=dict)
-    errors: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True, slots=True)
-class Postmortem:
-    """The evidence, the reconstructed history, the findings, the log matches and the verdict."""
-
-    evidence: Evidence
-    history: tuple[Snapshot, ...]
-    findings: tuple[Finding, ...]
-    matches: tuple[Match, ...]
-    verdict: Verdict
-    bundle: str | None = None
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``--json`` document."""
-        ev = self.evidence
-        return {
-            "target": ev.target,
-            "run_id": ev.run_id,
-            "verdict": self.verdict.to_dict(),
-            "findings": [f.to_dict() for f in self.findings],
-            "matches": [m.to_dict() for m in self.matches],
-            "exit_status": ev.exit_status,
-            "container_status": ev.container_status,
-            "kernel_events": [e.to_dict() for e in (ev.probe.kernel_events if ev.probe else ())],
-            "errors": list(ev.errors),
-            "bundle": self.bundle,
-        }
-
 
 # --- collect (I/O) ---------------------------------------------------------------------------
 
@@ -272,7 +191,7 @@ def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifes
 
 
 _AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_running",
-               "pane", "heartbeat", "files", "manifest_error")  # fmt: skip
+               "pane", "heartbeat", "files", "manifest_error", "stop_requested")  # fmt: skip
 """The parts of the agent's evidence document kept as ``Evidence.agent`` (state.json)."""
 
 
@@ -293,6 +212,8 @@ def _evidence(
     logd = doc.get("log") or {}
     pids = {int(p) for p in state.get("command_pids") or () if isinstance(p, int)}
     pids |= {int(doc[k]) for k in ("pgid", "wrapper_pid") if isinstance(doc.get(k), int)}
+    stop = doc.get("stop_requested") if isinstance(doc.get("stop_requested"), dict) else {}
+    stop_at = stop.get("at") if isinstance(stop.get("at"), (int, float)) else None
     return Evidence(
         target=name,
         collected_at=float(doc.get("now") or time.time()),
@@ -318,386 +239,9 @@ def _evidence(
         run_pids=tuple(sorted(pids)),
         agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets) if doc else {},
         errors=tuple(redact(e, secrets) for e in errors),
-    )
-
-
-# --- reconstruct (pure) ----------------------------------------------------------------------
-
-
-def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
-    """The newest ``metrics.jsonl`` record at or before ``at`` as :class:`Metrics`.
-
-    >>> _metric_at([{"time": 1.0, "step": 5, "tok_s": 100}, {"time": 3.0, "step": 6}], 2.0)
-    Metrics(step=5, loss=None, tokens_per_s=100.0, acc_len=None, seen_at=1.0)
-    >>> _metric_at([{"time": 3.0, "step": 6}], 2.0) is None
-    True
-    """
-    best = None
-    for r in records:
-        t = r.get("time")
-        if isinstance(t, (int, float)) and t <= at and (best is None or t >= best["time"]):
-            best = r
-
-    def num(v: Any) -> float | None:
-        return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
-
-    if best is None:
-        return None
-    step = best.get("step")
-    return Metrics(
-        step=step if isinstance(step, int) else None,
-        loss=num(best.get("loss")),
-        tokens_per_s=num(best.get("tok_s")),
-        acc_len=num(best.get("acc_len")),
-        seen_at=float(best["time"]),
-    )
-
-
-def _sample(
-    ev: Evidence, record: dict[str, Any], session: str, manifest: RunManifest | None
-) -> Snapshot | None:
-    """One flight-recorder line as a snapshot (``None`` when unreadable)."""
-    try:
-        at = float(record["t"])
-        gpus = tuple(GpuSample.from_dict(g) for g in record.get("gpus") or ())
-        procs = tuple(ProcessInfo.from_dict(p) for p in record.get("procs") or ())
-        nvml = NvmlStatus.from_dict(record["nvml"]) if record.get("nvml") else None
-    except (KeyError, TypeError, ValueError, SchemaError):
-        return None
-    live = any(not p.zombie and p.state != "Z" for p in procs)
-    exited = ev.exit_status_at is not None and at >= ev.exit_status_at
-    run = RunState(
-        run_id=ev.run_id or "?",
-        run_dir=ev.run_dir or "",
-        manifest=manifest,
-        log_exists=ev.log_exists,
-        exit_status=ev.exit_status if exited else None,
-        exit_status_at=ev.exit_status_at if exited else None,
-    )
-    # A sample with a live process had its session; after the death the session is unknown.
-    sess = SessionState(name=session, exists=True, pane_dead=False) if live else None
-    return Snapshot(
-        target=ev.target,
-        taken_at=at,
-        session=sess,
-        run=run,
-        processes=procs,
-        gpus=gpus,
-        nvml=nvml,
-        metrics=_metric_at(ev.metrics, at),
-        container_status="running",
-    )
-
-
-def final_snapshot(ev: Evidence) -> Snapshot:
-    """The state now: the agent's snapshot when it saw this run, else one built from the evidence.
-
-    The run's ``new_log_lines`` are the whole log tail and the pane is the captured
-    screen, so the log detectors see what the postmortem shows.
-    """
-    snap = ev.final
-    state = ev.agent.get("state") or {}
-    tmux = state.get("tmux") or {}
-    session = str(ev.agent.get("session") or (ev.manifest.session if ev.manifest else "train"))
-    same = snap is not None and snap.run is not None and snap.run.run_id == ev.run_id
-    if ev.container_status not in (None, "running"):
-        return Snapshot(
-            target=ev.target,
-            taken_at=ev.collected_at,
-            container_status=ev.container_status,
-            errors=ev.errors,
-        )
-    if ev.run_id is None:
-        base = snap or Snapshot(target=ev.target, taken_at=ev.collected_at)
-        return dataclasses.replace(base, container_status=ev.container_status)
-    run = RunState(
-        run_id=ev.run_id,
-        run_dir=ev.run_dir or "",
-        manifest=ev.manifest,
-        log_path=(ev.run_dir or "") + "/train.log",
-        log_exists=ev.log_exists,
-        log_size_bytes=ev.log_size_bytes,
-        log_mtime=ev.log_mtime,
-        new_log_lines=ev.log_tail,
-        exit_status=ev.exit_status,
-        exit_status_at=ev.exit_status_at,
-        heartbeat_age_s=(ev.agent.get("heartbeat") or {}).get("age_s"),
-    )
-    sess = SessionState(
-        name=session,
-        exists=bool(tmux.get("exists")),
-        server_running=bool(ev.agent.get("tmux_server_running", True)),
-        pane_dead=tmux.get("pane_dead"),
-        pane_dead_status=tmux.get("pane_dead_status"),
-        pane_dead_signal=tmux.get("pane_dead_signal"),
-        pane_pid=tmux.get("pane_pid"),
-        pane_tail=ev.pane[-50:],
-    )
-    procs: tuple[ProcessInfo, ...] = snap.processes if same and snap is not None else ()
-    known = {p.pid for p in procs}
-    extra = [
-        ProcessInfo(pid=int(p), ppid=0, name="?", state="R")
-        for p in state.get("command_pids") or ()
-        if isinstance(p, int) and p not in known
-    ]
-    return Snapshot(
-        target=ev.target,
-        taken_at=ev.collected_at,
-        session=sess,
-        run=run,
-        processes=(*procs, *extra),
-        gpus=snap.gpus if snap is not None else (),
-        nvml=snap.nvml if snap is not None else None,
-        metrics=(snap.metrics if same and snap is not None else None)
-        or _metric_at(ev.metrics, ev.collected_at),
-        container_status=ev.container_status,
-        errors=snap.errors if snap is not None else (),
-    )
-
-
-def reconstruct_history(ev: Evidence) -> list[Snapshot]:
-    """Flight-recorder samples (oldest first) then the final state: the detectors' history."""
-    session = str(ev.agent.get("session") or (ev.manifest.session if ev.manifest else "train"))
-    out = [
-        s
-        for r in ev.gpu_history
-        if (s := _sample(ev, r, session, ev.manifest)) is not None and s.taken_at <= ev.collected_at
-    ]
-    out.sort(key=lambda s: s.taken_at)
-    out.append(final_snapshot(ev))
-    return out
-
-
-# --- judge (pure) ----------------------------------------------------------------------------
-
-
-def run_pids_and_names(ev: Evidence, history: Sequence[Snapshot]) -> tuple[set[int], set[str]]:
-    """Every PID (and process name) the run was seen with: recorder, final state, pgid, wrapper."""
-    pids = set(ev.run_pids)
-    names: set[str] = set()
-    for s in history:
-        for p in s.processes:
-            pids.add(p.pid)
-            if p.name and p.name != "?":
-                names.add(p.name)
-    return pids, names
-
-
-def died_at(ev: Evidence, history: Sequence[Snapshot]) -> float | None:
-    """When the run died: its exit status' mtime, else the first recorder sample without a live
-    process after the last one with one (``None`` while alive or unknown)."""
-    if ev.exit_status_at is not None:
-        return ev.exit_status_at
-    last_live = None
-    for s in history:
-        if any(not p.zombie and p.state != "Z" for p in s.processes):
-            last_live = s.taken_at
-    if last_live is None:
-        return ev.log_mtime
-    after = [s.taken_at for s in history if s.taken_at > last_live and s.run is not None]
-    return after[0] if after else None
-
-
-def our_oom_kills(ev: Evidence, history: Sequence[Snapshot]) -> list[KernelEvent]:
-    """OOM-killer kernel events that killed this run: its PID, or its process name near the death.
-
-    Inside LXC the container sees its own PIDs while the host kernel logs host PIDs,
-    so a name within :data:`OOM_WINDOW_S` of the death counts as well.
-    """
-    if ev.probe is None:
-        return []
-    pids, names = run_pids_and_names(ev, history)
-    start = ev.manifest.started_at if ev.manifest else None
-    death = died_at(ev, history)
-    out = []
-    for e in ev.probe.kernel_events:
-        if e.kind != "oom-killer":
-            continue
-        if start is not None and e.at is not None and e.at < start - 1.0:
-            continue
-        near = death is None or e.at is None or abs(e.at - death) <= OOM_WINDOW_S
-        if (e.pid is not None and e.pid in pids) or (e.process in names and near):
-            out.append(e)
-    return out
-
-
-def judge(
-    ev: Evidence,
-    *,
-    limits: Limits | None = None,
-    roles: dict[int, str] | None = None,
-    playbooks: Sequence[Playbook] | None = None,
-) -> Postmortem:
-    """Reconstruct the history, run the detectors and the log matcher, decide the verdict."""
-    from orchestrator.detect.engine import default_playbooks, run_detectors
-
-    pbs = tuple(default_playbooks() if playbooks is None else playbooks)
-    history = reconstruct_history(ev)
-    probes = [ev.probe] if ev.probe is not None else []
-    findings = run_detectors(
-        history, limits=limits or Limits(), roles=roles, probes=probes, playbooks=pbs
-    )
-    matches = match_log([*ev.log_tail, *ev.pane], pbs)
-    verdict = decide(ev, history, findings, matches, pbs)
-    return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
-
-
-_GENERIC_IDS = frozenset({"oom-killer", "silent-death", "ghost-utilization", "tee-bypass"})
-"""Playbooks that name an outcome, not a cause found in the log: never a log-signature verdict."""
-_ALIVE_ORDER = ("oom-killer", "xid", "nvml-error", "stall", "log-signature", "ghost-utilization")
-_KILL_REMEDY = (
-    "No OOM-killer line in the host kernel log names this run: something sent SIGKILL "
-    "(kill -9, orch stop past its grace, a scheduler, a watchdog).",
-    "Check who: the host's auth/journal logs around the time of death, other operators' sessions.",
-    "Relaunch when understood: orch launch TARGET.",
-)
-
-
-def _playbook(pbs: Sequence[Playbook], pid: str | None) -> Playbook | None:
-    return next((p for p in pbs if p.id == pid), None) if pid else None
-
-
-def _remedy(pbs: Sequence[Playbook], pid: str | None) -> tuple[str, ...]:
-    pb = _playbook(pbs, pid)
-    return pb.remedy if pb is not None else ()
-
-
-def _what(ev: Evidence) -> str:
-    cmd = " ".join(ev.manifest.command.split()) if ev.manifest else None
-    short = (cmd[:80] + "...") if cmd and len(cmd) > 80 else cmd
-    return f"run {ev.run_id or '?'}" + (f" ({short})" if short else "")
-
-
-def decide(
-    ev: Evidence,
-    history: Sequence[Snapshot],
-    findings: Sequence[Finding],
-    matches: Sequence[Match],
-    pbs: Sequence[Playbook],
-) -> Verdict:
-    """The verdict, with the precedence in this module's docstring."""
-    first: dict[str, Finding] = {}
-    for f in findings:
-        first.setdefault(f.kind, f)
-    death = died_at(ev, history)
-    when = f" at {fmt_time(death)}" if death else ""
-    what = _what(ev)
-    final = history[-1] if history else None
-    sess = final.session if final is not None else None
-    code = ev.exit_status
-    if code is None and sess is not None and sess.pane_dead and sess.pane_dead_signal:
-        code = 128 + sess.pane_dead_signal
-    tail = tuple(ev.log_tail[-5:]) or tuple(ev.pane[-5:])
-
-    def from_finding(f: Finding, summary: str | None = None, **kw: Any) -> Verdict:
-        pb = kw.pop("playbook", f.playbook)
-        return Verdict(
-            kind=f.kind,
-            summary=summary or f.summary,
-            playbook=pb,
-            severity=f.severity,
-            died_at=kw.pop("died", death),
-            cause=kw.pop("cause", f.summary),
-            evidence=kw.pop("evidence", f.evidence),
-            remedy=kw.pop("remedy", _remedy(pbs, pb)),
-        )
-
-    if "container-stopped" in first:
-        f = first["container-stopped"]
-        vmid = ev.pct_status_text.strip() or "pct status: stopped"
-        return from_finding(
-            f,
-            f"{what}: the container is stopped (pct status), and every process in it with it",
-            evidence=(vmid, *f.evidence[1:], *ev.errors[:2]),
-            remedy=(
-                "Find out why it stopped: the host's journal (journalctl -u pve-container@VMID) "
-                "and kernel log around the time.",
-                "Start it (pct start VMID), then run orch postmortem TARGET again to read the "
-                "run's own files (exit status, log, flight recorder).",
-            ),
-        )
-    dead = code not in (None, 0) or ev.run_state == "vanished" or "silent-death" in first
-    if dead:
-        ooms = our_oom_kills(ev, history)
-        if ooms and code in (None, 137):
-            e = ooms[0]
-            return Verdict(
-                kind="oom-killer",
-                playbook="oom-killer",
-                severity=Severity.CRITICAL,
-                died_at=e.at or death,
-                summary=(
-                    f"{what} was killed by the kernel OOM killer{when}: "
-                    f"{e.process or 'process'} (pid {e.pid}), exit status {code or 'missing'}"
-                ),
-                cause="the host (or the container's memory cgroup) ran out of RAM",
-                evidence=(
-                    *(k.line for k in ooms[:3]),
-                    f"exit_status: {code}" + (" (SIGKILL)" if code == 137 else ""),
-                    *tail,
-                ),
-                remedy=_remedy(pbs, "oom-killer"),
-            )
-        sig = next(
-            (m for m in matches if m.id not in _GENERIC_IDS and m.severity >= Severity.WARNING),
-            None,
-        )
-        if sig is not None:
-            how = f"exit status {code}" if code is not None else "no exit status"
-            return Verdict(
-                kind="log-signature",
-                playbook=sig.id,
-                severity=max(sig.severity, Severity.CRITICAL),
-                died_at=death,
-                summary=f"{what} died{when} ({how}): {sig.title}",
-                cause=sig.title,
-                evidence=(
-                    f"log line {sig.lineno}: {sig.line.strip()[:300]}",
-                    *([f"exit_status: {code}"] if code is not None else []),
-                ),
-                remedy=sig.remedy,
-            )
-        if "crashed" in first:
-            f = first["crashed"]
-            pb = f.playbook
-            remedy = _remedy(pbs, pb)
-            summary = f.summary
-            if code == 137 and (pb == "oom-killer" or pb is None):
-                pb, remedy = None, _KILL_REMEDY
-                summary = (
-                    f"{what} was killed by SIGKILL (exit status 137){when}; no OOM-killer line "
-                    "in the host kernel log names it: killed from outside"
-                )
-            cause = (
-                f"killed by {signal_name(code)}"
-                if code and signal_name(code)
-                else (f"the command exited with status {code}")
-            )
-            return from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
-        if "silent-death" in first:
-            return from_finding(first["silent-death"])
-    if code == 0 or "finished" in first:
-        if "ghost-utilization" in first:
-            return from_finding(first["ghost-utilization"], died=None)
-        f = first.get("finished")
-        return Verdict(
-            kind="finished",
-            summary=f.summary if f else f"{what} finished (exit status 0){when}",
-            severity=Severity.INFO,
-            died_at=death,
-            cause="the command exited with status 0",
-            evidence=("exit_status: 0", *tail),
-        )
-    problems = [f for f in findings if f.severity >= Severity.WARNING and f.kind != "unreachable"]
-    problems.sort(key=lambda f: _ALIVE_ORDER.index(f.kind) if f.kind in _ALIVE_ORDER else 99)
-    if problems:
-        return from_finding(problems[0], died=None)
-    return Verdict(
-        kind=HEALTHY,
-        summary=f"{what} is alive with no problem found; nothing to explain"
-        if ev.run_id
-        else f"{ev.target}: no run to examine",
-        reached=False,
+        stop_requested_at=float(stop_at) if stop_at is not None else None,
+        stop_requested_by=redact(str(stop["by"]), secrets) if stop_at and stop.get("by") else None,
+        stop_signal=str(stop["signal"]) if stop_at and stop.get("signal") else None,
     )
 
 

@@ -40,3 +40,48 @@ def sandbox_scenario(sandbox: object) -> Iterator[Callable[[object], str]]:
     state_dir = sandbox.state_dir  # type: ignore[attr-defined]
     yield lambda scenario: manager.set_scenario(state_dir, scenario)  # type: ignore[arg-type]
     manager.set_scenario(state_dir, "healthy")
+
+
+# --- launch (shared by e2e areas) ------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def sandbox_config(
+    sandbox: object, tmp_path_factory: pytest.TempPathFactory
+) -> Callable[..., Path]:
+    """A function writing a copy of the sandbox's hosts.yaml with changes; returns its path.
+
+    ``write(session=None, *, host=None, containers=None, **every)``: ``session`` sets
+    every container's tmux session (use one per test area so areas never share a
+    run); ``every`` sets keys on every container (a callable value is called with
+    that container's dict, e.g. ``env=lambda ct: {"X": ct["workdir"] + "/x"}``);
+    ``containers`` (``{"ct201": {...}}``) then sets keys on one container;
+    ``host`` updates the sandbox host. Each call writes a new file (0600) in its own
+    temporary directory; the sandbox's own file is never touched.
+    """
+    import yaml
+
+    base = Path(sandbox.config_path).read_text()  # type: ignore[attr-defined]
+
+    def write(
+        session: str | None = None,
+        *,
+        host: dict[str, object] | None = None,
+        containers: dict[str, dict[str, object]] | None = None,
+        **every: object,
+    ) -> Path:
+        doc = yaml.safe_load(base)
+        if session is not None:
+            every = {"session": session, **every}
+        for ct in doc["containers"].values():
+            ct.update({k: v(ct) if callable(v) else v for k, v in every.items()})
+        for name, over in (containers or {}).items():
+            doc["containers"][name].update(over)
+        for h in doc["hosts"].values():
+            h.update(host or {})
+        path = tmp_path_factory.mktemp("config") / "hosts.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        path.chmod(0o600)
+        return path
+
+    return write

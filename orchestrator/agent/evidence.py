@@ -12,7 +12,8 @@ at most ``--pane-lines`` lines. Prints one JSON document::
      "pane": {"lines": [...], "error": str | null},
      "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
      "metrics": [<metrics.jsonl records>], "heartbeat": {"text", "age_s"} | null,
-     "pgid": int | null, "wrapper_pid": int | null, "files": {name: size_bytes}}
+     "pgid": int | null, "wrapper_pid": int | null, "files": {name: size_bytes},
+     "stop_requested": {"at", "signal", "by", "grace_s"} | null}
 
 The equivalent by hand: ``cat manifest.json exit_status; tail -n 200 train.log;
 tmux capture-pane -p -J -t =SESSION:run -S -200; tail -n 720 gpu.jsonl``.
@@ -155,6 +156,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "pgid": runs._read_int(run_dir / "pgid"),
         "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
         "files": files,
+        "stop_requested": state.get("stop_requested"),
     }
 
 

@@ -8,7 +8,9 @@ JSON line per chunk) and exits 0 (done), 1 (failed), 2 (bad arguments) or
 Run layout: ``<workdir>/runs/<run-id>/`` holds ``manifest.json``, ``command``
 (the shell text that runs), ``wrapper.sh``, ``train.log`` (tee -a),
 ``exit_status`` (written by the wrapper, also on signals), ``wrapper.pid`` and
-``pgid`` (the command's process group). ``<workdir>/runs/current`` holds the
+``pgid`` (the command's process group), ``stop_requested`` (JSON ``{"at", "signal",
+"by", "grace_s"}``, written by ``stop`` before its first signal, so a verdict can
+tell an operator's stop from a crash). ``<workdir>/runs/current`` holds the
 newest run id, written atomically.
 
 The tmux session is built in one tmux command sequence: a placeholder window,
@@ -43,6 +45,8 @@ RUN_WINDOW = "run"
 GO_TIMEOUT_S = 30.0
 """Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
 TAIL_BLOCK_BYTES = 64 * 1024
+STOP_REQUEST = "stop_requested"
+"""File in the run directory that says an operator asked the run to stop (JSON)."""
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 4
 
@@ -235,6 +239,29 @@ def _read_int(path: Path) -> int | None:
         return None
 
 
+def parse_stop_request(text: str | None) -> dict[str, Any] | None:
+    """The ``stop_requested`` file's document, or ``None`` when absent or unreadable.
+
+    >>> parse_stop_request('{"at": 5.0, "signal": "SIGINT", "by": "orch stop by me@pc"}')["at"]
+    5.0
+    >>> parse_stop_request("garbage") is None, parse_stop_request('{"at": "x"}') is None
+    (True, True)
+    """
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("at"), (int, float)):
+        return None
+    return doc
+
+
+def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
+    return parse_stop_request(_read(run_dir / STOP_REQUEST))
+
+
 def tail_lines(path: Path, n: int) -> tuple[list[str], int]:
     """The last ``n`` complete lines of ``path`` and its size, reading blocks from the end.
 
@@ -421,6 +448,7 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> di
         "log_exists": log.exists(),
         "log_size_bytes": size,
         "log_tail": lines,
+        "stop_requested": read_stop_request(run_dir),
     }
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -482,13 +510,16 @@ def _signal_run(run_dir: Path, sig: int) -> list[int]:
     return targets
 
 
-def stop_run(run_dir: Path, grace_s: float, poll_s: float = 0.1) -> dict[str, Any]:
+def stop_run(
+    run_dir: Path, grace_s: float, poll_s: float = 0.1, by: str | None = None
+) -> dict[str, Any]:
     """SIGINT, then SIGTERM at half of ``grace_s``, then SIGKILL at ``grace_s``; idempotent.
 
-    Signals go to the command's process group (and descendants that left it),
-    never to tee or the wrapper, so the log and the exit status are written.
-    The session and the run directory stay. Waits up to 10 s more for the
-    wrapper to write ``exit_status``.
+    A running run first gets ``stop_requested`` (time, first signal, ``by``: who
+    asked), so its end reads as a stop, not a crash. Signals go to the command's
+    process group (and descendants that left it), never to tee or the wrapper, so
+    the log and the exit status are written. The session and the run directory
+    stay. Waits up to 10 s more for the wrapper to write ``exit_status``.
     """
     before = run_state(run_dir)
     if before["state"] != "running":
@@ -499,10 +530,14 @@ def stop_run(run_dir: Path, grace_s: float, poll_s: float = 0.1) -> dict[str, An
             "exit_status": before["exit_status"],
             "signals": [],
             "elapsed_s": 0.0,
+            "stop_requested": before["stop_requested"],
         }
+    plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
+    request = {"at": time.time(), "signal": plan[0][1].name, "by": by or _default_by(),
+               "grace_s": grace_s}  # fmt: skip
+    atomic_write(run_dir / STOP_REQUEST, json.dumps(request) + "\n")
     t0 = time.monotonic()
     sent: list[str] = []
-    plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
     alive = True
     while plan or alive:
         now = time.monotonic() - t0
@@ -528,7 +563,13 @@ def stop_run(run_dir: Path, grace_s: float, poll_s: float = 0.1) -> dict[str, An
         "exit_status": after["exit_status"],
         "signals": sent,
         "elapsed_s": round(time.monotonic() - t0, 3),
+        "stop_requested": request,
     }
+
+
+def _default_by() -> str:
+    """Who asked, when the operator did not say: the agent's user id."""
+    return f"agent stop (uid {os.getuid()})"
 
 
 def _archive_session(session: str, run_dir: Path | None) -> None:
@@ -588,7 +629,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
                 run_id=old_id,
             )
         if live and old_dir is not None and old_dir.is_dir():
-            replaced = stop_run(old_dir, args.grace)
+            replaced = stop_run(old_dir, args.grace, by=f"launch --force of {run_id}")
         _archive_session(args.session, old_dir)
         if tmux("has-session", "-t", f"={args.session}").returncode == 0:
             raise RunError(
@@ -723,7 +764,7 @@ def _cmd_launch(args: argparse.Namespace) -> int:
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    _emit(stop_run(_run_dir(args.workdir, args.run_id), args.grace))
+    _emit(stop_run(_run_dir(args.workdir, args.run_id), args.grace, by=args.by))
     return EXIT_OK
 
 
@@ -812,6 +853,7 @@ def register(subparsers: Any) -> None:
     common(p, session=False)
     p.add_argument("--run-id", default=None, help="default: the current run")
     p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (s)")
+    p.add_argument("--by", default=None, help="who asks, for stop_requested (orch stop by u@h)")
     p.set_defaults(func=_guard(_cmd_stop))
 
     p = subparsers.add_parser("runs", help="list runs (or one with --run-id/--current)")

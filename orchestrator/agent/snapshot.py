@@ -52,6 +52,27 @@ class ObserverConfig:
     max_line_bytes: int = 2000
 
 
+def _stop_request(raw: bytes | None) -> tuple[float | None, str | None, int]:
+    """(at, by, bytes read) from a run's ``stop_requested`` JSON; (None, None, n) if unreadable.
+
+    >>> _stop_request(b'{"at": 5.0, "by": "orch stop by me@pc", "signal": "SIGINT"}')
+    (5.0, 'orch stop by me@pc', 59)
+    >>> _stop_request(None), _stop_request(b"junk")
+    ((None, None, 0), (None, None, 4))
+    """
+    if raw is None:
+        return None, None, 0
+    try:
+        doc = json.loads(raw)
+    except ValueError:
+        return None, None, len(raw)
+    at = doc.get("at") if isinstance(doc, dict) else None
+    if not isinstance(at, (int, float)) or isinstance(at, bool):
+        return None, None, len(raw)
+    by = doc.get("by")
+    return float(at), str(by) if by is not None else None, len(raw)
+
+
 def read_small(path: str, limit: int = 65536) -> tuple[bytes | None, float | None]:
     """(content, mtime) of a small file; ``(None, None)`` when it does not exist."""
     try:
@@ -147,6 +168,11 @@ class Observer:
         if raw is not None:
             nbytes += len(raw)
             exit_status = parse_exit_status(raw.decode("utf-8", "replace"))
+        stop_at, stop_by = None, None
+        if raw is not None:  # ended: was it asked to? (runs.py's stop writes this first)
+            stop_raw, _ = read_small(os.path.join(run_dir, "stop_requested"), 4096)
+            stop_at, stop_by, n = _stop_request(stop_raw)
+            nbytes += n
         try:
             heartbeat_age: float | None = now - os.stat(os.path.join(run_dir, "heartbeat")).st_mtime
         except OSError:
@@ -169,6 +195,8 @@ class Observer:
             exit_status_at=exit_at if raw is not None else None,
             heartbeat_age_s=round(heartbeat_age, 3) if heartbeat_age is not None else None,
             log_error=chunk.error,
+            stop_requested_at=stop_at,
+            stop_requested_by=stop_by,
         ), nbytes
 
     def observe(self) -> Snapshot:

@@ -194,6 +194,24 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
         tail = tuple(run.new_log_lines[-5:])
     run_id = run.run_id if run is not None else "?"
     gpus = tuple(run.manifest.gpus) if run is not None and run.manifest is not None else ()
+    asked = run.stop_requested_at if run is not None else None
+    by = (run.stop_requested_by if run is not None else None) or "orch stop"
+    if asked is not None and at >= asked - 1.0:  # orch stop asked first: info, never a page
+        sig = signal_name(status)
+        return [
+            Finding(
+                kind="finished",
+                severity=Severity.INFO,
+                target=last.target,
+                summary=(
+                    f"run {run_id} stopped by {by} at "
+                    f"{fmt_time(asked)}: exit status {status}" + (f" = {sig}" if sig else "")
+                ),
+                gpus=gpus,
+                since=at,
+                evidence=(f"stop_requested: {fmt_time(asked)}", f"exit_status: {status}", *tail),
+            )
+        ]
     if status == 0:
         return [
             Finding(

@@ -29,6 +29,10 @@ OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATUS_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 DEFAULT_JOBS = 32
 DEFAULT_RENOTIFY_H = 4.0
+DETECT_WINDOW = 16
+"""Stored snapshots per target the detectors see (with the new one): enough for every
+sample count in Limits and a stall (which also uses the log's mtime); a longer window
+costs a 64-target check seconds of parsing."""
 DEFAULT_CRITICAL_KINDS = ("ghost-utilization",)
 """Kinds the check pages for even when a detector rates them a warning: a GPU that burns
 at 100 % with no memory is how seed 000's run was lost (``--critical`` changes the set)."""
@@ -262,14 +266,20 @@ def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
     history = History.open(opts.db_path)
     with history:
         since_raw = {h: history.get_meta(f"probe-since:{h}") for h in hosts}
+        past = {n: history.snapshots(n, limit=DETECT_WINDOW) for n in names}
         started = time.time()
         targets: dict[str, Any] = {}
 
         def snap_job(name: str) -> Callable[[], Snapshot]:
+            # continue the run's log where the previous check stopped: each line is seen once
+            prev = next((s.run for s in reversed(past[name]) if s.run is not None), None)
+
             def job() -> Snapshot:
                 t = Target(inventory, name)
                 targets[name] = t
-                return t.snapshot()
+                if prev is None:
+                    return t.snapshot()
+                return t.snapshot(prev.log_offset, run_id=prev.run_id, timeout=opts.timeout_s)
 
             return job
 
@@ -307,11 +317,10 @@ def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
             for n in names:
                 cfg = containers[n]
                 snap = snaps[n]
-                past = history.snapshots(n)
                 host_probes = [probes[cfg.host]] if cfg.host in probes else []
                 findings = list(
                     run_detectors(
-                        [*past, snap],
+                        [*past[n], snap],
                         limits=cfg.limits,
                         roles=roles_by_gpu(cfg.gpus),
                         probes=host_probes,

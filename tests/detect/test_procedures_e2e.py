@@ -97,7 +97,10 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
     code, out, err = orch("playbook", "run", "prewarm-relaunch", "ct200", "--yes")
     assert code == 0, err
     lines = out.splitlines()
-    assert lines[0] == "[1/5] stop the current run (its log and exit status are kept): [orch action] stop"
+    assert (
+        lines[0]
+        == "[1/5] stop the current run (its log and exit status are kept): [orch action] stop"
+    )
     assert f"  previous run {old['run_id']}: bundled trainer" in lines
     assert any(line.startswith("  stopped (signals SIGINT") for line in lines), out
     assert sum(line.startswith("  GPU ") and "warm-up skipped" in line for line in lines) == 2
@@ -127,8 +130,8 @@ def test_clean_env_dry_run_lists_every_step_and_refuses_to_overwrite(orch, sandb
         f"[orch action] archive {workdir}/inductor-cache",
         "warm up one device at a time (GPU 6)",
         "warm up one device at a time (GPU 7)",
-        "9. relaunch the run",
-        "10. verify it came up",
+        "8. relaunch the run",
+        "9. verify it came up",
         f"overwrites {venv}: --yes refuses if it exists",
     ):
         assert expected in out, expected

@@ -11,7 +11,6 @@ import time
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.cli import run
 from tests.helpers import wait_for
@@ -26,16 +25,12 @@ TICKER = (
 
 
 @pytest.fixture(scope="module")
-def config(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
     """The sandbox's hosts.yaml with our session, a trainer config and a broken ``requires``."""
-    doc = yaml.safe_load(Path(sandbox.config_path).read_text())  # type: ignore[attr-defined]
-    for ct in doc["containers"].values():
-        ct["session"] = SESSION
-    doc["containers"]["ct200"]["trainer_config"] = "tiny-cpu"
-    doc["containers"]["ct201"]["requires"] = ["yaml", "no_such_module_xyz"]
-    path = tmp_path_factory.mktemp("launch") / "hosts.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return sandbox_config(SESSION, containers={
+        "ct200": {"trainer_config": "tiny-cpu"},
+        "ct201": {"requires": ["yaml", "no_such_module_xyz"]},
+    })  # fmt: skip
 
 
 @pytest.fixture

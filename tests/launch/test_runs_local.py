@@ -153,15 +153,23 @@ def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> N
     assert rc == 0, doc
     run_dir = local_agent.workdir / "runs" / "s1"
     wait_for(lambda: "training" in (run_dir / "train.log").read_text(), 10, what="training")
-    rc, doc = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
+    rc, doc = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20",
+                          "--by", "orch stop by alice@laptop")  # fmt: skip
     assert rc == 0, doc
     assert doc["stopped"] is True and doc["signals"] == ["SIGINT"], doc
     assert doc["state"] == "exited" and doc["exit_status"] == 0
     assert "checkpoint saved on SIGINT" in (run_dir / "train.log").read_text()
+    # The request was written before the first signal, so the end reads as a stop.
+    request = json.loads((run_dir / runs.STOP_REQUEST).read_text())
+    assert request == {**doc["stop_requested"]}
+    assert request["signal"] == "SIGINT" and request["by"] == "orch stop by alice@laptop"
+    assert request["at"] <= (run_dir / "exit_status").stat().st_mtime
+    assert runs.run_state(run_dir)["stop_requested"] == request
     # The session and the run directory stay for the postmortem.
     assert session_info(local_agent, "train")["exists"]
     rc, again = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
     assert rc == 0 and again["stopped"] is False and again["exit_status"] == 0
+    assert json.loads((run_dir / runs.STOP_REQUEST).read_text()) == request, "not re-asked"
 
 
 def test_stop_escalates_to_sigkill_after_grace(local_agent: LocalAgent) -> None:

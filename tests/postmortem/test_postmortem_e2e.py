@@ -20,7 +20,6 @@ import zlib
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.cli import run
 from tests.helpers import wait_for
@@ -47,15 +46,9 @@ FX_CRASH = (
 
 
 @pytest.fixture(scope="module")
-def config(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
+def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
     """The sandbox's hosts.yaml with our own session name and a secret in the env."""
-    doc = yaml.safe_load(Path(sandbox.config_path).read_text())  # type: ignore[attr-defined]
-    for ct in doc["containers"].values():
-        ct["session"] = SESSION
-        ct.setdefault("env", {})["HF_TOKEN"] = SECRET
-    path = tmp_path_factory.mktemp("postmortem") / "hosts.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+    return sandbox_config(SESSION, env={"HF_TOKEN": SECRET})
 
 
 @pytest.fixture
@@ -243,6 +236,34 @@ def test_fx_race_traceback_is_log_signature(orch, sandbox, tmp_path) -> None:  #
     _check_bundle(out)
     assert "token is ***" in (out / "log-tail.txt").read_text()
     _screenshot(out / "report.html", tmp_path)
+
+
+def test_orch_stop_is_stopped_and_pages_nobody(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    run_dir = _launch(orch, sandbox, "ct202", TICKER, "pmstop")
+    wait_for(lambda: "tick 3" in (run_dir / "train.log").read_text(), 20, what="ticks")
+    code, out, err = orch("stop", "ct202", "--grace", "10", "--json")
+    assert code == 0, err + out
+    stopped = json.loads(out)
+    assert stopped["exit_status"] == 130 and stopped["signals"] == ["SIGINT"], stopped
+    request = json.loads((run_dir / "stop_requested").read_text())
+    assert request["by"].startswith("orch stop by ") and request["signal"] == "SIGINT"
+
+    # orch check: the operator's stop is info (finished), not a critical crashed page.
+    code, out, err = orch("check", "ct202", "--json", "--db", str(tmp_path / "orch.db"))
+    doc = json.loads(out)
+    assert code != 2 and doc["status"] != "CRITICAL", doc
+    (target,) = doc["targets"]
+    kinds = {f["kind"]: f for f in target["findings"]}
+    assert "crashed" not in kinds, kinds
+    assert all(f["severity"] != "critical" for f in target["findings"]), target["findings"]
+
+    doc = _postmortem(orch, "ct202", tmp_path / "b")
+    v = doc["verdict"]
+    assert v["kind"] == "stopped" and v["severity"] == "info", v
+    assert "stopped by orch stop by" in v["summary"] and "(SIGINT)" in v["summary"], v
+    assert "exit 130" in v["summary"] and "checkpoint" in v["summary"]
+    assert not any(f["kind"] == "crashed" for f in doc["findings"]), doc["findings"]
+    _check_bundle(tmp_path / "b")
 
 
 def test_bundle_is_never_overwritten(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]

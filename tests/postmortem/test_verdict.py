@@ -12,7 +12,7 @@ from orchestrator.model import (
     RunManifest,
     Severity,
 )
-from orchestrator.postmortem import HEALTHY, Evidence, judge
+from orchestrator.verdict import HEALTHY, STOPPED, Evidence, judge
 
 T0 = 1_700_000_000.0
 FX = (
@@ -124,3 +124,43 @@ def test_alive_or_finished_without_problems(code: int | None) -> None:
     v = judge(ev).verdict
     assert v.kind == ("finished" if code == 0 else HEALTHY)
     assert v.reached is (code == 0)
+
+
+# --- a stop an operator asked for -----------------------------------------------------------
+
+STOP = {"stop_requested_at": T0 + 28, "stop_requested_by": "orch stop by alice@laptop",
+        "stop_signal": "SIGINT"}  # fmt: skip
+
+
+@pytest.mark.parametrize("code", [130, 137, 0])
+def test_requested_stop_is_stopped_not_crashed(code: int) -> None:
+    ev = _evidence(exit_status=code, exit_status_at=T0 + 30, run_state="exited",
+                   log_tail=("KeyboardInterrupt",), **STOP)  # fmt: skip
+    pm = judge(ev)
+    v = pm.verdict
+    assert v.kind == STOPPED and v.severity == Severity.INFO and v.reached, v
+    assert "stopped by orch stop by alice@laptop" in v.summary and "(SIGINT)" in v.summary
+    assert f"exit {code}" in v.summary
+    assert "checkpoint" in v.summary and v.died_at == T0 + 30
+    assert [f.kind for f in pm.findings if f.severity >= Severity.WARNING] == []
+    assert any(f.kind == "finished" and "stopped by" in f.summary for f in pm.findings)
+
+
+def test_a_crash_before_the_stop_request_is_still_a_crash() -> None:
+    ev = _evidence(exit_status=1, exit_status_at=T0 + 20, run_state="exited", **STOP)
+    pm = judge(ev)
+    assert pm.verdict.kind == "crashed", pm.verdict
+    assert any(f.kind == "crashed" and f.severity == Severity.CRITICAL for f in pm.findings)
+
+
+def test_an_oom_kill_during_the_grace_is_still_the_oom_killer() -> None:
+    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                   probe=_oom(4242, T0 + 29), **STOP)  # fmt: skip
+    assert judge(ev).verdict.kind == "oom-killer"
+
+
+def test_postmortem_reexports_the_pure_names() -> None:
+    from orchestrator import postmortem, verdict
+
+    for name in ("HEALTHY", "STOPPED", "Evidence", "Postmortem", "Verdict", "judge", "decide"):
+        assert getattr(postmortem, name) is getattr(verdict, name)

@@ -96,7 +96,11 @@ _MEASURE = textwrap.dedent(
                     fault=what,
                     must="`orch check`: a clear agent-protocol-error finding, no crash (no "
                     "traceback, exit 1-3)"
-                    + ("; orch's memory stays bounded (peak growth < 64 MiB)" if m == "huge" else ""),
+                    + (
+                        "; orch's memory stays bounded (peak growth < 64 MiB)"
+                        if m == "huge"
+                        else ""
+                    ),
                 ),
                 *(
                     [
@@ -209,7 +213,9 @@ def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
         [sys.executable, "-m", "orchestrator.cli", "diagnose", str(log), "--playbooks", str(d)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
-    observe(f"load: {msg[:120]!r}; orch diagnose exit {res.returncode}: {res.stderr.strip()[:100]!r}")
+    observe(
+        f"load: {msg[:120]!r}; orch diagnose exit {res.returncode}: {res.stderr.strip()[:100]!r}"
+    )
     assert f"{d / 'broken.yaml'}:8" in msg, msg
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr

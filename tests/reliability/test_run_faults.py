@@ -20,6 +20,7 @@ from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
+
 def check(fleet, db: Path, *names: str, timeout_s: float = 20.0) -> tuple[int, dict]:
     res = fleet.orch("check", "--json", "--db", str(db), "--timeout", str(timeout_s), *names)
     assert "Traceback" not in res.stderr, res.stderr
@@ -241,8 +242,10 @@ def test_disk_full_is_flagged_agent_keeps_working(fleet, tiny_disk, observe, tmp
     t2 = target(doc2, "ct201")
     flagged = [f for f in t2["findings"] if "space" in (f["summary"] + f["kind"]).lower()
                or f.get("playbook") == "disk-full"]  # fmt: skip
-    observe(f"disk full: check exit {rc2}, state {t2['state']!r}, findings {kinds(t2)}"
-            + (f"; {flagged[0]['summary'][:90]!r}" if flagged else ""))
+    observe(
+        f"disk full: check exit {rc2}, state {t2['state']!r}, findings {kinds(t2)}"
+        + (f"; {flagged[0]['summary'][:90]!r}" if flagged else "")
+    )
     assert t["reachable"] and t2["reachable"], (t, t2)
     assert flagged, t2
 

@@ -67,7 +67,9 @@ def test_sshd_killed_during_check(running, observe, tmp_path):
     cmd = [sys.executable, "-m", "orchestrator.cli", "-c", str(running.config), "check",
            "--json", "--db", str(db), "--timeout", "10"]  # fmt: skip
     started = time.monotonic()
-    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT)
+    proc = subprocess.Popen(
+        cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
+    )
     time.sleep(0.4)  # mid-check: connecting or snapshotting
     running.stop_sshd()
     try:
