@@ -596,8 +596,9 @@ def postmortem_cmd(
     Collects the manifest, exit status, log tail, last pane screen, flight recorder
     (gpu.jsonl), host kernel log since the launch and pct status; writes them with
     report.md and report.html to the bundle (0700 dir, 0600 files). Verdict kinds:
-    container-stopped, oom-killer, log-signature (with its playbook), crashed,
-    silent-death, ghost-utilization, finished, other findings of a live run, or
+    container-stopped, oom-killer, stopped (orch stop asked), log-signature (with
+    its playbook), crashed, silent-death, ghost-utilization, finished, other
+    findings of a live run, or
     healthy. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
     (nothing to explain; the bundle is still written); 2 unknown target or run;
     3 host or container unreachable; 4 --out exists and is not empty.
@@ -864,6 +865,43 @@ def export_cmd(
 
 
 # --- first five minutes: demo, init, doctor --------------------------------------------------
+
+
+@app.command("demo")
+def demo_cmd(
+    state_dir: Path | None = typer.Option(
+        None, "--dir", help="State directory for the demo's sandbox (default: a new /tmp/orch-demo-*)."
+    ),
+    keep: bool = typer.Option(
+        False, "--keep", help="Leave the sandbox running afterwards and print how to explore it."
+    ),
+    fault: str = typer.Option(
+        "both", "--fault", help="What to break: kill (SIGKILL the trainer), ghost (GPU 3, seed 000) or both."
+    ),
+    watch_s: float = typer.Option(5.0, "--watch", min=0.0, help="Seconds of live view before the fault."),
+    yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing, even on a terminal."),
+    as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON document at the end."),
+) -> None:
+    """The whole loop on this machine in about a minute: sandbox, launch, watch, fault, postmortem.
+
+    Starts a sandbox (a simulated Proxmox host: sshd, the pct stand-in, 8 fake GPUs),
+    launches the bundled trainer (tiny CPU config) in ct200 through ssh and pct exec,
+    shows the live view, injects the fault, shows the finding, prints the postmortem
+    verdict and its HTML report, and stops the sandbox (--keep leaves it up). Asks
+    before the fault and the teardown only when stdin is a terminal (and not --yes).
+    Exit codes: 0 the loop ran and reached a verdict; 1 a step failed; 2 something
+    needed is missing (each item is named with its install command).
+    """
+    from orchestrator import demo
+    from orchestrator.views.demo import RichDemoUI
+
+    interactive = sys.stdin.isatty() and not yes and not as_json
+    ui = RichDemoUI(out_console, interactive=interactive)
+    result = demo.run_demo(
+        ui, state_dir=state_dir, keep=keep, fault=fault, watch_s=watch_s, interactive=interactive
+    )
+    if as_json:
+        print_json(result.to_dict())
 
 
 @app.command("init")

@@ -45,7 +45,7 @@ from orchestrator.errors import (
     OrchError,
     UsageError,
 )
-from orchestrator.paths import readable_by_others, state_dir, writable_by_others
+from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MARKS = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
@@ -131,14 +131,11 @@ def check_config(explicit: Path | None) -> tuple[Check, Inventory | None]:
 
 
 def _mode_problem(path: Path) -> str | None:
-    try:
-        mode = path.stat().st_mode
-    except OSError:
+    mode = mode_if_writable_by_others(path)
+    if mode is None:
         return None
-    if writable_by_others(mode):
-        kind = "directory" if stat.S_ISDIR(mode) else "file"
-        return f"{kind} {path} is writable by group or others (mode {stat.S_IMODE(mode):03o})"
-    return None
+    kind = "directory" if stat.S_ISDIR(mode) else "file"
+    return f"{kind} {path} is writable by group or others (mode {stat.S_IMODE(mode):03o})"
 
 
 def check_config_perms(path: Path) -> Check:

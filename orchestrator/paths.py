@@ -108,12 +108,30 @@ def write_private(path: Path | str, data: bytes | str, mode: int = PRIVATE_FILE_
     if not path.parent.exists():
         ensure_private_dir(path.parent)
     raw = data.encode("utf-8") if isinstance(data, str) else data
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    return atomic_write(path, raw, mode)
+
+
+def atomic_write(
+    path: Path | str, data: bytes, mode: int, *, suffix: str = ".tmp", fsync: bool = True
+) -> Path:
+    """Write ``data`` to ``path`` through a temp file beside it, then rename; return the path.
+
+    The temp file (``.<name>.<random><suffix>``) is created 0600, gets ``mode`` only once
+    complete, and (with ``fsync``) is flushed to disk before the rename, so readers see the
+    old file or the new one, never half of it. The parent directory must exist.
+
+    Raises:
+        OSError: the directory is missing or not writable, or the disk is full (the temp
+            file is removed).
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(raw)
-            fh.flush()
-            os.fsync(fh.fileno())
+            fh.write(data)
+            if fsync:
+                fh.flush()
+                os.fsync(fh.fileno())
         os.chmod(tmp, mode)
         os.replace(tmp, path)
     except BaseException:
@@ -123,17 +141,28 @@ def write_private(path: Path | str, data: bytes | str, mode: int = PRIVATE_FILE_
     return path
 
 
+def mode_if_writable_by_others(path: Path | str) -> int | None:
+    """``path``'s ``st_mode`` when group or others can write it (see :func:`writable_by_others`);
+    ``None`` when they cannot or ``path`` cannot be stat'ed. Never raises.
+
+    >>> mode_if_writable_by_others("/nonexistent/orch") is None
+    True
+    """
+    try:
+        mode = Path(path).stat().st_mode
+    except OSError:
+        return None
+    return mode if writable_by_others(mode) else None
+
+
 def warn_if_writable_by_others(path: Path | str, what: str) -> bool:
     """Log a warning (and return True) when ``path`` exists and group or others can write it.
 
     ``what`` names it in the message (``"state directory"``). Never raises.
     """
     path = Path(path)
-    try:
-        mode = path.stat().st_mode
-    except OSError:
-        return False
-    if not writable_by_others(mode):
+    mode = mode_if_writable_by_others(path)
+    if mode is None:
         return False
     log.warning(
         "%s %s is writable by group or others (mode %03o): whoever can write it can change "

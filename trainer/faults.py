@@ -26,6 +26,12 @@ OOM_TEXT = (
 )
 
 
+_OOM = torch.OutOfMemoryError
+"""Raised under this name so the traceback's source line (``raise _OOM(OOM_TEXT)``) does not
+itself read like the error: log signatures match a line naming ``torch.OutOfMemoryError`` and
+must land on the error line, as in a real OOM traceback whose source line is the user's code."""
+
+
 @dataclass(frozen=True, slots=True)
 class Fault:
     """One injected fault; ``arg`` is the slow factor or the silent-exit status."""
@@ -87,7 +93,7 @@ class FaultInjector:
             if f.kind == "crash":
                 raise RuntimeError(f"injected fault: crash at step {step}")
             if f.kind == "oom":
-                raise torch.OutOfMemoryError(OOM_TEXT)
+                raise _OOM(OOM_TEXT)
             if f.kind == "silent-exit":
                 os._exit(int(f.arg) if f.arg is not None else 0)
             if f.kind == "hang":

@@ -29,6 +29,9 @@ from typing import Any
 
 from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
 
+#: One enumerated GPU: (NVML handle or None when lost, index, uuid, name, total MiB).
+_Device = tuple[Any, int, str | None, str | None, float | None]
+
 log = logging.getLogger(__name__)
 
 SMI_GPU_FIELDS = (
@@ -251,7 +254,7 @@ class GpuCollector:
         self._pynvml: Any = None
         self._initialised = False
         self._driver: str | None = None
-        self._devices: list[tuple[Any, int, str | None, str | None, float | None]] | None = None
+        self._devices: list[_Device] | None = None
         self._worker: _Worker | None = None
         self._fallback_reason: str | None = None
 
@@ -367,7 +370,7 @@ class GpuCollector:
             self._driver = _text(nv.nvmlSystemGetDriverVersion())
             worker.step = "nvmlDeviceGetCount"
             count = nv.nvmlDeviceGetCount()
-            devices = []
+            devices: list[_Device] = []
             for i in range(count):
                 worker.step = f"nvmlDeviceGetHandleByIndex(GPU {i})"
                 try:
@@ -389,7 +392,7 @@ class GpuCollector:
             progress.append(self._read_device(h, i, uuid, name))
         return tuple(progress)
 
-    def _identify(self, h: Any, i: int) -> tuple[Any, int, str | None, str | None, float | None]:
+    def _identify(self, h: Any, i: int) -> _Device:
         """(handle, index, uuid, name, total MiB); uuid/name ``None`` when the GPU will not say."""
         nv = self._pynvml
         try:

@@ -43,6 +43,63 @@ def _read(path: str) -> str | None:
         return None
 
 
+def children_by_parent(proc: str = "/proc") -> dict[int, list[int]]:
+    """Child pids of every process (parent pid -> children), from one scan of ``/proc/*/stat``.
+
+    A process that vanishes or whose stat cannot be parsed mid-scan is left out.
+    """
+    by_parent: dict[int, list[int]] = {}
+    try:
+        names = os.listdir(proc)
+    except OSError:
+        return by_parent
+    for name in names:
+        if not name.isdigit():
+            continue
+        text = _read(f"{proc}/{name}/stat")
+        if text:
+            try:
+                st = parse_stat(text)
+            except (ValueError, IndexError):
+                continue
+            by_parent.setdefault(st[3], []).append(st[0])
+    return by_parent
+
+
+def descendants(pid: int, proc: str = "/proc") -> list[int]:
+    """Every process below ``pid`` (not ``pid`` itself), parents before their children."""
+    by_parent = children_by_parent(proc)
+    found: list[int] = []
+    todo = [pid]
+    while todo:
+        for child in by_parent.get(todo.pop(), []):
+            found.append(child)
+            todo.append(child)
+    return found
+
+
+def alive(pid: int, proc: str = "/proc") -> bool:
+    """True if ``pid`` exists and is not a zombie (state ``Z`` in ``/proc/<pid>/stat``)."""
+    text = _read(f"{proc}/{pid}/stat")
+    if not text:
+        return False
+    try:
+        return text[text.rindex(")") + 1 :].split()[0] != "Z"
+    except (ValueError, IndexError):
+        return False
+
+
+def read_pid_file(path: str) -> int | None:
+    """The pid in a pid file (digits, surrounding white space allowed); ``None`` when the file
+    is missing, unreadable or holds anything else.
+    """
+    text = _read(path)
+    if text is None:
+        return None
+    text = text.strip()
+    return int(text) if text.isascii() and text.isdigit() else None
+
+
 class ProcSampler:
     """Samples the tree under a root pid; keeps CPU ticks between calls for ``cpu_pct``."""
 
@@ -72,20 +129,6 @@ class ProcSampler:
             if text:
                 kids.extend(int(x) for x in text.split())
         return kids
-
-    def _scan_children(self) -> dict[int, list[int]]:
-        by_parent: dict[int, list[int]] = {}
-        for name in os.listdir(self.proc):
-            if not name.isdigit():
-                continue
-            text = _read(f"{self.proc}/{name}/stat")
-            if text:
-                try:
-                    st = parse_stat(text)
-                except (ValueError, IndexError):
-                    continue
-                by_parent.setdefault(st[3], []).append(st[0])
-        return by_parent
 
     def tree(self, root: int | None) -> tuple[ProcessInfo, ...]:
         """The processes under ``root`` (included), breadth first, at most ``MAX_PROCS``."""
@@ -136,7 +179,7 @@ class ProcSampler:
             kids = self._children(pid)
             if kids is None:
                 if scan is None:
-                    scan = self._scan_children()
+                    scan = children_by_parent(self.proc)
                 kids = scan.get(pid, [])
             queue.extend(kids)
         return tuple(out)

@@ -22,7 +22,7 @@ import time
 from typing import Any
 
 from orchestrator.agent.gpu import GpuCollector
-from orchestrator.agent.procs import ProcSampler
+from orchestrator.agent.procs import ProcSampler, alive, read_pid_file
 
 FILE = "gpu.jsonl"
 
@@ -36,25 +36,6 @@ def rotate_if_needed(path: str, max_bytes: int) -> bool:
         return False
     os.replace(path, path + ".1")
     return True
-
-
-def _read_pid(path: str) -> int | None:
-    try:
-        with open(path, encoding="ascii") as fh:
-            text = fh.read(32).strip()
-    except OSError:
-        return None
-    return int(text) if text.isdigit() else None
-
-
-def _alive(pid: int | None) -> bool:
-    if not pid:
-        return True
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as fh:
-            return b") Z " not in fh.read(256)
-    except OSError:
-        return False
 
 
 def record(
@@ -93,7 +74,7 @@ def record(
             tick = time.monotonic()
             gpus, nvml = collector.collect()
             if pid is None:
-                pid = _read_pid(os.path.join(run_dir, "pgid"))
+                pid = read_pid_file(os.path.join(run_dir, "pgid"))
             line = {
                 "t": round(time.time(), 3),
                 "gpus": [g.to_dict() for g in gpus],
@@ -105,7 +86,7 @@ def record(
                 fh.write(json.dumps(line, separators=(",", ":")) + "\n")
             written += 1
             if end_at is None and (
-                os.path.exists(os.path.join(run_dir, "exit_status")) or not _alive(pid)
+                os.path.exists(os.path.join(run_dir, "exit_status")) or (pid and not alive(pid))
             ):
                 end_at = tick + linger_s
             if end_at is not None and tick >= end_at:

@@ -196,48 +196,45 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
     gpus = tuple(run.manifest.gpus) if run is not None and run.manifest is not None else ()
     asked = run.stop_requested_at if run is not None else None
     by = (run.stop_requested_by if run is not None else None) or "orch stop"
-    if asked is not None and at >= asked - 1.0:  # orch stop asked first: info, never a page
-        sig = signal_name(status)
-        return [
-            Finding(
-                kind="finished",
-                severity=Severity.INFO,
-                target=last.target,
-                summary=(
-                    f"run {run_id} stopped by {by} at "
-                    f"{fmt_time(asked)}: exit status {status}" + (f" = {sig}" if sig else "")
-                ),
-                gpus=gpus,
-                since=at,
-                evidence=(f"stop_requested: {fmt_time(asked)}", f"exit_status: {status}", *tail),
-            )
-        ]
-    if status == 0:
-        return [
-            Finding(
-                kind="finished",
-                severity=Severity.INFO,
-                target=last.target,
-                summary=f"run {run_id} finished (exit status 0) at {fmt_time(at)}",
-                gpus=gpus,
-                since=at,
-                evidence=("exit_status: 0",),
-            )
-        ]
     sig = signal_name(status)
     what = f"exit status {status}" + (f" = {sig}" if sig else "")
-    hint = " (often the kernel OOM killer; see the host kernel log)" if sig == "SIGKILL" else ""
-    return [
-        Finding(
-            kind="crashed",
-            severity=Severity.CRITICAL,
-            target=last.target,
-            summary=f"run {run_id} crashed: {what}{how}{hint} at {fmt_time(at)}",
-            gpus=gpus,
-            since=at,
-            evidence=(f"exit_status: {status}" + (f" ({sig})" if sig else ""), *tail),
+
+    def one(
+        kind: str, severity: Severity, summary: str, evidence: tuple[str, ...]
+    ) -> list[Finding]:
+        return [
+            Finding(
+                kind=kind,
+                severity=severity,
+                target=last.target,
+                summary=summary,
+                gpus=gpus,
+                since=at,
+                evidence=evidence,
+            )
+        ]
+
+    if asked is not None and at >= asked - 1.0:  # orch stop asked first: info, never a page
+        return one(
+            "finished",
+            Severity.INFO,
+            f"run {run_id} stopped by {by} at {fmt_time(asked)}: {what}",
+            (f"stop_requested: {fmt_time(asked)}", f"exit_status: {status}", *tail),
         )
-    ]
+    if status == 0:
+        return one(
+            "finished",
+            Severity.INFO,
+            f"run {run_id} finished (exit status 0) at {fmt_time(at)}",
+            ("exit_status: 0",),
+        )
+    hint = " (often the kernel OOM killer; see the host kernel log)" if sig == "SIGKILL" else ""
+    return one(
+        "crashed",
+        Severity.CRITICAL,
+        f"run {run_id} crashed: {what}{how}{hint} at {fmt_time(at)}",
+        (f"exit_status: {status}" + (f" ({sig})" if sig else ""), *tail),
+    )
 
 
 def _progressed(prev: Snapshot | None, cur: Snapshot) -> bool:

@@ -25,6 +25,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from orchestrator.agent.procs import alive, descendants, read_pid_file
 from orchestrator.errors import OrchError
 
 SSHD = "/usr/sbin/sshd"
@@ -238,10 +239,7 @@ def _read_pid(target: Sshd | Path | str) -> int | None:
     path = Path(target)
     if path.is_dir():
         path = path / "sshd.pid"
-    try:
-        return int(path.read_text().split()[0])
-    except (OSError, ValueError, IndexError):
-        return None
+    return read_pid_file(str(path))
 
 
 def _alive(pid: int) -> bool:
@@ -250,11 +248,10 @@ def _alive(pid: int) -> bool:
         if os.waitpid(pid, os.WNOHANG)[0] == pid:
             return False
     try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
         cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return False
-    return stat.rsplit(")", 1)[1].split()[0] != "Z" and b"sshd" in cmdline
+    return b"sshd" in cmdline and alive(pid)
 
 
 def sshd_running(target: Sshd | Path | str) -> bool:
@@ -274,26 +271,6 @@ def _terminate(pid: int, timeout_s: float) -> None:
             time.sleep(0.05)
 
 
-def _descendants(pid: int) -> list[int]:
-    """Every process below ``pid`` (children first found by a /proc ppid walk)."""
-    parents: dict[int, list[int]] = {}
-    for proc in Path("/proc").iterdir():
-        if not proc.name.isdigit():
-            continue
-        try:
-            ppid = int((proc / "stat").read_text().rsplit(")", 1)[1].split()[1])
-        except (OSError, ValueError, IndexError):
-            continue
-        parents.setdefault(ppid, []).append(int(proc.name))
-    found: list[int] = []
-    todo = [pid]
-    while todo:
-        for child in parents.get(todo.pop(), []):
-            found.append(child)
-            todo.append(child)
-    return found
-
-
 def stop_sshd(target: Sshd | Path | str, timeout_s: float = 5.0, *, sessions: bool = True) -> bool:
     """Stop the sshd of ``target`` (SIGTERM, then SIGKILL after ``timeout_s``), by pid.
 
@@ -308,7 +285,7 @@ def stop_sshd(target: Sshd | Path | str, timeout_s: float = 5.0, *, sessions: bo
     if pid is None or not _alive(pid):
         return False
     if sessions:
-        for child in _descendants(pid):
+        for child in descendants(pid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(child, signal.SIGKILL)
     _terminate(pid, timeout_s)

@@ -11,13 +11,12 @@ import os
 import selectors
 import signal
 import subprocess
-import tempfile
 import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from pathlib import Path
 
 from orchestrator.errors import CommandTimeout
+from orchestrator.paths import atomic_write
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line
 
@@ -128,17 +127,7 @@ class LocalTransport(Transport):
 
     def put(self, data: bytes, path: str, *, mode: int = 0o644) -> None:
         """Write ``data`` to ``path`` atomically (temp file in the same directory, then rename)."""
-        target = Path(path)
-        fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".orch-tmp", dir=target.parent)
-        try:
-            with os.fdopen(fd, "wb") as fh:
-                fh.write(data)
-            os.chmod(tmp, mode)
-            os.replace(tmp, target)
-        except BaseException:
-            with contextlib.suppress(OSError):
-                os.unlink(tmp)
-            raise
+        atomic_write(path, data, mode, suffix=".orch-tmp", fsync=False)
 
 
 class _FailedStream(LineStream):

@@ -14,7 +14,6 @@ failure detection (keepalive 1 s, connect timeout 3 s, poll interval 1 s).
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import queue
 import signal
@@ -104,7 +103,6 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     rows = [r for r in _ROWS.values() if r["result"] != "not run"]
     text = table.render(rows, wall_s=time.monotonic() - _STARTED)
     Path(path).write_text(text, encoding="utf-8")
-    Path(path).with_suffix(".json").write_text(json.dumps(rows, indent=1) + "\n")
 
 
 @pytest.fixture

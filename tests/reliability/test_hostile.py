@@ -156,7 +156,7 @@ def test_binary_log_and_huge_pane_line(fleet, observe, tmp_path):
     fleet.scenario("idle")
     fleet.agent_launch(
         "ct200",
-        cmd="head -c 65536 /dev/urandom; head -c 104857600 /dev/zero | tr '\\0' 'y'; "
+        cmd="sleep 2; head -c 65536 /dev/urandom; head -c 104857600 /dev/zero | tr '\\0' 'y'; "
         "echo; echo step=1 loss=2.0; sleep 600",
     )
     from tests.helpers import wait_for
@@ -213,9 +213,9 @@ def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
         [sys.executable, "-m", "orchestrator.cli", "diagnose", str(log), "--playbooks", str(d)],
         capture_output=True, text=True, timeout=60, cwd=ROOT,
     )  # fmt: skip
-    observe(
-        f"load: {msg[:120]!r}; orch diagnose exit {res.returncode}: {res.stderr.strip()[:100]!r}"
-    )
+    shown = msg.replace(str(tmp_path), "TMP")
+    err_line = res.stderr.strip().replace(str(tmp_path), "TMP")
+    observe(f"load: {shown[:110]!r}; orch diagnose exit {res.returncode}: {err_line[:90]!r}")
     assert f"{d / 'broken.yaml'}:8" in msg, msg
     assert res.returncode == 2 and "Traceback" not in res.stderr
     assert len(res.stderr.strip().splitlines()) == 1, res.stderr

@@ -85,8 +85,9 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
             artefacts[f"run dir: {p.name}"] = p.read_bytes()
     leaks = sorted(k for k, v in artefacts.items() if CANARY.encode() in v)
     checked = len(artefacts)
-    observe(f"{checked} artefacts grepped ({', '.join(sorted({k.split(':')[0].split(' ')[0] for k in artefacts}))[:160]}); "
-            f"canary found in: {leaks or 'none'}")  # fmt: skip
+    kinds = sorted({k.split("/")[0].split(":")[0].split(" stdout")[0].split(" stderr")[0]
+                    for k in artefacts})  # fmt: skip
+    observe(f"{checked} artefacts grepped ({', '.join(kinds)}); canary found in: {leaks or 'none'}")
     assert (run_dir / "manifest.json").exists() and any(
         p.suffix == ".md" for p in _files(tmp_path / "pm")
     )

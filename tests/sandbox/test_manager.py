@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.agent.procs import alive
 from orchestrator.cli import run
 from orchestrator.sandbox import manager
 from tests.sandbox.gpu3_reader import Gpu3Reader
@@ -23,13 +24,6 @@ def orch(*args: str) -> subprocess.CompletedProcess[str]:
         text=True,
         timeout=120,
     )
-
-
-def _alive(pid: int) -> bool:
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
-    except OSError:
-        return False
 
 
 def _marked(state_dir: Path) -> list[int]:
@@ -45,7 +39,7 @@ def _marked(state_dir: Path) -> list[int]:
                 e == f"ORCH_SANDBOX_STATE={state_dir}".encode()
                 or e.startswith(f"ORCH_SANDBOX_CT={state_dir}:".encode())
                 for e in env
-            ) and _alive(int(p.name)):
+            ) and alive(int(p.name)):
                 found.append(int(p.name))
     return found
 
@@ -113,7 +107,7 @@ def test_up_status_scenario_down_leaves_no_process(tmp_path: Path) -> None:
     assert down.returncode == 0, down.stderr
     report = json.loads(down.stdout)
     assert report["sshd"] is True and report["containers"] == ["ct200", "ct201"]
-    assert not _alive(info["sshd_pid"])
+    assert not alive(info["sshd_pid"])
     assert _marked(state) == []
     assert (
         state / "containers" / "201" / "root" / "dflash" / "train.log"

@@ -319,13 +319,13 @@ def test_silent_peer_is_declared_dead_by_the_liveness_check(own_sshd: Sshd) -> N
     import os
     import signal
 
-    from orchestrator.sandbox.sshd import _descendants
+    from orchestrator.agent.procs import descendants
 
     transport = SshTransport(host_config(own_sshd, keepalive_s=0.5), dead_after_s=2.0)
     stopped = []
     try:
         assert transport.run(["true"]).ok
-        stopped = _descendants(own_sshd.pid)
+        stopped = descendants(own_sshd.pid)
         for pid in stopped:
             os.kill(pid, signal.SIGSTOP)
         started = time.monotonic()

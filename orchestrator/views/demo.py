@@ -1,0 +1,135 @@
+"""Rendering for ``orch demo``: one line per step with its duration, the live view, the findings,
+the verdict, and what to do next. Implements :class:`orchestrator.demo.DemoUI`."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from rich.console import Console
+from rich.text import Text
+
+from orchestrator.model import Finding, Snapshot
+from orchestrator.views.launch import PhaseProgress
+
+_MARK = {"ok": ("✓", "green"), "fail": ("✗", "bold red")}
+_SEVERITY = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "blue"}
+SHOW_AFTER_FOUND_S = 1.5
+"""The live view stays this long after the awaited finding, so it is seen there too."""
+
+
+class RichDemoUI:
+    """Prints the demo's progress on ``console``; asks questions only when ``interactive``."""
+
+    def __init__(self, console: Console, *, interactive: bool = False, interval_s: float = 1.0):
+        self.console = console
+        self.interactive = interactive
+        self.interval_s = interval_s
+        self._phases: PhaseProgress | None = None
+
+    def step(self, name: str, status: str, detail: str, elapsed_s: float | None) -> None:
+        if status == "start":
+            self.console.print(Text.assemble(("▶ ", "bold cyan"), (f"{name:<10}", "bold"), detail),
+                               highlight=False, soft_wrap=True)  # fmt: skip
+            return
+        if self._phases is not None:
+            self._phases.close()
+            self._phases = None
+        mark, style = _MARK.get(status, ("?", ""))
+        line = Text.assemble((f"{mark} ", style), (f"{name:<10}", "bold"), detail)
+        if elapsed_s is not None:
+            line.append(f"  [{elapsed_s:.1f} s]", style="dim")
+        self.console.print(line, highlight=False, soft_wrap=True)
+
+    def phase(self, name: str, status: str, detail: str) -> None:
+        """The launch's own phases (preflight, deploy, start, verify), indented under its step."""
+        if self._phases is None:
+            self._phases = PhaseProgress(self.console)
+        if status != "start":
+            self.console.print("   ", end="")
+        self._phases(name, status, detail)
+
+    def watch(
+        self,
+        inventory: Any,
+        name: str,
+        *,
+        seconds: float,
+        on_snapshot: Callable[[Snapshot], bool],
+    ) -> None:
+        """``orch watch NAME`` for ``seconds`` (plain lines when not a terminal).
+
+        Every snapshot goes to ``on_snapshot`` first; once it answers True the view
+        stays :data:`SHOW_AFTER_FOUND_S` longer and ends.
+        """
+        from orchestrator.target import Target
+        from orchestrator.views.watch import watch
+
+        stop = threading.Event()
+        streams: list[Any] = []
+
+        def factory(n: str) -> Callable[[], Iterator[Snapshot]]:
+            def open_stream() -> Iterator[Snapshot]:
+                inner = Target(inventory, n).stream(self.interval_s)
+                streams.append(inner)
+                for snap in inner:
+                    if on_snapshot(snap) and not stop.is_set():
+                        threading.Timer(SHOW_AFTER_FOUND_S, stop.set).start()
+                    yield snap
+
+            return open_stream
+
+        timer = threading.Timer(seconds, stop.set)
+        timer.daemon = True
+        timer.start()
+        plain = not self.console.is_terminal
+        try:
+            watch(inventory, [name], interval_s=self.interval_s, plain=plain,
+                  console=self.console, stream_factory=factory, stop=stop)  # fmt: skip
+        finally:
+            stop.set()
+            timer.cancel()
+            for s in streams:  # closes the remote `agent stream` at once
+                with contextlib.suppress(ValueError):  # still running in the pump thread
+                    s.close()
+
+    def findings(self, findings: Sequence[Finding]) -> None:
+        if not findings:
+            self.console.print("   no findings")
+        for f in findings:
+            sev = f.severity.name
+            gpus = f" [GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
+            line = Text.assemble("   finding: ", (f"{sev} {f.kind}", _SEVERITY.get(sev, "")),
+                                 gpus, f": {f.summary}")  # fmt: skip
+            self.console.print(line, highlight=False, soft_wrap=True)
+
+    def verdict(self, pm: Any) -> None:
+        from orchestrator.views.postmortem import print_verdict
+
+        self.console.rule("postmortem")
+        print_verdict(self.console, pm)
+        self.console.rule()
+
+    def ask(self, question: str) -> bool:
+        if not self.interactive:
+            return False
+        answer = self.console.input(f"{question} [y/N] ").strip().lower()
+        return answer in ("y", "yes")
+
+    def done(self, result: Any) -> None:
+        c = self.console
+        verdict = result.verdict.kind if result.verdict is not None else "none"
+        c.print(Text.assemble(("demo done", "bold green"),
+                              f" in {result.elapsed_s:.1f} s: verdict {verdict}"),
+                highlight=False)  # fmt: skip
+        if result.report_html:
+            c.print(Text(f"HTML report: {result.report_html}"), highlight=False, soft_wrap=True)
+        if result.kept:
+            c.print("The sandbox is still up. Explore it with:")
+            for cmd in result.explore_commands():
+                c.print(Text(f"  {cmd}"), highlight=False, soft_wrap=True)
+        else:
+            c.print(Text(f"Sandbox stopped; its files stay in {result.state_dir} "
+                         f"(orch demo --keep leaves it running)."), highlight=False, soft_wrap=True)  # fmt: skip
