@@ -85,18 +85,8 @@ class Fleet:
         for h in range(self.hosts):
             state_dir = self.workdir / f"host{h}"
             self.state_dirs.append(state_dir)
+            # its bin/ and each container's usr/bin/ hold python3 -> the real interpreter
             info = manager.up(state_dir, containers=self.per_host, gpus=8, scenario="healthy")
-            # python3 on this machine's PATH is a pyenv shim (a bash script, ~0.5 s a call); a
-            # Proxmox host and its containers have /usr/bin/python3: link the real one first.
-            real = Path(sys.executable).resolve()
-            for d in [
-                state_dir / "bin",
-                *(info.container_root(v) / "usr" / "bin" for v in info.vmids),
-            ]:
-                d.mkdir(parents=True, exist_ok=True)
-                link = d / "python3"
-                if not link.exists():
-                    link.symlink_to(real)
             ns, veth_host, veth_ns = f"{self.tag}n{h}", f"{self.tag}h{h}", f"{self.tag}c{h}"
             host_ip, ns_ip = f"10.213.{base + h}.1", f"10.213.{base + h}.2"
             sh("ip", "netns", "add", ns)

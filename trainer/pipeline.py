@@ -10,6 +10,7 @@ on the combined batch. :meth:`Trainer.run_plain` is the single-threaded referenc
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import math
 import os
@@ -32,6 +33,25 @@ from trainer.model import Drafter, TargetLM, make_attention
 from trainer.objective import Shard, drafter_loss, run_target
 
 _POLL_S = 0.1
+_RELEASE_S = 60.0
+"""After a worker failed: how long the others get to finish their step and leave (s)."""
+
+
+def _release(queues: list[queue.Queue[Any]], threads: list[threading.Thread]) -> None:
+    """Wake every worker (queues drained, ``None`` posted) and join them, at most ``_RELEASE_S``.
+
+    A worker still inside a torch op when the interpreter exits (daemon threads are not waited
+    for) makes the C++ runtime call ``std::terminate``: exit 134 instead of the exception's 1.
+    """
+    for q in queues:
+        with contextlib.suppress(queue.Empty):
+            while True:
+                q.get_nowait()
+        with contextlib.suppress(queue.Full):
+            q.put_nowait(None)
+    deadline = time.monotonic() + _RELEASE_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -341,6 +361,7 @@ class Trainer:
         finally:
             if failed.is_set() or errors:
                 reducer.barrier.abort()
+                _release(queues, threads)
         if errors:
             raise errors[0]
         return self._finish(start, t_start)

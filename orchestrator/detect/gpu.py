@@ -73,10 +73,12 @@ def ghost_utilization(
             for s in run[-5:]
             if (x := gpu(s, g.index)) is not None
         )
+        # Held by nothing, the GPU is wedged for the next run too (seed 000): page someone.
+        severity = Severity.WARNING if procs else Severity.CRITICAL
         out.append(
             Finding(
                 kind="ghost-utilization",
-                severity=Severity.WARNING,
+                severity=severity,
                 target=target,
                 summary=(
                     f"GPU {g.index} reads {fmt_num(last.utilization_pct, '%')} busy with "

@@ -7,11 +7,13 @@ Layout of a state directory (default ``~/.local/state/orch/sandbox``; several ca
     scenario.json              the live GPU scenario ($ORCH_FAKE_NVML_SCENARIO)
     kernel.log                 the kernel ring buffer (dmesg/journalctl stand-ins)
     lib/libnvidia-ml.so.1      the fake NVML (fakenvml.c)
-    bin/                       pct, dmesg, journalctl, nvidia-smi: first on the sshd's PATH
+    bin/                       pct, dmesg, journalctl, nvidia-smi, python3 (the real
+                               interpreter, not a pyenv shim): first on the sshd's PATH
     sshd/                      sshd config, host key, client key, known_hosts, log
     etc/pve/lxc/<vmid>.conf    container configs
     containers/<vmid>/         a container's "/": root/ (HOME, holds the workdir root/dflash),
-                               tmp/ (its tmux sockets), usr/bin/ (nvidia-smi), status, cgroup
+                               tmp/ (its tmux sockets), usr/bin/ (nvidia-smi, python3),
+                               status, cgroup
 
 Everything runs as the current user. When cgroup v2 is writable, ``pct exec``
 puts its child in ``<cgroup2>/lxc/<vmid>/ns/orch-sandbox-<id>`` so
@@ -151,6 +153,27 @@ def _wrapper(path: Path, script: str, *args: str) -> None:
         shlex.quote(a) for a in (sys.executable, "-E", "-S", str(STANDIN_DIR / script), *args)
     )
     _write_atomic(path, f'#!/bin/sh\nexec {words} "$@"\n', 0o755)
+
+
+def _python_link(directory: Path) -> None:
+    """``directory/python3``: this machine's interpreter itself, as a host's ``/usr/bin/python3``.
+
+    ``python3`` on this machine's PATH may be a pyenv shim (a bash script, ~0.5 s a
+    call); a Proxmox host or container starts its interpreter directly. A symlink to
+    the real binary, except in a virtualenv, whose packages only its own ``python``
+    finds: then a one-line sh wrapper (``exec`` costs ~1 ms).
+    """
+    link = directory / "python3"
+    if sys.prefix != sys.base_prefix:
+        _write_atomic(link, f'#!/bin/sh\nexec {shlex.quote(sys.executable)} "$@"\n', 0o755)
+        return
+    real = os.path.realpath(sys.executable)
+    if link.is_symlink() and os.readlink(link) == real:
+        return
+    tmp = directory / f".python3.{os.getpid()}.tmp"
+    tmp.unlink(missing_ok=True)
+    tmp.symlink_to(real)
+    os.replace(tmp, link)
 
 
 def _check_tools() -> None:
@@ -436,6 +459,7 @@ def _make_container(state_dir: Path, vmid: int, uid: int) -> Path:
         )
     _wrapper(root / "usr" / "bin" / "nvidia-smi", "nvidia-smi")
     _wrapper(root / "usr" / "bin" / "dmesg", "dmesg")
+    _python_link(root / "usr" / "bin")
     conf = state_dir / "etc" / "pve" / "lxc" / f"{vmid}.conf"
     conf.parent.mkdir(parents=True, exist_ok=True)
     if not conf.exists():
@@ -540,6 +564,7 @@ def up(
     for name in ("pct", "dmesg", "nvidia-smi"):
         _wrapper(state_dir / "bin" / name, name)
     _wrapper(state_dir / "bin" / "journalctl", "dmesg", "--as-journalctl")
+    _python_link(state_dir / "bin")
 
     vmids = [FIRST_VMID + i for i in range(containers)]
     uid = os.getuid()

@@ -31,14 +31,14 @@ class RichDemoUI:
 
     def step(self, name: str, status: str, detail: str, elapsed_s: float | None) -> None:
         if status == "start":
-            self.console.print(Text.assemble(("▶ ", "bold cyan"), (f"{name:<10}", "bold"), detail),
+            self.console.print(Text.assemble(("▶ ", "bold cyan"), (f"{name:<11}", "bold"), detail),
                                highlight=False, soft_wrap=True)  # fmt: skip
             return
         if self._phases is not None:
             self._phases.close()
             self._phases = None
         mark, style = _MARK.get(status, ("?", ""))
-        line = Text.assemble((f"{mark} ", style), (f"{name:<10}", "bold"), detail)
+        line = Text.assemble((f"{mark} ", style), (f"{name:<11}", "bold"), detail)
         if elapsed_s is not None:
             line.append(f"  [{elapsed_s:.1f} s]", style="dim")
         self.console.print(line, highlight=False, soft_wrap=True)
