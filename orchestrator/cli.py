@@ -1035,13 +1035,32 @@ def doctor_cmd(
     raise typer.Exit(0 if ok else 1)
 
 
+def _click_exception_types() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
+    """(exit, abort, usage-error) exception classes of click and of typer's vendored copy.
+
+    typer >= 0.20 raises its own copy of click's exceptions (``typer._click``), which
+    ``except click.ClickException`` does not catch: a mistyped flag would look like a crash.
+    """
+    import click
+
+    exits: set[type] = {click.exceptions.Exit, typer.Exit}
+    aborts: set[type] = {click.exceptions.Abort, typer.Abort}
+    usage: set[type] = {click.ClickException}
+    try:
+        from typer._click import exceptions as vendored
+    except ImportError:
+        pass
+    else:
+        usage.add(vendored.ClickException)
+    return tuple(exits), tuple(aborts), tuple(usage)
+
+
 def run(argv: list[str] | None = None) -> int:
     """Run orch with ``argv`` (default: ``sys.argv[1:]``) and return the exit code.
 
     Tests call this directly (with pytest's ``capsys``) to check codes and messages.
     """
-    import click
-
+    exit_types, abort_types, usage_types = _click_exception_types()
     try:
         rv = app(args=argv, prog_name="orch", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
@@ -1052,14 +1071,14 @@ def run(argv: list[str] | None = None) -> int:
         line = Text.assemble(("error:", "bold red"), " ", str(exc))
         err_console.print(line, highlight=False, soft_wrap=True)
         return exc.exit_code
-    except click.exceptions.Exit as exc:
-        return exc.exit_code
-    except click.exceptions.Abort:
+    except exit_types as exc:
+        return int(getattr(exc, "exit_code", 0) or 0)
+    except abort_types:
         err_console.print("aborted")
         return 130
-    except click.ClickException as exc:
-        exc.show()
-        return exc.exit_code
+    except usage_types as exc:
+        exc.show()  # type: ignore[attr-defined]
+        return int(getattr(exc, "exit_code", 2))
     except KeyboardInterrupt:
         return 130
     except BrokenPipeError:

@@ -226,12 +226,6 @@ def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
     fault="an unknown command-line option (`orch check --no-such-flag`)",
     must="a one-line usage error, exit 2, no traceback",
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="cli.run catches click.ClickException, but typer >= 0.20 raises its vendored "
-    "typer._click.exceptions.NoSuchOption: a traceback, 'orch crashed: this is a bug', exit 70 "
-    "(lead: orchestrator/cli.py run())",
-)
 def test_unknown_cli_option_is_a_usage_error(observe):
     res = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "check", "--no-such-flag"],
