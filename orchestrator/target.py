@@ -89,11 +89,13 @@ def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
 
 
 BUNDLE_MISSING_EXIT = 97
-"""The boot's exit status when the bundle directory has no verified marker."""
+"""The boot's exit status when the bundle has no verified marker or python is older than 3.10."""
 
 # Python-2-safe up to the import, so an old python fails with a SyntaxError we can recognise.
 _BOOT = (
     "import os, sys; d = sys.argv.pop(1)\n"
+    "if sys.version_info < (3, 10):\n"
+    "    sys.stderr.write('orch agent: python %d.%d is too old\\n' % sys.version_info[:2]); sys.exit(97)\n"
     "if not os.path.isfile(os.path.join(d, '.orch-bundle')):\n"
     "    sys.stderr.write('orch agent bundle missing: %s\\n' % d); sys.exit(97)\n"
     "sys.path.insert(0, d); from orchestrator.agent.__main__ import main; sys.exit(main())"

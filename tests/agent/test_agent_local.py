@@ -279,10 +279,15 @@ def test_missing_python_is_one_clear_error(agent_env: AgentEnv) -> None:
 
 
 def test_too_old_python_names_the_version(agent_env: AgentEnv, tmp_path: Path) -> None:
-    """A real Python 3.8 is not installed here, so a two-line script answers the version probe
-    exactly as python3.8 would (the probe prints "<version> absent")."""
+    """A real Python 3.8 is not installed here, so a small script answers as python3.8 would:
+    the agent's boot (run with -S) stops at its version check (exit 97), and the deploy's
+    version probe prints "<version> absent"."""
     old = tmp_path / "python3.8"
-    old.write_text("#!/bin/sh\necho '3.8.10 absent'\n")
+    old.write_text(
+        "#!/bin/sh\n"
+        'if [ "$1" = "-S" ]; then echo "orch agent: python 3.8 is too old" >&2; exit 97; fi\n'
+        "echo '3.8.10 absent'\n"
+    )
     old.chmod(0o755)
     target = Target(agent_env.inventory(python=str(old)), "local")
     with pytest.raises(AgentError, match=r"is 3\.8\.10; the orch agent needs >= 3\.10"):
