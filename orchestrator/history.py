@@ -221,6 +221,30 @@ class History:
                 log.warning("%s: skipping unreadable stored snapshot: %s", target, exc)
         return out
 
+    def last_runs(self, targets: Iterable[str]) -> dict[str, tuple[str, int]]:
+        """``{target: (run_id, log_offset)}`` of each target's newest stored snapshot with a run.
+
+        Read inside SQLite (``json_extract``), without decoding whole snapshots:
+        it is what a check needs before it may start asking the targets. Targets
+        with no such snapshot are absent; so are all when the SQLite build has no
+        JSON functions (the check then reads the log tail only).
+        """
+        out: dict[str, tuple[str, int]] = {}
+        query = (
+            "SELECT json_extract(body, '$.run.run_id'), json_extract(body, '$.run.log_offset') "
+            "FROM snapshots WHERE target = ? AND json_extract(body, '$.run.run_id') IS NOT NULL "
+            "ORDER BY id DESC LIMIT 1"
+        )
+        try:
+            for target in targets:
+                row = self._conn.execute(query, (target,)).fetchone()
+                if row is not None and isinstance(row[1], int):
+                    out[target] = (str(row[0]), row[1])
+        except sqlite3.OperationalError as exc:  # no JSON1 in this SQLite
+            log.info("history: cannot read run offsets in SQLite: %s", exc)
+            return {}
+        return out
+
     # --- alert state -----------------------------------------------------------------------
 
     def alerts(

@@ -310,6 +310,11 @@ class RunState(Wire):
     """When ``orch stop`` asked this run to end (its ``stop_requested`` file; Unix s)."""
     stop_requested_by: str | None = None
     """Who asked (``orch stop by user@host``), from the same file."""
+    disk_free_mib: float | None = None
+    """Space available to the run on the file system holding its run dir (statvfs
+    ``f_bavail``, MiB); ``None`` when unknown (old agent, statvfs failed)."""
+    disk_total_mib: float | None = None
+    """Size of that file system (MiB); ``None`` when unknown."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -2,7 +2,8 @@
 
 It gathers what only the host knows:
 
-- ``pct status VMID`` for each container asked about;
+- the status of each container asked about: one ``pct list`` (``pct status VMID``
+  for any it does not show, or when only one is asked about);
 - kernel-log lines with ``NVRM: Xid``, "fallen off the bus" and the OOM killer
   since a given time, from ``journalctl -k`` (``-o short-unix``) or ``dmesg``,
   whichever exists;
@@ -52,6 +53,24 @@ def parse_pct_status(text: str) -> str:
         if line.strip().startswith("status:"):
             return line.split(":", 1)[1].strip() or "unknown"
     return "unknown"
+
+
+def parse_pct_list(text: str) -> dict[int, str]:
+    """``pct list`` output -> ``{vmid: status}`` (the header and unreadable lines skipped).
+
+    The Lock column may be empty, so only the first two columns are read.
+
+    >>> parse_pct_list("VMID       Status     Lock         Name\\n"
+    ...                "200        running                 ct200\\n"
+    ...                "201        stopped    backup       ct201\\n")
+    {200: 'running', 201: 'stopped'}
+    """
+    out: dict[int, str] = {}
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 2 and parts[0].isdigit():
+            out[int(parts[0])] = parts[1]
+    return out
 
 
 def parse_cgroup_vmid(text: str) -> int | None:
@@ -226,7 +245,14 @@ def probe(
     proc_root = proc_root or os.environ.get("ORCH_PROC_ROOT") or "/proc"
     errors: list[str] = []
     status: dict[int, str] = {}
+    listed: dict[int, str] = {}
+    if len(vmids) > 1:  # one `pct list` for all (pct is ~0.3 s of CPU a call on a real host)
+        rc, out, _err = _run(["pct", "list"], timeout_s)
+        listed = parse_pct_list(out) if rc == 0 else {}
     for vmid in vmids:
+        if vmid in listed:
+            status[vmid] = listed[vmid]
+            continue
         rc, out, err = _run(["pct", "status", str(vmid)], timeout_s)
         if rc == 0:
             status[vmid] = parse_pct_status(out)

@@ -95,6 +95,31 @@ def parse_exit_status(text: str) -> int | None:
     return None
 
 
+def disk_space_mib(path: str, fallback: str | None = None) -> tuple[float | None, float | None]:
+    """(available, total) MiB of the file system holding ``path`` (else ``fallback``).
+
+    Equivalent to ``df -m --output=avail,size PATH``; available is ``f_bavail``
+    (what an unprivileged writer gets). ``(None, None)`` when neither path can be
+    statted. Never blocks on the network beyond what statvfs does.
+
+    >>> free, total = disk_space_mib("/")
+    >>> 0 <= free <= total
+    True
+    >>> disk_space_mib("/no/such/dir")
+    (None, None)
+    """
+    for p in (path, fallback):
+        if not p:
+            continue
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        mib = st.f_frsize / 1048576.0
+        return round(st.f_bavail * mib, 3), round(st.f_blocks * mib, 3)
+    return None, None
+
+
 class Observer:
     """Builds :class:`~orchestrator.model.Snapshot` objects; keeps state between calls."""
 
@@ -177,6 +202,7 @@ class Observer:
             heartbeat_age: float | None = now - os.stat(os.path.join(run_dir, "heartbeat")).st_mtime
         except OSError:
             heartbeat_age = None
+        disk_free, disk_total = disk_space_mib(run_dir, self.cfg.workdir)
         if chunk.lines:
             m = self.metrics.parse(chunk.lines, now)
             if m is not None:
@@ -197,6 +223,8 @@ class Observer:
             log_error=chunk.error,
             stop_requested_at=stop_at,
             stop_requested_by=stop_by,
+            disk_free_mib=disk_free,
+            disk_total_mib=disk_total,
         ), nbytes
 
     def observe(self) -> Snapshot:

@@ -36,6 +36,9 @@ class Limits:
     imbalance_util_pct: float = 5.0
     imbalance_samples: int = 3
     min_free_disk_gib: float = 5.0
+    """Free space on the run's file system below this is a ``disk-full`` warning."""
+    critical_free_disk_gib: float = 1.0
+    """Below this (or nothing left at all) ``disk-full`` is critical: a checkpoint save will fail."""
     ignored_xids: tuple[int, ...] = (13, 31, 43, 45, 68, 109)
     """Application-level Xids (per NVIDIA's k8s device plugin) that are not hardware faults."""
     stall_busy_util_pct: float = 90.0

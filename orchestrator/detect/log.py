@@ -38,8 +38,12 @@ def log_signatures(
 ) -> list[Finding]:
     """One ``log-signature`` finding per matching signature playbook, best match first.
 
-    Lines come from every snapshot's ``run.new_log_lines`` (oldest first), then the
-    newest pane screen; ``since`` is the snapshot that first showed the line.
+    Lines come from every snapshot's ``run.new_log_lines`` (oldest first), then every
+    snapshot's pane screen: what reaches the pane but not the log (tee's own "No space
+    left on device", a shell error) may show on one screen only before it scrolls away.
+    A pane line identical to a log line or to a line an earlier screen showed is not
+    fed again (the pane mirrors the log), so counts are per distinct pane line.
+    ``since`` is the snapshot that first showed the line.
     """
     del limits
     snaps = reachable(history)
@@ -47,17 +51,24 @@ def log_signatures(
         return []
     matcher = LogMatcher(playbooks)
     first_at: dict[str, float] = {}
+    seen: set[str] = set()
     n = 0
     for s in snaps:
         for line in s.run.new_log_lines if s.run is not None else ():
             n += 1
+            seen.add(line.strip())
+            for pid in matcher.feed(line, n):
+                first_at.setdefault(pid, s.taken_at)
+    for s in snaps:
+        for line in s.session.pane_tail if s.session is not None else ():
+            key = line.strip()
+            if not key or key in seen:
+                continue
+            seen.add(key)
+            n += 1
             for pid in matcher.feed(line, n):
                 first_at.setdefault(pid, s.taken_at)
     last = snaps[-1]
-    for line in last.session.pane_tail if last.session is not None else ():
-        n += 1
-        for pid in matcher.feed(line, n):
-            first_at.setdefault(pid, last.taken_at)
     out = []
     for m in matcher.matches():
         more = f" (x{m.count})" if m.count > 1 else ""

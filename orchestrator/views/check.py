@@ -197,23 +197,32 @@ def gather(
     *,
     workers: int = DEFAULT_JOBS,
     timeout_s: float = 30.0,
+    meanwhile: Callable[[], None] | None = None,
 ) -> dict[str, Any]:
     """Call every job concurrently; a job's value, or the exception it raised (or a TimeoutError).
 
     At most ``workers`` run at once (``workers=1`` is strictly sequential, the
     benchmark's baseline). A job still running after ``timeout_s`` seconds from
     the start gets a ``TimeoutError`` result; its thread is abandoned (each
-    transport call has its own deadline, so it ends on its own).
+    transport call has its own deadline, so it ends on its own). ``meanwhile``
+    runs in the calling thread once every job is submitted (work that needs no
+    answer, done while the answers travel); what it raises propagates.
     """
     results: dict[str, Any] = {}
     if not jobs:
+        if meanwhile is not None:
+            meanwhile()
         return results
+    started = time.monotonic()
     pool = concurrent.futures.ThreadPoolExecutor(
         max_workers=max(1, min(workers, len(jobs))), thread_name_prefix="orch-check"
     )
     try:
         futures = {pool.submit(fn): name for name, fn in jobs.items()}
-        done, _pending = concurrent.futures.wait(futures, timeout=timeout_s)
+        if meanwhile is not None:
+            meanwhile()
+        left_s = max(0.0, timeout_s - (time.monotonic() - started))
+        done, _pending = concurrent.futures.wait(futures, timeout=left_s)
         for fut, name in futures.items():
             if fut in done:
                 exc = fut.exception()
@@ -254,7 +263,7 @@ def select_targets(inventory: Any, names: Sequence[str]) -> list[str]:
 def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
     """Snapshot, judge, alert, remember. Raises ``HistoryError`` when the database is unusable."""
     from orchestrator import alerts
-    from orchestrator.detect.engine import run_detectors
+    from orchestrator.detect.engine import default_playbooks, run_detectors
     from orchestrator.history import History
     from orchestrator.target import Host, Target
     from orchestrator.views.state import roles_by_gpu
@@ -266,22 +275,30 @@ def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
     history = History.open(opts.db_path)
     with history:
         since_raw = {h: history.get_meta(f"probe-since:{h}") for h in hosts}
-        past = {n: history.snapshots(n, limit=DETECT_WINDOW) for n in names}
+        # continue each run's log where the previous check stopped (each line is seen once);
+        # read in SQLite so the targets are asked at once, the stored history decoded meanwhile
+        resume = history.last_runs(names)
+        past: dict[str, list[Snapshot]] = {}
         started = time.time()
         targets: dict[str, Any] = {}
 
         def snap_job(name: str) -> Callable[[], Snapshot]:
-            # continue the run's log where the previous check stopped: each line is seen once
-            prev = next((s.run for s in reversed(past[name]) if s.run is not None), None)
+            prev = resume.get(name)
 
             def job() -> Snapshot:
                 t = Target(inventory, name)
                 targets[name] = t
                 if prev is None:
-                    return t.snapshot()
-                return t.snapshot(prev.log_offset, run_id=prev.run_id, timeout=opts.timeout_s)
+                    return t.snapshot(timeout=opts.timeout_s)
+                run_id, offset = prev
+                return t.snapshot(offset, run_id=run_id, timeout=opts.timeout_s)
 
             return job
+
+        def meanwhile() -> None:
+            for n in names:
+                past[n] = history.snapshots(n, limit=DETECT_WINDOW)
+            default_playbooks()  # parsed once per process; the detectors need them
 
         def probe_job(host: str) -> Callable[[], HostProbe]:
             raw = since_raw[host]
@@ -291,7 +308,7 @@ def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
         jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in names}
         if opts.probe_hosts:
             jobs.update({f"h:{h}": probe_job(h) for h in hosts})
-        got = gather(jobs, workers=opts.workers, timeout_s=opts.timeout_s)
+        got = gather(jobs, workers=opts.workers, timeout_s=opts.timeout_s, meanwhile=meanwhile)
         now = time.time()
 
         snaps: dict[str, Snapshot] = {}
