@@ -12,8 +12,15 @@ each after one untimed warm-up (agent deploy); the medians and their ratio are
 printed, and with ``--json`` the last line is
 ``{"targets": 64, "concurrent_s": ..., "sequential_s": ..., "ratio": ...}``.
 
+Where the time goes: the CPU of the ``orch check`` process (operator) and of
+everything the 8 sshds start (the simulated hosts and containers: sessions, pct,
+agents, probes; counted in a cpuacct cgroup when this kernel has one) are
+printed per target, with the load average. On this machine the "remote" CPU
+runs on the same cores as the operator, so ``(operator + remote CPU) / cores``
+(``cpu_floor_s``) is a floor under the concurrent figure.
+
 Needs root (namespaces) and cleans up everything it made: namespaces, veths,
-sshds, tmux servers and the state directory. Goal: <= 2 s and >= 10x.
+sshds, tmux servers, the cgroup and the state directory. Goal: <= 2 s and >= 10x.
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import shutil
 import signal
 import socket
@@ -54,6 +62,50 @@ def free_subnet() -> int:
     raise SystemExit("no free 10.213.x.0/24 block for the benchmark's veths")
 
 
+class CpuGroup:
+    """A cgroup whose members' CPU time can be read (cgroup v1 cpuacct, or v2 with ``cpu``).
+
+    With v2 alone, ``pct exec`` moves container processes to ``lxc/<vmid>``, out of
+    this group: the remote figure then counts only the host side.
+    """
+
+    def __init__(self, name: str) -> None:
+        self.path: Path | None = None
+        self.v2 = False
+        for root, v2 in ((Path("/sys/fs/cgroup/cpuacct"), False), (Path("/sys/fs/cgroup"), True)):
+            probe = root / ("cgroup.controllers" if v2 else "cpuacct.usage")
+            if not probe.exists() or (v2 and "cpu" not in probe.read_text().split()):
+                continue
+            try:
+                (root / name).mkdir(exist_ok=True)
+            except OSError:
+                continue
+            self.path, self.v2 = root / name, v2
+            return
+
+    def join(self) -> None:
+        """Move the calling process in (a ``preexec_fn``: the child and all it starts)."""
+        if self.path is not None:
+            (self.path / "cgroup.procs").write_text(str(os.getpid()))
+
+    def cpu_s(self) -> float | None:
+        if self.path is None:
+            return None
+        if self.v2:
+            for line in (self.path / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+            return None
+        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+
+    def remove(self) -> None:
+        if self.path is not None:
+            try:
+                self.path.rmdir()
+            except OSError as exc:
+                print(f"warning: cgroup {self.path} not removed: {exc}", file=sys.stderr)
+
+
 def wait_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -78,6 +130,7 @@ class Fleet:
         self.sshds: list[subprocess.Popen[bytes]] = []
         self.proxy: subprocess.Popen[str] | None = None
         self.config = workdir / "hosts.yaml"
+        self.cpu = CpuGroup(f"orch-bench-{self.tag}")
 
     def up(self) -> None:
         base = free_subnet()
@@ -115,6 +168,7 @@ class Fleet:
                     stdout=log,
                     stderr=log,
                     start_new_session=True,
+                    preexec_fn=self.cpu.join,
                 )
             )
             wait_port(ns_ip, info.port)
@@ -141,8 +195,8 @@ class Fleet:
             raise SystemExit("delay proxy did not start")
         self.config.write_text(yaml.safe_dump(merged, sort_keys=False))
 
-    def check(self, jobs: int, db: Path, timeout_s: float) -> tuple[float, dict]:
-        """One ``orch check --json`` as its own process; (wall seconds, its JSON)."""
+    def check(self, jobs: int, db: Path, timeout_s: float) -> tuple[float, dict, dict]:
+        """One ``orch check --json`` as its own process; (wall s, its JSON, CPU s by side)."""
         argv = [
             sys.executable,
             "-m",
@@ -158,18 +212,24 @@ class Fleet:
             "--timeout",
             str(timeout_s),
         ]
+        remote0, ru0 = self.cpu.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
             argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s * 70
         )
         wall = time.perf_counter() - started
+        ru1, remote1 = resource.getrusage(resource.RUSAGE_CHILDREN), self.cpu.cpu_s()
+        cpu = {
+            "operator": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
+            "remote": None if remote0 is None or remote1 is None else remote1 - remote0,
+        }
         try:
             doc = json.loads(proc.stdout)
         except json.JSONDecodeError:
             raise SystemExit(
                 f"orch check failed (exit {proc.returncode}): {proc.stderr[-2000:]}"
             ) from None
-        return wall, doc
+        return wall, doc, cpu
 
     def close(self) -> None:
         if self.proxy is not None and self.proxy.poll() is None:
@@ -188,6 +248,7 @@ class Fleet:
             subprocess.run(["ip", "link", "del", veth], capture_output=True)
         for ns in self.namespaces:
             subprocess.run(["ip", "netns", "del", ns], capture_output=True)
+        self.cpu.remove()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -214,7 +275,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         for attempt in range(3):  # the first check deploys the agent everywhere
-            warm, doc = fleet.check(64, workdir / "warm.db", args.timeout)
+            warm, doc, _cpu = fleet.check(64, workdir / "warm.db", args.timeout)
             states = sorted({t["state"] for t in doc["targets"]})
             print(
                 f"warm-up {attempt + 1}: {warm:.2f} s, status {doc['status']}, states {states}",
@@ -231,11 +292,16 @@ def main(argv: list[str] | None = None) -> int:
         else:
             raise SystemExit(f"warm-up did not reach every target: {doc['status']}")
         conc, seq, missed = [], [], 0
+        cpu_seen: dict[str, list[float]] = {"operator": [], "remote": []}
+        load_before = os.getloadavg()[0]
         for i in range(args.repeat):
             line = f"  run {i + 1}:"
             for jobs, walls, tag in ((64, conc, "concurrent"), (1, seq, "sequential")):
-                wall, doc = fleet.check(jobs, workdir / f"{tag}{i}.db", args.timeout)
+                wall, doc, cpu = fleet.check(jobs, workdir / f"{tag}{i}.db", args.timeout)
                 walls.append(wall)
+                for side, used in cpu.items():
+                    if used is not None:
+                        cpu_seen[side].append(used)
                 down = [t for t in doc["targets"] if not t["reachable"]]
                 missed += len(down)
                 line += (
@@ -245,11 +311,23 @@ def main(argv: list[str] | None = None) -> int:
                     ev = t["findings"][0]["evidence"] if t["findings"] else "?"
                     print(f"    {tag}: {t['name']} unreachable: {ev}", file=sys.stderr)
             print(line.rstrip(","), file=sys.stderr)
+        load_after = os.getloadavg()[0]
     finally:
         fleet.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
     c, s = statistics.median(conc), statistics.median(seq)
+    per_target_ms = {
+        side: round(statistics.median(v) / n * 1000, 1) if v else None
+        for side, v in cpu_seen.items()
+    }
+    cores = os.cpu_count() or 1
+    # all this CPU shares the same cores: the concurrent figure cannot be lower than this
+    cpu_floor_s = (
+        round((per_target_ms["operator"] + per_target_ms["remote"]) * n / 1000 / cores, 2)
+        if per_target_ms["operator"] and per_target_ms["remote"]
+        else None
+    )
     print(
         f"orch check over {n} targets ({args.hosts} hosts, +{args.delay_ms:g} ms each way), "
         f"median of {args.repeat}:"
@@ -259,6 +337,11 @@ def main(argv: list[str] | None = None) -> int:
     if missed:
         print(f"  ({missed} target answers were missing over all timed runs; see stderr)")
     print(f"  ratio:      {s / c:.1f}x   (goal: <= 2 s and >= 10x)")
+    print(
+        f"  CPU per target: operator {per_target_ms['operator']} ms, simulated hosts and "
+        f"containers {per_target_ms['remote']} ms (all of it on {cores} cores: >= {cpu_floor_s} s); "
+        f"load average {load_before:.1f} -> {load_after:.1f}"
+    )
     if args.json:
         print(
             json.dumps(
@@ -268,6 +351,11 @@ def main(argv: list[str] | None = None) -> int:
                     "concurrent_s": round(c, 3),
                     "sequential_s": round(s, 3),
                     "ratio": round(s / c, 2),
+                    "operator_cpu_ms_per_target": per_target_ms["operator"],
+                    "remote_cpu_ms_per_target": per_target_ms["remote"],
+                    "cpu_floor_s": cpu_floor_s,
+                    "cores": cores,
+                    "loadavg": [round(load_before, 2), round(load_after, 2)],
                 }
             )
         )

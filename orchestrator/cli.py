@@ -52,12 +52,18 @@ def _version(value: bool) -> None:
 @app.callback()
 def _root(
     config: Path | None = typer.Option(
-        None, "-c", "--config", help="hosts.yaml to use (else $ORCH_CONFIG, ./hosts.yaml, "
-        "~/.config/orch/hosts.yaml).", envvar=None
+        None,
+        "-c",
+        "--config",
+        help="hosts.yaml to use (else $ORCH_CONFIG, ./hosts.yaml, ~/.config/orch/hosts.yaml).",
+        envvar=None,
     ),
-    verbose: int = typer.Option(0, "-v", "--verbose", count=True, help="More log output (-vv: debug)."),
-    version: bool = typer.Option(False, "--version", callback=_version, is_eager=True,
-                                 help="Print the version and exit."),
+    verbose: int = typer.Option(
+        0, "-v", "--verbose", count=True, help="More log output (-vv: debug)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
 ) -> None:
     state.config = config
     state.verbose = verbose
@@ -285,7 +291,9 @@ def sandbox_scenario(
 @app.command("facts")
 def facts_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml (or 'local')."),
-    torch: bool = typer.Option(False, "--torch", help="Also time `import torch` and what CUDA it sees."),
+    torch: bool = typer.Option(
+        False, "--torch", help="Also time `import torch` and what CUDA it sees."
+    ),
     as_json: bool = typer.Option(False, "--json", help="Print the facts as JSON."),
 ) -> None:
     """What a container offers: python, tmux, NVML driver, GPUs, free disk, tmux sessions.
@@ -301,14 +309,24 @@ def facts_cmd(
         return
     nvml = facts.get("nvml") or {}
     gpu_text = ", ".join(f"{g['index']}:{g.get('name') or '?'}" for g in facts.get("gpus") or [])
-    out_console.print(f"[bold]{target}[/] python {facts['python']['version']}, "
-                      f"tmux {facts['tmux']['version'] or 'missing'}", highlight=False)
-    out_console.print(f"  NVML: {'ok' if nvml.get('ok') else nvml.get('error_kind')} "
-                      f"(driver {nvml.get('driver_version') or '?'}, via {nvml.get('source')})"
-                      + (f": {nvml.get('message')}" if not nvml.get("ok") else ""), highlight=False)
+    out_console.print(
+        f"[bold]{target}[/] python {facts['python']['version']}, "
+        f"tmux {facts['tmux']['version'] or 'missing'}",
+        highlight=False,
+    )
+    out_console.print(
+        f"  NVML: {'ok' if nvml.get('ok') else nvml.get('error_kind')} "
+        f"(driver {nvml.get('driver_version') or '?'}, via {nvml.get('source')})"
+        + (f": {nvml.get('message')}" if not nvml.get("ok") else ""),
+        highlight=False,
+    )
     out_console.print(f"  GPUs: {gpu_text or 'none'}", highlight=False)
-    out_console.print(f"  disk free: {facts['disk']['free_mib']} MiB at {facts['disk']['path']}", highlight=False)
-    out_console.print(f"  tmux sessions: {', '.join(facts['tmux']['sessions']) or 'none'}", highlight=False)
+    out_console.print(
+        f"  disk free: {facts['disk']['free_mib']} MiB at {facts['disk']['path']}", highlight=False
+    )
+    out_console.print(
+        f"  tmux sessions: {', '.join(facts['tmux']['sessions']) or 'none'}", highlight=False
+    )
     if "torch" in facts:
         out_console.print(f"  torch: {facts['torch']}", highlight=False)
 
@@ -316,7 +334,9 @@ def facts_cmd(
 @app.command("snapshot")
 def snapshot_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml (or 'local')."),
-    as_json: bool = typer.Option(False, "--json", help="Print the snapshot as JSON (docs/snapshot.md)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the snapshot as JSON (docs/snapshot.md)."
+    ),
 ) -> None:
     """One observation of a container: tmux session, run, processes, GPUs, metrics.
 
@@ -330,25 +350,47 @@ def snapshot_cmd(
         return
     s, r, n = snap.session, snap.run, snap.nvml
     if s is not None:
-        state = ("missing" if not s.exists else
-                 f"dead (status {s.pane_dead_status}, signal {s.pane_dead_signal})" if s.pane_dead else "alive")
-        out_console.print(f"session {s.name}: {state}" + ("" if s.server_running else " (no tmux server)"),
-                          highlight=False)
+        state = (
+            "missing"
+            if not s.exists
+            else f"dead (status {s.pane_dead_status}, signal {s.pane_dead_signal})"
+            if s.pane_dead
+            else "alive"
+        )
+        out_console.print(
+            f"session {s.name}: {state}" + ("" if s.server_running else " (no tmux server)"),
+            highlight=False,
+        )
     if r is not None:
-        out_console.print(f"run {r.run_id}: log {r.log_size_bytes if r.log_exists else 'missing'} bytes, "
-                          f"exit status {r.exit_status}", highlight=False)
+        out_console.print(
+            f"run {r.run_id}: log {r.log_size_bytes if r.log_exists else 'missing'} bytes, "
+            f"exit status {r.exit_status}",
+            highlight=False,
+        )
     if n is not None and not n.ok:
         out_console.print(f"[red]NVML {n.error_kind}[/]: {n.message}", highlight=False)
     for g in snap.gpus:
         procs = len(g.processes) if g.processes is not None else "?"
-        out_console.print(f"GPU {g.index}: " + (g.error or f"{g.utilization_pct} %, {g.memory_used_mib} / "
-                          f"{g.memory_total_mib} MiB, {g.power_w} W, {procs} processes"), highlight=False)
+        out_console.print(
+            f"GPU {g.index}: "
+            + (
+                g.error
+                or f"{g.utilization_pct} %, {g.memory_used_mib} / "
+                f"{g.memory_total_mib} MiB, {g.power_w} W, {procs} processes"
+            ),
+            highlight=False,
+        )
     if snap.metrics is not None:
         m = snap.metrics
-        out_console.print(f"metrics: step {m.step}, loss {m.loss}, tokens/s {m.tokens_per_s}", highlight=False)
+        out_console.print(
+            f"metrics: step {m.step}, loss {m.loss}, tokens/s {m.tokens_per_s}", highlight=False
+        )
     if snap.cost is not None:
-        out_console.print(f"agent cost: {snap.cost.cpu_ms} ms CPU, {snap.cost.bytes_read} bytes read",
-                          highlight=False)
+        out_console.print(
+            f"agent cost: {snap.cost.cpu_ms} ms CPU, {snap.cost.bytes_read} bytes read",
+            highlight=False,
+        )
+
 
 # --- launch lifecycle ------------------------------------------------------------------------
 
@@ -557,9 +599,13 @@ app.add_typer(playbook_app, name="playbook")
 
 @app.command()
 def diagnose(
-    logfile: Path = typer.Argument(..., help="Any log file (ours or not); streamed, never loaded whole."),
-    as_json: bool = typer.Option(False, "--json", help="Print {\"matches\": [...]} best first."),
-    playbooks_dir: Path | None = typer.Option(None, "--playbooks", help="Playbook directory (default: bundled)."),
+    logfile: Path = typer.Argument(
+        ..., help="Any log file (ours or not); streamed, never loaded whole."
+    ),
+    as_json: bool = typer.Option(False, "--json", help='Print {"matches": [...]} best first.'),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
 ) -> None:
     """Match a log against the signature playbooks, offline; best match first.
 
@@ -618,14 +664,21 @@ def postmortem_cmd(
 @playbook_app.command("list")
 def playbook_list(
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
-    playbooks_dir: Path | None = typer.Option(None, "--playbooks", help="Playbook directory (default: bundled)."),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
 ) -> None:
     """List playbooks: id, kind, severity, title. Exit 0; 2 for a bad playbook file."""
     from orchestrator.playbooks import load_playbooks
 
     pbs = load_playbooks(playbooks_dir)
     if as_json:
-        print_json([{"id": p.id, "kind": p.kind, "severity": str(p.severity), "title": p.title} for p in pbs])
+        print_json(
+            [
+                {"id": p.id, "kind": p.kind, "severity": str(p.severity), "title": p.title}
+                for p in pbs
+            ]
+        )
         return
     width = max(len(p.id) for p in pbs)
     for p in pbs:
@@ -636,7 +689,9 @@ def playbook_list(
 def playbook_show(
     playbook_id: str = typer.Argument(..., metavar="ID", help="Playbook id (orch playbook list)."),
     as_json: bool = typer.Option(False, "--json", help="Print the playbook as JSON."),
-    playbooks_dir: Path | None = typer.Option(None, "--playbooks", help="Playbook directory (default: bundled)."),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
 ) -> None:
     """Show one playbook: match rules, diagnosis, remedy, steps. Exit 0; 2 for an unknown id."""
     from orchestrator.playbooks import get_playbook, load_playbooks
@@ -667,8 +722,12 @@ def playbook_run(
     force: bool = typer.Option(
         False, "--force", help="With --yes: archive (rename aside) what a step would overwrite."
     ),
-    as_json: bool = typer.Option(False, "--json", help="Print the plan (dry run) or the step results as JSON."),
-    playbooks_dir: Path | None = typer.Option(None, "--playbooks", help="Playbook directory (default: bundled)."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the plan (dry run) or the step results as JSON."
+    ),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
 ) -> None:
     """Run a procedure on TARGET: dry run by default (prints every exact command), --yes to act.
 
@@ -870,17 +929,25 @@ def export_cmd(
 @app.command("demo")
 def demo_cmd(
     state_dir: Path | None = typer.Option(
-        None, "--dir", help="State directory for the demo's sandbox (default: a new /tmp/orch-demo-*)."
+        None,
+        "--dir",
+        help="State directory for the demo's sandbox (default: a new /tmp/orch-demo-*).",
     ),
     keep: bool = typer.Option(
         False, "--keep", help="Leave the sandbox running afterwards and print how to explore it."
     ),
     fault: str = typer.Option(
-        "both", "--fault", help="What to break: kill (SIGKILL the trainer), ghost (GPU 3, seed 000) or both."
+        "both",
+        "--fault",
+        help="What to break: kill (SIGKILL the trainer), ghost (GPU 3, seed 000) or both.",
     ),
-    watch_s: float = typer.Option(5.0, "--watch", min=0.0, help="Seconds of live view before the fault."),
+    watch_s: float = typer.Option(
+        5.0, "--watch", min=0.0, help="Seconds of live view before the fault."
+    ),
     yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing, even on a terminal."),
-    as_json: bool = typer.Option(False, "--json", help="Also print the result as one JSON document at the end."),
+    as_json: bool = typer.Option(
+        False, "--json", help="Also print the result as one JSON document at the end."
+    ),
 ) -> None:
     """The whole loop on this machine in about a minute: sandbox, launch, watch, fault, postmortem.
 
@@ -1035,23 +1102,33 @@ def doctor_cmd(
     raise typer.Exit(0 if ok else 1)
 
 
-def _click_exception_types() -> tuple[tuple[type, ...], tuple[type, ...], tuple[type, ...]]:
-    """(exit, abort, usage-error) exception classes of click and of typer's vendored copy.
+def _click_exception_types() -> tuple[
+    tuple[type[BaseException], ...],
+    tuple[type[BaseException], ...],
+    tuple[type[BaseException], ...],
+]:
+    """(exit, abort, usage-error) exception classes of typer's click and of click itself.
 
-    typer >= 0.20 raises its own copy of click's exceptions (``typer._click``), which
-    ``except click.ClickException`` does not catch: a mistyped flag would look like a crash.
+    typer >= 0.20 carries its own copy of click (``typer._click``) and no longer installs
+    click, so ``click`` may be missing; where both exist, either may raise.
     """
-    import click
-
-    exits: set[type] = {click.exceptions.Exit, typer.Exit}
-    aborts: set[type] = {click.exceptions.Abort, typer.Abort}
-    usage: set[type] = {click.ClickException}
+    exits: set[type[BaseException]] = {typer.Exit}
+    aborts: set[type[BaseException]] = {typer.Abort}
+    usage: set[type[BaseException]] = set()
     try:
         from typer._click import exceptions as vendored
     except ImportError:
         pass
     else:
         usage.add(vendored.ClickException)
+    try:
+        import click
+    except ImportError:
+        pass
+    else:
+        exits.add(click.exceptions.Exit)
+        aborts.add(click.exceptions.Abort)
+        usage.add(click.ClickException)
     return tuple(exits), tuple(aborts), tuple(usage)
 
 

@@ -100,7 +100,13 @@ class HostKeyChanged(TransportError):
     """
 
     def __init__(
-        self, host: str, address: str, port: int, fingerprint: str, known_hosts: str, line: int | None
+        self,
+        host: str,
+        address: str,
+        port: int,
+        fingerprint: str,
+        known_hosts: str,
+        line: int | None,
     ) -> None:
         self.host, self.address, self.port = host, address, port
         self.fingerprint, self.known_hosts, self.line = fingerprint, known_hosts, line

@@ -61,8 +61,17 @@ for name in sys.argv[1:]:
         out[name] = None
     except BaseException as exc:
         out[name] = ('%s: %s' % (type(exc).__name__, exc))[:300]
-print(json.dumps(out))
+cuda = None
+if 'torch' in out and out['torch'] is None:
+    try:
+        cuda = sys.modules['torch'].cuda.device_count()
+    except BaseException:
+        pass
+print(json.dumps({'modules': out, 'cuda_devices': cuda}))
 """
+DFLASH_CONFIG = "dflash-8gpu"
+DFLASH_CUDA_DEVICES = 8
+"""The bundled ``dflash-8gpu`` config puts work on ``cuda:0`` .. ``cuda:7``."""
 
 
 class RunDied(LaunchFailed):
@@ -258,20 +267,82 @@ def trainer_bundle() -> deploy.Bundle:
     return _trainer_bundle
 
 
-def trainer_command(container: ContainerConfig, bundle_dir: str, run_dir: str) -> str:
+def _config_arg(trainer_args: Sequence[str]) -> tuple[int, str] | None:
+    """(index, value) of a ``--config`` in the extra trainer arguments, else ``None``.
+
+    >>> _config_arg(["--steps", "5", "--config=tiny-cpu"])
+    (2, 'tiny-cpu')
+    >>> _config_arg(["--config", "/x.yaml"]), _config_arg(["--steps", "5"])
+    ((0, '/x.yaml'), None)
+    """
+    for i, a in enumerate(trainer_args):
+        if a == "--config" and i + 1 < len(trainer_args):
+            return i, trainer_args[i + 1]
+        if a.startswith("--config="):
+            return i, a.removeprefix("--config=")
+    return None
+
+
+def check_trainer_args(trainer_args: Sequence[str]) -> None:
+    """Refuse extra trainer arguments orch must own; raises ``UsageError`` (exit 2).
+
+    >>> check_trainer_args(["--steps", "100", "--fault", "crash@4"])
+    >>> check_trainer_args(["--run-dir", "/tmp/x"])
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.UsageError: --run-dir is orch's (the run directory, $ORCH_RUN_DIR); drop it
+    """
+    for a in trainer_args:
+        if a == "--run-dir" or a.startswith("--run-dir="):
+            raise UsageError("--run-dir is orch's (the run directory, $ORCH_RUN_DIR); drop it")
+    if trainer_args and trainer_args[-1] == "--config":
+        raise UsageError("--config needs a value: a bundled config name (tiny-cpu) or a path")
+
+
+def trainer_config(container: ContainerConfig, trainer_args: Sequence[str] = ()) -> str:
+    """The bundled trainer's config: ``--config`` in the extra arguments, else hosts.yaml's
+    ``trainer_config``, else ``dflash-8gpu`` when GPUs are assigned, else ``tiny-cpu``.
+
+    A bundled config is named without ``/`` (``tiny-cpu``); anything else is a path in the
+    container. Launch preflight refuses ``dflash-8gpu`` where torch sees fewer than 8 CUDA
+    devices (a CPU-only container with GPUs assigned, like the sandbox's).
+
+    >>> from orchestrator.config import ContainerConfig
+    >>> ct = ContainerConfig(name="ct", host="h", gpus={"all": (0, 1)})
+    >>> trainer_config(ct), trainer_config(ct, ["--config", "tiny-cpu"])
+    ('dflash-8gpu', 'tiny-cpu')
+    """
+    given = _config_arg(trainer_args)
+    if given is not None:
+        return given[1]
+    return container.trainer_config or (DFLASH_CONFIG if container.gpu_indices else "tiny-cpu")
+
+
+def trainer_command(
+    container: ContainerConfig, bundle_dir: str, run_dir: str, trainer_args: Sequence[str] = ()
+) -> str:
     """The shell command that runs the bundled trainer from ``bundle_dir`` into ``run_dir``.
 
-    ``trainer_config``: a bundled config name (``tiny-cpu``) or a path in the container;
-    unset, ``dflash-8gpu`` when GPUs are assigned, else ``tiny-cpu``.
+    The config is :func:`trainer_config`'s; ``trainer_args`` (``orch launch T -- ARGS``)
+    follow ``--run-dir``, each one quoted (a ``--config`` among them replaces orch's).
 
     >>> from orchestrator.config import ContainerConfig
     >>> trainer_command(ContainerConfig(name="ct", host="h", trainer_config="tiny-cpu"), "/b", "/r")
     'env PYTHONPATH=/b python3 -m trainer --config /b/trainer/configs/tiny-cpu.yaml --run-dir /r'
+    >>> trainer_command(ContainerConfig(name="ct", host="h"), "/b", "/r",
+    ...                 ["--steps", "9", "--set", "train.lr=1e-3; rm -rf /"])
+    "env PYTHONPATH=/b python3 -m trainer --config /b/trainer/configs/tiny-cpu.yaml --run-dir /r --steps 9 --set 'train.lr=1e-3; rm -rf /'"
     """
-    cfg = container.trainer_config or ("dflash-8gpu" if container.gpu_indices else "tiny-cpu")
+    check_trainer_args(trainer_args)
+    cfg = trainer_config(container, trainer_args)
     if "/" not in cfg:
         cfg = f"{bundle_dir}/trainer/configs/{cfg.removesuffix('.yaml')}.yaml"
-    argv = [container.python, "-m", "trainer", "--config", cfg, "--run-dir", run_dir]
+    extra = list(trainer_args)
+    given = _config_arg(extra)
+    if given is not None:  # theirs, resolved like trainer_config, in place of orch's
+        i = given[0]
+        del extra[i : i + (1 if extra[i].startswith("--config=") else 2)]
+    argv = [container.python, "-m", "trainer", "--config", cfg, "--run-dir", run_dir, *extra]
     return command_line(with_env(argv, {"PYTHONPATH": bundle_dir}))
 
 
@@ -300,23 +371,60 @@ def container_status(target: Target) -> str:
     return "running" if target.container.is_local or status is None else str(status())
 
 
-def _imports(target: Target, modules: Sequence[str]) -> dict[str, str | None]:
-    """Import each module with the container's python: name -> error text or ``None``."""
+def _imports(target: Target, modules: Sequence[str]) -> tuple[dict[str, str | None], int | None]:
+    """Import each module with the container's python: (name -> error text or ``None``,
+    ``torch.cuda.device_count()`` when torch imported, else ``None``)."""
     c = target.container
     res = target.transport.run(
         [c.python, "-c", _IMPORT_CHECK, *modules], timeout=IMPORT_CHECK_TIMEOUT_S
     )
     if not res.stdout.strip():
         err = (res.err.strip().splitlines() or ["no output"])[-1][:300]
-        return dict.fromkeys(modules, f"{c.python} failed (exit {res.exit_status}): {err}")
+        return dict.fromkeys(modules, f"{c.python} failed (exit {res.exit_status}): {err}"), None
     doc = parse_document(target.name, res.stdout)
-    return {m: doc.get(m) for m in modules}
+    found = doc.get("modules") or {}
+    cuda = doc.get("cuda_devices")
+    return {m: found.get(m) for m in modules}, cuda if isinstance(cuda, int) else None
 
 
-def preflight(target: Target, *, gpus: Sequence[int], bundled: bool, force: bool) -> dict[str, Any]:
+def _cuda_problem(
+    name: str, config: str, need: int, cuda_devices: int | None, gpus: Sequence[int]
+) -> str | None:
+    """Why ``config`` cannot run here (too few CUDA devices for the run), else ``None``.
+
+    The run sees ``min(torch's count, assigned GPUs)`` devices (``CUDA_VISIBLE_DEVICES``).
+
+    >>> _cuda_problem("ct200", "dflash-8gpu", 8, 0, range(8)).split(";")[0]
+    "the bundled trainer's config 'dflash-8gpu' needs 8 CUDA devices, torch in ct200 sees 0"
+    >>> _cuda_problem("ct200", "dflash-8gpu", 8, 8, range(8)) is None
+    True
+    """
+    if not need or cuda_devices is None:
+        return None
+    visible = min(cuda_devices, len(gpus)) if gpus else cuda_devices
+    if visible >= need:
+        return None
+    of = f" ({len(gpus)} GPUs assigned)" if gpus and len(gpus) < cuda_devices else ""
+    return (
+        f"the bundled trainer's config {config!r} needs {need} CUDA devices, torch in {name} "
+        f"sees {cuda_devices}{of}; set trainer_config: tiny-cpu for {name} in hosts.yaml, "
+        f"or launch with: orch launch {name} -- --config tiny-cpu"
+    )
+
+
+def preflight(
+    target: Target,
+    *,
+    gpus: Sequence[int],
+    bundled: bool,
+    force: bool,
+    config: str | None = None,
+) -> dict[str, Any]:
     """Check the container before anything starts; ``PreflightRefused`` lists every problem.
 
-    Returns the facts, the snapshot's session and the import results.
+    ``config``: the bundled trainer's config (:func:`trainer_config`); ``dflash-8gpu`` is
+    refused where torch sees fewer CUDA devices than it uses. Returns the facts, the
+    snapshot's session, the import results and torch's CUDA device count.
     """
     c = target.container
     host = c.host
@@ -331,7 +439,7 @@ def preflight(target: Target, *, gpus: Sequence[int], bundled: bool, force: bool
         f_facts = pool.submit(target.facts)
         f_imp = pool.submit(_imports, target, modules) if modules else None
         snap, facts = f_snap.result(), f_facts.result()
-        imports = f_imp.result() if f_imp else {}
+        imports, cuda_devices = f_imp.result() if f_imp else ({}, None)
     problems: list[str] = []
     live = bool(snap.session and snap.session.exists and snap.session.pane_dead is False)
     if live and not force:
@@ -361,9 +469,14 @@ def preflight(target: Target, *, gpus: Sequence[int], bundled: bool, force: bool
                 f"module {module!r} does not import with {c.python} ({err}); "
                 f"install it in the container ({c.python} -m pip install {module})"
             )
+    if bundled and config is not None and config.removesuffix(".yaml") == DFLASH_CONFIG:
+        why = _cuda_problem(target.name, DFLASH_CONFIG, DFLASH_CUDA_DEVICES, cuda_devices, gpus)
+        if why:
+            problems.append(why)
     if problems:
         raise PreflightRefused(target.name, problems)
-    return {"facts": facts, "live": live, "imports": imports, "snapshot": snap}
+    return {"facts": facts, "live": live, "imports": imports, "snapshot": snap,
+            "cuda_devices": cuda_devices}  # fmt: skip
 
 
 def launch(
@@ -379,8 +492,12 @@ def launch(
     grace_s: float = 60.0,
     on_phase: PhaseCallback | None = None,
     target: Target | None = None,
+    trainer_args: Sequence[str] = (),
 ) -> LaunchResult:
     """Preflight, deploy, start and verify a run in container ``name`` (see the module doc).
+
+    ``trainer_args`` go to the bundled trainer after orch's own (``orch launch T -- ARGS``);
+    with a command (``--cmd`` or hosts.yaml's ``command``) they are a ``UsageError``.
 
     Raises:
         PreflightRefused: nothing was started (exit 4).
@@ -402,11 +519,19 @@ def launch(
     user_env = {**c.env, **parse_env_options(env)}
     command = cmd or configured_command(c)
     bundled = command is None
+    if trainer_args and not bundled:
+        raise UsageError(
+            "arguments after -- go to the bundled trainer; this launch runs "
+            + ("--cmd" if cmd else f"{name}'s command from hosts.yaml")
+            + ": put them in that command"
+        )
+    check_trainer_args(trainer_args)
+    config = trainer_config(c, trainer_args) if bundled else None
     run_id = new_run_id(run_name)
 
     phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
     try:
-        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force)
+        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config)
     except OrchError as exc:
         phase("preflight", "fail", str(exc).splitlines()[0])
         raise
@@ -430,7 +555,7 @@ def launch(
         bundle_dir = deploy.ensure_agent(
             tgt.transport, c.workdir, c.python, bundle=trainer_bundle()
         )
-        command = trainer_command(c, bundle_dir, run_dir)
+        command = trainer_command(c, bundle_dir, run_dir, trainer_args)
         phase("deploy", "ok", bundle_dir)
     else:
         phase("deploy", "skip", "custom command")

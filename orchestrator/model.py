@@ -144,7 +144,9 @@ def _from_dict(cls: type[T], data: Any, path: str = "") -> T:
     kwargs = {}
     for f in dataclasses.fields(cls):  # type: ignore[arg-type]
         if f.name in data:
-            kwargs[f.name] = _load(hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name)
+            kwargs[f.name] = _load(
+                hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name
+            )
     try:
         return cls(**kwargs)
     except TypeError as exc:

@@ -23,7 +23,14 @@ from typing import Any
 
 from orchestrator import deploy
 from orchestrator.config import Inventory
-from orchestrator.errors import AgentError, AgentProtocolError, CommandTimeout, TransportError
+from orchestrator.errors import (
+    AgentError,
+    AgentProtocolError,
+    CommandTimeout,
+    ContainerNotFound,
+    ContainerNotRunning,
+    TransportError,
+)
 from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
 from orchestrator.transport.base import LineStream, Result, Transport
 
@@ -86,6 +93,24 @@ def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
         return Snapshot.from_dict(doc)
     except (SchemaError, TypeError, ValueError) as exc:
         raise AgentProtocolError(target, str(exc)[:300]) from None
+
+
+def container_down(
+    target: str, exc: ContainerNotRunning | ContainerNotFound, at: float
+) -> Snapshot:
+    """The snapshot of a container ``pct`` refused to enter: the host answered, so it is
+    reachable; ``container_status`` is ``stopped`` (ContainerNotRunning) or ``missing``
+    (ContainerNotFound); pct's message is the error. The ``container-stopped`` detector
+    reports it: neither unreachable nor a dead run.
+
+    >>> s = container_down("ct200", ContainerNotRunning("pve1", 200), 5.0)
+    >>> s.reachable, s.container_status, s.errors[0][:36]
+    (True, 'stopped', 'pve1: container 200 is not running; ')
+    >>> container_down("ct201", ContainerNotFound("pve1", 201), 5.0).container_status
+    'missing'
+    """
+    status = "stopped" if isinstance(exc, ContainerNotRunning) else "missing"
+    return Snapshot(target, at, reachable=True, container_status=status, errors=(str(exc),))
 
 
 BUNDLE_MISSING_EXIT = 97
@@ -279,8 +304,14 @@ class Target:
     def snapshot(
         self, offset: int | None = None, *, run_id: str | None = None, timeout: float = 30.0
     ) -> Snapshot:
-        """One observation. ``offset`` continues the log of ``run_id`` (``None``: tail only)."""
-        doc = self.agent(["snapshot", *self._observe_args(run_id, offset)], timeout=timeout)
+        """One observation. ``offset`` continues the log of ``run_id`` (``None``: tail only).
+
+        A container pct says is stopped or missing gives :func:`container_down`'s snapshot.
+        """
+        try:
+            doc = self.agent(["snapshot", *self._observe_args(run_id, offset)], timeout=timeout)
+        except (ContainerNotRunning, ContainerNotFound) as exc:
+            return container_down(self.name, exc, time.time())
         try:
             check_schema(doc)
             snap = Snapshot.from_dict(doc)
@@ -318,7 +349,8 @@ class Target:
 
         While the agent cannot be reached it yields ``Snapshot.unreachable``
         (``reachable=False``) once per attempt and retries after 0.5 s, 1 s, 2 s...
-        up to ``backoff_cap_s``. A line that is not a snapshot yields a snapshot
+        up to ``backoff_cap_s``; while pct says the container is stopped (or missing)
+        it yields :func:`container_down` instead, on the same schedule. A line that is not a snapshot yields a snapshot
         whose ``errors`` start with ``agent-protocol-error:`` and the stream goes
         on. No line within ``stall_s`` (default 3 intervals + 20 s) counts as a
         dropped connection. Closing the iterator closes the remote agent.
@@ -328,6 +360,7 @@ class Target:
         backoff = BACKOFF_START_S
         while True:
             reason = "agent stream ended"
+            down: Snapshot | None = None
             stream: LineStream | None = None
             try:
                 stream = self.open_stream(interval)
@@ -357,11 +390,13 @@ class Target:
                 reason = f"no snapshot from the agent within {stall:.0f} s"
             except (TransportError, AgentError) as exc:
                 reason = str(exc)
+            except (ContainerNotRunning, ContainerNotFound) as exc:
+                reason, down = str(exc), container_down(self.name, exc, time.time())
             finally:
                 if stream is not None:
                     stream.close()
             log.info("%s: %s; retrying in %.1f s", self.name, reason, backoff)
-            yield Snapshot.unreachable(self.name, time.time(), reason)
+            yield down or Snapshot.unreachable(self.name, time.time(), reason)
             time.sleep(backoff)
             backoff = min(backoff * 2, backoff_cap_s)
 

@@ -224,7 +224,11 @@ def final_snapshot(ev: Evidence) -> Snapshot:
     """The state now: the agent's snapshot when it saw this run, else one built from the evidence.
 
     The run's ``new_log_lines`` are the whole log tail and the pane is the captured
-    screen, so the log detectors see what the postmortem shows.
+    screen, so the log detectors see what the postmortem shows; alone, it is a first
+    snapshot (whose lines are never progress). :func:`reconstruct_history` moves the
+    tail to the recorder sample of when it was written. The metrics are the agent's
+    reading of that tail with ``seen_at`` no later than the log's mtime (a re-read tail
+    is not a line seen now), else the newest ``metrics.jsonl`` record.
     """
     snap = ev.final
     state = ev.agent.get("state") or {}
@@ -281,15 +285,52 @@ def final_snapshot(ev: Evidence) -> Snapshot:
         processes=(*procs, *extra),
         gpus=snap.gpus if snap is not None else (),
         nvml=snap.nvml if snap is not None else None,
-        metrics=(snap.metrics if same and snap is not None else None)
+        metrics=_reread(snap.metrics if same and snap is not None else None, ev.log_mtime)
         or _metric_at(ev.metrics, ev.collected_at),
         container_status=ev.container_status,
         errors=snap.errors if snap is not None else (),
     )
 
 
+def _reread(m: Metrics | None, log_mtime: float | None) -> Metrics | None:
+    """Metrics parsed from a re-read tail: seen no later than the log was last written.
+
+    >>> _reread(Metrics(step=7, seen_at=100.0), 40.0).seen_at
+    40.0
+    """
+    if m is None or log_mtime is None or m.seen_at is None or m.seen_at <= log_mtime:
+        return m
+    return dataclasses.replace(m, seen_at=log_mtime)
+
+
+def _place_tail(
+    samples: list[Snapshot], final: Snapshot, log_mtime: float | None
+) -> list[Snapshot]:
+    """The history with the log tail on the first sample at or after ``log_mtime`` (when
+    those lines were new), not on the final state: the postmortem's own read of the tail
+    is no progress, or a hung live run would never show its stall. A log written after
+    the last sample keeps its tail on the final state (it did grow since)."""
+    lines = final.run.new_log_lines if final.run is not None else ()
+    if not samples or not lines:
+        return [*samples, final]
+    at = next(
+        (i for i, s in enumerate(samples) if log_mtime is None or s.taken_at >= log_mtime), None
+    )
+    if at is None or samples[at].run is None:
+        return [*samples, final]
+    out = list(samples)
+    out[at] = dataclasses.replace(
+        samples[at], run=dataclasses.replace(samples[at].run, new_log_lines=lines)
+    )
+    assert final.run is not None
+    return [*out, dataclasses.replace(final, run=dataclasses.replace(final.run, new_log_lines=()))]
+
+
 def reconstruct_history(ev: Evidence) -> list[Snapshot]:
-    """Flight-recorder samples (oldest first) then the final state: the detectors' history."""
+    """Flight-recorder samples (oldest first) then the final state: the detectors' history.
+
+    The log tail rides on the sample of when it was written (:func:`_place_tail`).
+    """
     session = str(ev.agent.get("session") or (ev.manifest.session if ev.manifest else "train"))
     out = [
         s
@@ -297,8 +338,7 @@ def reconstruct_history(ev: Evidence) -> list[Snapshot]:
         if (s := _sample(ev, r, session, ev.manifest)) is not None and s.taken_at <= ev.collected_at
     ]
     out.sort(key=lambda s: s.taken_at)
-    out.append(final_snapshot(ev))
-    return out
+    return _place_tail(out, final_snapshot(ev), ev.log_mtime)
 
 
 # --- judge (pure) ----------------------------------------------------------------------------
@@ -568,10 +608,10 @@ def decide(
         return Verdict(
             kind="finished",
             summary=f.summary if f else f"{what} finished (exit status 0){when}",
-            severity=Severity.INFO,
+            severity=f.severity if f else Severity.INFO,  # WARNING: exit 0 without its end line
             died_at=death,
             cause="the command exited with status 0",
-            evidence=("exit_status: 0", *tail),
+            evidence=tuple(dict.fromkeys(("exit_status: 0", *(f.evidence if f else ()), *tail))),
         )
     problems = [f for f in findings if f.severity >= Severity.WARNING and f.kind != "unreachable"]
     problems.sort(key=lambda f: _ALIVE_ORDER.index(f.kind) if f.kind in _ALIVE_ORDER else 99)

@@ -9,8 +9,12 @@ from typing import TypeVar
 T = TypeVar("T")
 
 
-def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: float = 0.05,
-             what: str = "condition") -> T:
+def wait_for(
+    predicate: Callable[[], T],
+    timeout_s: float = 10.0,
+    interval_s: float = 0.05,
+    what: str = "condition",
+) -> T:
     """Poll ``predicate`` until it returns something truthy; return that value.
 
     Raises:
@@ -23,7 +27,9 @@ def wait_for(predicate: Callable[[], T], timeout_s: float = 10.0, interval_s: fl
         if last:
             return last
         if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}; last: {last!r}")
+            raise AssertionError(
+                f"timed out after {timeout_s} s waiting for {what}; last: {last!r}"
+            )
         time.sleep(interval_s)
 
 

@@ -2,8 +2,9 @@
 
 Runs inside the container (standard library and the agent package only). Bounded
 by construction: the log and the flight recorder are read from the end
-(:func:`~orchestrator.agent.runs.tail_lines`), never whole; the pane capture is
-at most ``--pane-lines`` lines. Prints one JSON document::
+(:func:`~orchestrator.agent.runs.tail_lines`), never whole, within a byte budget;
+log and pane lines are cut as the snapshot's are (``runs.MAX_LINE_BYTES``), the
+pane capture is at most ``--pane-lines`` lines. Prints one JSON document::
 
     {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
      "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
@@ -35,12 +36,20 @@ DEFAULT_PANE_LINES = 200
 DEFAULT_GPU_SAMPLES = 720
 """Flight-recorder samples kept (24 min at the launcher's 2 s period)."""
 DEFAULT_METRIC_RECORDS = 2000
-MAX_LINE_CHARS = 4000
+JSONL_MAX_LINE_BYTES = 64 * 1024
+"""Longest flight-recorder record read (a longer one is cut, so unreadable, so skipped)."""
+GPU_HISTORY_MAX_BYTES = 4 << 20
+"""Most bytes of ``gpu.jsonl`` (+ ``.1``) read: 720 samples of 8 GPUs fit several times."""
+METRICS_MAX_BYTES = 1 << 20
 
 
-def _jsonl_tail(path: Path, n: int) -> list[dict[str, Any]]:
+def _jsonl_tail(path: Path, n: int, max_bytes: int = METRICS_MAX_BYTES) -> list[dict[str, Any]]:
     """The last ``n`` JSON-object lines of ``path`` (unreadable lines skipped; read from the end)."""
-    lines, _size = runs.tail_lines(path, n)
+    if n <= 0 or max_bytes <= 0:
+        return []
+    lines, _size = runs.tail_lines(
+        path, n, max_line_bytes=JSONL_MAX_LINE_BYTES, max_bytes=max_bytes
+    )
     out = []
     for line in lines:
         try:
@@ -54,9 +63,10 @@ def _jsonl_tail(path: Path, n: int) -> list[dict[str, Any]]:
 
 def gpu_history(run_dir: Path, n: int) -> list[dict[str, Any]]:
     """The newest ``n`` flight-recorder samples, from ``gpu.jsonl`` and (if short) ``gpu.jsonl.1``."""
-    newest = _jsonl_tail(run_dir / "gpu.jsonl", n)
+    newest = _jsonl_tail(run_dir / "gpu.jsonl", n, GPU_HISTORY_MAX_BYTES)
     if len(newest) < n:
-        older = _jsonl_tail(run_dir / "gpu.jsonl.1", n - len(newest))
+        left = GPU_HISTORY_MAX_BYTES - sum(len(json.dumps(d)) for d in newest)
+        older = _jsonl_tail(run_dir / "gpu.jsonl.1", n - len(newest), left)
         newest = older + newest
     return newest
 
@@ -77,10 +87,10 @@ def capture_pane(session: str, lines: int) -> tuple[list[str], str | None]:
     )
     if res.returncode != 0:
         return [], (res.stderr.strip() or f"tmux exit {res.returncode}")[:300]
-    out = [line[:MAX_LINE_CHARS] for line in res.stdout.splitlines()]
+    out = res.stdout.splitlines()
     while out and not out[-1].strip():
         out.pop()
-    return out[-lines:], None
+    return runs.bound_lines(out[-lines:]), None
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -142,7 +152,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
             "exists": log_st is not None,
             "size_bytes": log_st.st_size if log_st else None,
             "mtime": log_st.st_mtime if log_st else None,
-            "tail": [line[:MAX_LINE_CHARS] for line in tail],
+            "tail": tail,
         },
         "pane": {"lines": pane, "error": pane_error},
         "gpu_history": gpu_history(run_dir, args.gpu_samples),

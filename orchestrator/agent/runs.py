@@ -37,6 +37,8 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.agent.logs import clean_line
+from orchestrator.agent.logs import split_lines as split_log_lines
 from orchestrator.model import RunManifest
 
 HISTORY_LIMIT = 200_000
@@ -45,6 +47,13 @@ RUN_WINDOW = "run"
 GO_TIMEOUT_S = 30.0
 """Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
 TAIL_BLOCK_BYTES = 64 * 1024
+MAX_LINE_BYTES = 2000
+"""Longest run-output line an answer carries whole (the snapshot's limit); longer ones are cut."""
+MAX_TAIL_BYTES = 512 * 1024
+"""Most bytes a tail reads from a file's end, and so about the most its lines hold (the
+answer must stay far below the operator's 8 MiB limit, even after JSON escaping)."""
+MAX_READ_BYTES = 1 << 20
+"""Most bytes one ``logs --offset``/``--follow`` read takes (``--max-bytes`` is capped here)."""
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
 
@@ -200,19 +209,6 @@ def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
     return env
 
 
-def split_lines(data: bytes) -> tuple[list[str], int]:
-    """Complete lines in ``data`` and how many bytes they span (a partial last line waits).
-
-    >>> split_lines(b"a\\nb\\r\\nc")
-    (['a', 'b'], 5)
-    """
-    end = data.rfind(b"\n") + 1
-    if not end:
-        return [], 0
-    text = data[:end].decode("utf-8", "replace")
-    return [line.rstrip("\r") for line in text.split("\n")[:-1]], end
-
-
 # --- files -----------------------------------------------------------------------------------
 
 
@@ -262,35 +258,52 @@ def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
     return parse_stop_request(_read(run_dir / STOP_REQUEST))
 
 
-def tail_lines(path: Path, n: int) -> tuple[list[str], int]:
-    """The last ``n`` complete lines of ``path`` and its size, reading blocks from the end.
+def tail_lines(
+    path: Path, n: int, *, max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
+) -> tuple[list[str], int]:
+    """The last ``n`` lines of ``path`` (the unterminated last one too) and its size in bytes.
 
-    Never reads the whole file: at most ``n`` lines' worth of 64 KiB blocks.
-    A missing file gives ``([], 0)``.
+    Bounded like the snapshot's log reader (:mod:`orchestrator.agent.logs`): reads
+    64 KiB blocks from the end, never more than ``max_bytes`` in all; each line
+    goes through :func:`~orchestrator.agent.logs.clean_line` (cut at
+    ``max_line_bytes``, invalid UTF-8 and control characters replaced). When the
+    window ends inside a line before ``n`` lines were found, the first line says
+    ``…[skipped N bytes]``. A missing file gives ``([], 0)``.
     """
     try:
         with open(path, "rb") as fh:
             size = fh.seek(0, os.SEEK_END)
             pos, buf = size, b""
-            while pos > 0 and buf.count(b"\n") <= n:
-                step = min(TAIL_BLOCK_BYTES, pos)
+            while pos > 0 and buf.count(b"\n") <= n and size - pos < max_bytes:
+                step = min(TAIL_BLOCK_BYTES, pos, max_bytes - (size - pos))
                 pos -= step
                 fh.seek(pos)
                 buf = fh.read(step) + buf
     except FileNotFoundError:
         return [], 0
-    text = buf.decode("utf-8", "replace")
-    lines = [line.rstrip("\r") for line in text.split("\n")]
-    if lines and lines[-1] == "":
-        lines.pop()
-    return (lines[-n:] if n > 0 else []), size
+    if n <= 0:
+        return [], size
+    raws = buf.split(b"\n")
+    if raws[-1] == b"":
+        raws.pop()
+    skipped = 0
+    if pos > 0 and raws:  # the window began inside a line
+        skipped = pos + len(raws.pop(0)) + 1
+    lines = [clean_line(raw.rstrip(b"\r"), max_line_bytes) for raw in raws[-n:]]
+    if skipped and len(lines) < n:
+        lines.insert(0, f"…[skipped {min(skipped, size)} bytes]")
+    return lines, size
 
 
-def read_from(path: Path, offset: int, max_bytes: int = 1 << 20) -> dict[str, Any]:
-    """Complete lines of ``path`` from byte ``offset`` (at most ``max_bytes``).
+def read_from(path: Path, offset: int, max_bytes: int = MAX_READ_BYTES) -> dict[str, Any]:
+    """Complete lines of ``path`` from byte ``offset`` (at most ``max_bytes``, capped at 1 MiB).
 
-    Returns ``lines``, the next ``offset``, ``size`` and ``truncated`` (the file
-    shrank below ``offset``: it was rotated or truncated; reading restarts at 0).
+    Lines are split and bounded as the snapshot's reader does
+    (:func:`orchestrator.agent.logs.split_lines`): a partial last line waits for
+    its newline unless it is already longer than ``MAX_LINE_BYTES``, then it is
+    passed on cut. Returns ``lines``, the next ``offset``, ``size`` and
+    ``truncated`` (the file shrank below ``offset``: rotated or truncated;
+    reading restarts at 0).
     """
     truncated = False
     try:
@@ -299,13 +312,34 @@ def read_from(path: Path, offset: int, max_bytes: int = 1 << 20) -> dict[str, An
             if size < offset:
                 offset, truncated = 0, True
             fh.seek(offset)
-            data = fh.read(max_bytes)
+            data = fh.read(max(1, min(max_bytes, MAX_READ_BYTES)))
     except FileNotFoundError:
         return {"lines": [], "offset": offset, "size": None, "truncated": False}
-    lines, used = split_lines(data)
-    if not used and len(data) >= max_bytes:  # one line longer than max_bytes: pass it through
-        lines, used = [data.decode("utf-8", "replace")], len(data)
+    lines, used = split_log_lines(data, MAX_LINE_BYTES, at_start=True, at_eof=True)
     return {"lines": lines, "offset": offset + used, "size": size, "truncated": truncated}
+
+
+def bound_lines(
+    lines: Sequence[str], max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
+) -> list[str]:
+    """The newest of ``lines`` that fit in ``max_bytes``, each through ``logs.clean_line``.
+
+    For text that arrives as lines (a tmux pane capture) rather than from a file.
+
+    >>> bound_lines(["a" * 10, "b", "c"], max_line_bytes=4, max_bytes=100)
+    ['aaaa…[cut 6 bytes]', 'b', 'c']
+    >>> bound_lines(["old", "new"], max_bytes=4)
+    ['new']
+    """
+    out: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        text = clean_line(line.encode("utf-8", "replace"), max_line_bytes)
+        total += len(text) + 1
+        if total > max_bytes:
+            break
+        out.append(text)
+    return out[::-1]
 
 
 # --- processes and tmux ----------------------------------------------------------------------

@@ -10,7 +10,7 @@ from __future__ import annotations
 import functools
 from collections.abc import Sequence
 
-from orchestrator.detect import gpu, host, log, run
+from orchestrator.detect import disk, gpu, host, log, run
 from orchestrator.detect.limits import Limits
 from orchestrator.model import Finding, HostProbe, Snapshot
 from orchestrator.playbooks import Playbook, for_exit_code, load_playbooks
@@ -22,6 +22,7 @@ KIND_ORDER = (
     "oom-killer",
     "xid",
     "nvml-error",
+    "disk-full",
     "log-signature",
     "stall",
     "ghost-utilization",
@@ -79,6 +80,7 @@ def run_detectors(
         *gpu.nvml_errors(history, limits),
         *host.xid(history, limits, probes, all_xids=all_xids),
         *host.oom_killer(history, limits, probes),
+        *disk.disk_full(history, limits),
         *log.log_signatures(history, limits, pbs),
     ]
     findings = [_explain_crash(f, findings, pbs) for f in findings]

@@ -8,6 +8,7 @@ no session, no process and no exit status is a *silent death*.
 
 from __future__ import annotations
 
+import re
 from statistics import median
 
 from orchestrator.detect.base import (
@@ -48,7 +49,8 @@ def _protocol_only(snap: Snapshot) -> bool:
 
 
 def _stopped(snap: Snapshot) -> bool:
-    return snap.container_status == "stopped"
+    """pct says the container is stopped, or has no such container (``missing``)."""
+    return snap.container_status in ("stopped", "missing")
 
 
 def unreachable(history: History, limits: Limits) -> list[Finding]:
@@ -104,14 +106,17 @@ def container_stopped(history: History, limits: Limits) -> list[Finding]:
     if not snaps or not _stopped(snaps[-1]):
         return []
     run = trailing(snaps, _stopped)
+    last = snaps[-1]
+    what = "does not exist" if last.container_status == "missing" else "stopped"
     return [
         Finding(
             kind="container-stopped",
             severity=Severity.CRITICAL,
-            target=snaps[-1].target,
-            summary=f"container stopped (pct status: stopped) since {fmt_time(run[0].taken_at)}",
+            target=last.target,
+            summary=f"container {what} (pct status: {last.container_status}) since "
+            f"{fmt_time(run[0].taken_at)}" + (f": {last.errors[0]}" if last.errors else ""),
             since=run[0].taken_at,
-            evidence=("pct status: stopped",),
+            evidence=(f"pct status: {last.container_status}", *last.errors[:2]),
         )
     ]
 
@@ -165,8 +170,76 @@ def silent_death(history: History, limits: Limits) -> list[Finding]:
     ]
 
 
+TRAINER_FINISHED = "trainer: finished"
+"""The bundled trainer's last line after a full run (docs/trainer.md, "Other lines")."""
+WRAPPER_EXIT = "[orch] command exited with status"
+"""The run wrapper's last pane line (orchestrator/agent/runs.py): the pane shows the output's end."""
+_TRAINER_CMD_RE = re.compile(r"(?:^|\s)-m\s+trainer(?:\s|$)")
+_STEP_LINE_RE = re.compile(r"^step=(\d+) ")
+
+
+def _runs_bundled_trainer(command: str) -> bool:
+    """The manifest's command runs the bundled trainer (``python -m trainer``).
+
+    >>> _runs_bundled_trainer("env PYTHONPATH=/b python3 -m trainer --config c.yaml")
+    True
+    >>> _runs_bundled_trainer("python3 -m trainer_v2 --x")
+    False
+    """
+    return _TRAINER_CMD_RE.search(command) is not None
+
+
+def _same_run(snaps: list[Snapshot], last: Snapshot) -> list[Snapshot]:
+    """The snapshots of ``last``'s run (a stored history may hold an older run's)."""
+    rid = last.run.run_id if last.run is not None else None
+    return [s for s in snaps if s.run is not None and s.run.run_id == rid]
+
+
+def _last_step(snaps: list[Snapshot]) -> tuple[int | None, float | None]:
+    """(step, seen_at) of the newest snapshot that carries a step (``orch check`` continues the
+    log at an offset, so a snapshot that read no new line has no metrics)."""
+    for s in reversed(snaps):
+        if s.metrics is not None and s.metrics.step is not None:
+            return s.metrics.step, s.metrics.seen_at
+    return None, None
+
+
+def _missing_final_line(snaps: list[Snapshot], last: Snapshot) -> tuple[str, ...] | None:
+    """Evidence that the bundled trainer exited 0 without ``trainer: finished``, else ``None``.
+
+    Only where the end of the output is known: the pane still shows the wrapper's
+    closing line, so the lines above it are the command's last ones. A log read in
+    pieces (``orch check``) proves nothing by itself: the line may be in an older piece.
+    """
+    run, sess = last.run, last.session
+    if run is None or run.manifest is None or not _runs_bundled_trainer(run.manifest.command):
+        return None
+    pane = sess.pane_tail if sess is not None else ()
+    if not any(x.startswith(WRAPPER_EXIT) for x in pane):
+        return None
+    mine = _same_run(snaps, last)
+    seen = [x for s in mine for x in (s.run.new_log_lines if s.run is not None else ())]
+    if any(TRAINER_FINISHED in x for x in (*seen, *pane)):
+        return None
+    step, _ = _last_step(mine)
+    if step is None:
+        steps = [int(m.group(1)) for x in pane if (m := _STEP_LINE_RE.match(x))]
+        step = steps[-1] if steps else None
+    lines = [x for x in pane if x.strip()]
+    return (
+        f"last step {step if step is not None else '?'}",
+        f"no {TRAINER_FINISHED!r} line in the log read or the pane",
+        *lines[-5:],
+    )
+
+
 def exit_status(history: History, limits: Limits) -> list[Finding]:
-    """``crashed`` (exit status != 0, the signal named above 128, or a dead pane) or ``finished`` (0)."""
+    """``crashed`` (exit status != 0, the signal named above 128, or a dead pane) or ``finished`` (0).
+
+    ``finished`` is a WARNING, not INFO, when the bundled trainer (``-m trainer`` in the
+    manifest) exited 0 without its final ``trainer: finished`` line while the pane shows the
+    end of its output: ``os._exit``, or output lost before the flush (``silent-exit@N``).
+    """
     del limits
     snaps = reachable(history)
     if not snaps:
@@ -190,8 +263,11 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
         run.exit_status_at if run is not None and run.exit_status_at is not None else first.taken_at
     )
     tail = tuple(sess.pane_tail[-5:]) if sess is not None else ()
-    if run is not None and run.new_log_lines:
-        tail = tuple(run.new_log_lines[-5:])
+    # the log's last lines as read: the newest snapshot of this run that read any
+    read = next((s.run.new_log_lines for s in reversed(_same_run(snaps, last))
+                 if s.run is not None and s.run.new_log_lines), ())  # fmt: skip
+    if read:
+        tail = tuple(read[-5:])
     run_id = run.run_id if run is not None else "?"
     gpus = tuple(run.manifest.gpus) if run is not None and run.manifest is not None else ()
     asked = run.stop_requested_at if run is not None else None
@@ -220,6 +296,15 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
             Severity.INFO,
             f"run {run_id} stopped by {by} at {fmt_time(asked)}: {what}",
             (f"stop_requested: {fmt_time(asked)}", f"exit_status: {status}", *tail),
+        )
+    if status == 0 and (missing := _missing_final_line(snaps, last)) is not None:
+        step = missing[0].removeprefix("last step ")
+        return one(
+            "finished",
+            Severity.WARNING,
+            f"run {run_id} exited 0 at step {step} without the trainer's final line "
+            f"{TRAINER_FINISHED!r} (os._exit? output lost before the flush?) at {fmt_time(at)}",
+            ("exit_status: 0", *missing),
         )
     if status == 0:
         return one(
@@ -259,6 +344,11 @@ def stall(
     GPUs tell the kind: ~100 % is a stuck kernel or collective (NCCL hangs spin),
     ~0 % a deadlock or a CPU-side wait. ``now`` (Unix s) evaluates the quiet time at
     a later instant than the newest snapshot.
+
+    Before the run's first step (no step in any snapshot of the run and no heartbeat
+    file) the timeout is ``max(stall_timeout_s, startup_grace_s)``: importing torch,
+    loading weights and compiling print nothing for minutes. "last step N" is the
+    newest snapshot with a step (``orch check`` reads the log in pieces).
     """
     snaps = reachable(history)
     if not snaps:
@@ -272,8 +362,10 @@ def stall(
         marks.append(manifest.started_at)
     if last.run.log_mtime is not None:
         marks.append(last.run.log_mtime)
-    if last.metrics is not None and last.metrics.seen_at is not None:
-        marks.append(last.metrics.seen_at)
+    mine = _same_run(snaps, last)
+    step, seen_at = _last_step(mine)
+    if seen_at is not None:
+        marks.append(seen_at)
     prev: Snapshot | None = None
     for s in snaps:
         if _progressed(prev, s):
@@ -283,7 +375,11 @@ def stall(
         return []
     progress_at = max(marks)
     quiet_s = max(last.taken_at, now or 0.0) - progress_at
-    if quiet_s < limits.stall_timeout_s:
+    started = step is not None or last.run.heartbeat_age_s is not None
+    timeout_s = (
+        limits.stall_timeout_s if started else max(limits.stall_timeout_s, limits.startup_grace_s)
+    )
+    if quiet_s < timeout_s:
         return []
     gpus = run_gpus(last, roles)
     recent = [s for s in snaps if s.taken_at >= progress_at] or [last]
@@ -302,7 +398,6 @@ def stall(
         state = f"GPUs at {mean:.0f} %: a deadlock or a CPU-side wait (data loading, a lock, I/O)"
     else:
         state = f"GPUs at {mean:.0f} % on average"
-    step = last.metrics.step if last.metrics is not None else None
     return [
         Finding(
             kind="stall",
@@ -310,10 +405,11 @@ def stall(
             target=last.target,
             summary=(
                 f"no new log line and no step progress for {quiet_s:.0f} s "
-                f"(timeout {limits.stall_timeout_s:.0f} s) while the process lives; {state}"
+                f"(timeout {timeout_s:.0f} s{'' if started else ', no step yet: startup grace'}) "
+                f"while the process lives; {state}"
             ),
             gpus=tuple(gpus),
-            since=progress_at + limits.stall_timeout_s,
+            since=progress_at + timeout_s,
             evidence=(
                 f"last progress {fmt_time(progress_at)}",
                 f"last step {step if step is not None else '?'}",

@@ -258,3 +258,51 @@ def test_tail_reads_only_the_end(tmp_path: Path) -> None:
     assert lines == ["last-2", "partial"] and size == big.stat().st_size
     chunk = runs.read_from(big, size - len(b"last-2\npartial"))
     assert chunk["lines"] == ["last-2"] and chunk["offset"] == size - len(b"partial")
+
+
+def test_answers_stay_bounded_after_a_huge_first_line(local_agent: LocalAgent) -> None:
+    """A 16 MB line (no newline for 16 MB) before ``launch`` answers: every answer that
+    carries run output stays small and parses on the operator's side (it was 12.4 MB once,
+    over ``parse_document``'s 8 MiB, and ``Target.agent`` raised a protocol error)."""
+    from orchestrator.target import parse_document
+
+    huge = 16_000_000
+    cmd = f"head -c {huge} /dev/zero | tr '\\0' x; echo; echo after-huge"
+    res = local_agent.raw(
+        "launch", "--workdir", str(local_agent.workdir), "--session", "train", "--cmd", cmd,
+        "--no-recorder", "--run-id", "huge", "--settle", "20",
+    )  # fmt: skip
+    log = local_agent.workdir / "runs" / "huge" / "train.log"
+    assert log.stat().st_size > huge, "the huge line never reached the log"
+    wd = ["--workdir", str(local_agent.workdir)]
+    answers = {
+        "launch": res.stdout,
+        "runs": local_agent.raw("runs", *wd, "--current", "--tail", "20").stdout,
+        "logs": local_agent.raw("logs", *wd, "-n", "20").stdout,
+        "logs --offset": local_agent.raw("logs", *wd, "--offset", "0").stdout,
+        "evidence": local_agent.raw("evidence", *wd).stdout,
+        "stop": local_agent.raw("stop", *wd, "--grace", "2").stdout,
+    }
+    for what, out in answers.items():
+        assert 0 < len(out) < 1 << 20, (what, len(out))
+        parse_document("ct", out)  # no AgentProtocolError
+    doc = parse_document("ct", answers["launch"])
+    assert doc["state"]["state"] == "exited" and doc["state"]["exit_status"] == 0
+    assert doc["state"]["log_tail"][-1] == "after-huge"
+    # read from the end within MAX_TAIL_BYTES: the line's start is out of reach, and said so
+    assert doc["state"]["log_tail"] == [f"…[skipped {huge + 1} bytes]", "after-huge"]
+    offset = parse_document("ct", answers["logs --offset"])
+    assert offset["lines"][0].endswith("…[cut " + str(runs.MAX_READ_BYTES - 2000) + " bytes]")
+    ev = parse_document("ct", answers["evidence"])
+    assert ev["log"]["tail"][-1] == "after-huge"
+    assert all(len(x.encode()) <= runs.MAX_LINE_BYTES + 30 for x in ev["pane"]["lines"])
+
+
+def test_tail_window_says_what_it_skipped(tmp_path: Path) -> None:
+    """More than ``max_bytes`` inside one line: the tail says how much it skipped, no more."""
+    path = tmp_path / "train.log"
+    path.write_bytes(b"y" * 300_000 + b"\nlast\n")
+    lines, size = runs.tail_lines(path, 5, max_bytes=100_000)
+    assert lines == ["…[skipped 300001 bytes]", "last"] and size == 300_006
+    lines, _ = runs.tail_lines(path, 1, max_bytes=100_000)
+    assert lines == ["last"]

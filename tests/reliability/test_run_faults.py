@@ -220,12 +220,6 @@ def tiny_disk(fleet):
     fault="the log's disk fills up during a run (256 KiB tmpfs)",
     must="flagged (the disk-full signature), and the agent keeps answering",
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="no detector flags a full disk: Snapshot carries no free-disk reading and "
-    "Limits.min_free_disk_gib is unused; tee's 'No space left on device' scrolls out of the "
-    "pane tail before the log-signature detector sees it (agent + detection)",
-)
 def test_disk_full_is_flagged_agent_keeps_working(fleet, tiny_disk, observe, tmp_path):
     fleet.scenario("idle")
     pad = "x" * 200

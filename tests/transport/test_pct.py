@@ -42,7 +42,7 @@ def ct(inventory: object) -> Iterator[PctTransport]:
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(args=ARG_LISTS)
 def test_argv_arrives_byte_for_byte_through_pct(ct: PctTransport, args: list[str]) -> None:

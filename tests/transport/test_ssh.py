@@ -68,7 +68,7 @@ def remote_argv(transport: SshTransport, args: list[str]) -> list[str]:
 
 
 @settings(
-    max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
 )
 @given(args=ARG_LISTS)
 def test_argv_arrives_byte_for_byte(ssh: SshTransport, args: list[str]) -> None:

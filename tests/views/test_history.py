@@ -51,6 +51,25 @@ def test_snapshots_round_trip_through_json(tmp_path):
         assert h.snapshots("ct200") == [snap]
 
 
+def test_last_runs_reads_the_newest_run_offset_without_decoding_snapshots(tmp_path):
+    """What a check resumes from: the newest snapshot that has a run, past unreachable ones."""
+    from dataclasses import replace
+
+    from tests.views.snapshots import running
+
+    first = running("ct200", at=1.0)
+    newer = running("ct200", at=2.0)
+    newer = replace(newer, run=replace(newer.run, run_id="r-2", log_offset=4096))
+    with History.open(tmp_path / "h.db") as h:
+        h.record([first, running("ct201", at=1.0)])
+        h.record([newer, Snapshot("ct202", 2.0)])
+        h.record([Snapshot.unreachable("ct200", 3.0, "refused")])
+        assert h.last_runs(["ct200", "ct201", "ct202", "nobody"]) == {
+            "ct200": ("r-2", 4096),
+            "ct201": ("r-20250101-1200", 0),
+        }
+
+
 def test_alert_state_round_trip_and_replace_per_target(tmp_path):
     a = AlertState("ct200", "ghost-utilization", (3,), Severity.CRITICAL, "ghost", 1.0, 2.0)
     b = AlertState("ct201", "stall", (), Severity.WARNING, "stall", 1.0, None)

@@ -1,0 +1,43 @@
+"""What one ``orch check`` costs the fleet: remote processes per target, the interpreter used.
+
+Counted on the sandbox's real sshd (its log has one ``Starting session`` line per
+command), with ``orch check`` as a fresh process each time, so nothing is cached
+between checks as nothing would be between two cron runs.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.e2e]
+
+
+def sessions(fleet) -> int:
+    log = Path(fleet.state_dir) / "sshd" / "sshd.log"
+    return log.read_text(errors="replace").count("Starting session: command")
+
+
+def test_a_warm_check_is_one_remote_command_per_target_and_per_host(fleet, tmp_path):
+    db = tmp_path / "orch.db"
+    first = fleet.orch("check", "--json", "--db", str(db), "--timeout", "60")
+    assert json.loads(first.stdout)["status"] != "UNKNOWN", first.stderr[-2000:]
+    before = sessions(fleet)
+    again = fleet.orch("check", "--json", "--db", str(db), "--timeout", "60")
+    doc = json.loads(again.stdout)
+    assert all(t["reachable"] for t in doc["targets"]), doc
+    # 2 containers + 1 host probe: the agent runs straight from its bundle, no deploy check
+    assert sessions(fleet) - before == len(doc["targets"]) + 1
+
+
+def test_the_fleet_runs_the_real_interpreter_not_a_shim(fleet):
+    """python3 on this machine may be a pyenv shim (bash, ~0.5 s a call); hosts have the binary."""
+    real = os.path.realpath(sys.executable)
+    if sys.prefix != sys.base_prefix:
+        pytest.skip("in a virtualenv the sandbox's python3 is an exec wrapper")
+    for d in (Path(fleet.state_dir) / "bin", fleet.info.container_root(200) / "usr" / "bin"):
+        assert os.path.realpath(d / "python3") == real
