@@ -398,6 +398,14 @@ def snapshot_cmd(
 @app.command("launch")
 def launch_cmd(
     target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    trainer_args: list[str] | None = typer.Argument(
+        None,
+        metavar="TRAINER_ARGS",
+        help="After --: extra arguments for the bundled trainer, each quoted, after orch's "
+        "--config/--run-dir (e.g. -- --steps 100 --fault crash@4; --config NAME|PATH "
+        "replaces the default config). Not with --cmd or a hosts.yaml command.",
+        show_default=False,
+    ),
     cmd: str | None = typer.Option(
         None,
         "--cmd",
@@ -421,9 +429,15 @@ def launch_cmd(
 ) -> None:
     """Start a run in the container's tmux session and verify it came up.
 
+    Without a command the bundled trainer runs, with hosts.yaml's
+    trainer_config, else dflash-8gpu when GPUs are assigned (refused where
+    torch sees fewer than 8 CUDA devices), else tiny-cpu. Extra trainer
+    arguments follow --: orch launch ct200 -- --steps 100 --fault crash@4
+
     Exit codes: 0 verified; 1 the run died during startup (exit status, last log
-    lines and diagnosis are printed) or stayed silent; 3 unreachable; 4 refused by
-    preflight (live session, busy GPUs, disk, missing modules): nothing started.
+    lines and diagnosis are printed) or stayed silent; 2 bad arguments; 3
+    unreachable; 4 refused by preflight (live session, busy GPUs, disk, missing
+    modules, too few CUDA devices for the config): nothing started.
     """
     from orchestrator import launch
     from orchestrator.views.launch import PhaseProgress, launch_summary
@@ -442,6 +456,7 @@ def launch_cmd(
             verify=not no_verify,
             grace_s=grace,
             on_phase=progress,
+            trainer_args=trainer_args or (),
         )
     except launch.RunDied as exc:
         if as_json:

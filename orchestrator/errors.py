@@ -158,6 +158,20 @@ class CommandFailed(OrchError):
         super().__init__(f"{host}: command failed (exit {status}): {command!r}: {detail}")
 
 
+class OutputTooLarge(OrchError):
+    """A command printed a line longer than orch agreed to read; orch discarded it (exit 1).
+
+    >>> str(OutputTooLarge("ct200", "python3 -m orchestrator.agent stream", 8388608))
+    "ct200: output of 'python3 -m orchestrator.agent stream' exceeds 8388608 bytes; orch discarded it"
+    """
+
+    def __init__(self, host: str, command: str, limit_bytes: int) -> None:
+        self.host, self.command, self.limit_bytes = host, command, limit_bytes
+        super().__init__(
+            f"{host}: output of {command!r} exceeds {limit_bytes} bytes; orch discarded it"
+        )
+
+
 class ContainerError(OrchError):
     """Something about the LXC container itself."""
 

@@ -759,13 +759,17 @@ def follow_logs(
 
 
 def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
-    """One row of ``orch status``: never raises; problems are in ``error``."""
-    row: dict[str, Any] = {"target": name, "reachable": False, "container": None, "error": None}
+    """One row of ``orch status``: never raises; problems are in ``error``.
+
+    ``state`` is the word ``watch`` and ``check`` show (:func:`views.state.target_state`).
+    """
+    row: dict[str, Any] = {"target": name, "reachable": False, "container": None, "error": None,
+                           "state": "unreachable"}  # fmt: skip
     try:
         tgt = Target(inventory, name)
         row["container"] = container_status(tgt)
         if row["container"] != "running":
-            row["reachable"] = True
+            row["reachable"], row["state"] = True, "stopped"
             return row
         snap = tgt.snapshot()
     except OrchError as exc:
@@ -777,6 +781,8 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
 
 def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
     """The status columns from one snapshot (pure)."""
+    from orchestrator.views.state import target_state
+
     sess = snap.session
     run = snap.run
     started = run.manifest.started_at if run and run.manifest else None
@@ -796,6 +802,7 @@ def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
                                               else "dead pane" if sess.exists else "none"),
         "run_id": run.run_id if run else None,
         "run_state": run_state,
+        "state": target_state(snap, startup_grace_s=container.limits.startup_grace_s),
         "age_s": round(snap.taken_at - started, 1) if started else None,
         "step": snap.metrics.step if snap.metrics else None,
         "tokens_per_s": snap.metrics.tokens_per_s if snap.metrics else None,

@@ -29,6 +29,7 @@ from orchestrator.errors import (
     CommandTimeout,
     ContainerNotFound,
     ContainerNotRunning,
+    OutputTooLarge,
     TransportError,
 )
 from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
@@ -75,6 +76,29 @@ def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     if not isinstance(doc, dict):
         raise AgentProtocolError(target, f"expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def too_large(limit: int = MAX_DOC_BYTES) -> str:
+    """The protocol-error detail of an answer cut at ``limit`` bytes by the transport.
+
+    >>> too_large(), too_large(1000)
+    ('answer larger than 8 MiB (orch stopped reading it)', 'answer larger than 1000 bytes (orch stopped reading it)')
+    """
+    size = f"{limit >> 20} MiB" if limit and limit % (1 << 20) == 0 else f"{limit} bytes"
+    return f"answer larger than {size} (orch stopped reading it)"
+
+
+def parse_answer(target: str, res: Result, limit: int = MAX_DOC_BYTES) -> dict[str, Any]:
+    """:func:`parse_document` of an agent command's Result, run with ``max_output_bytes=limit``.
+
+    >>> parse_answer("ct", Result(None, b"x" * 8, b"", truncated=True), limit=8)
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: answer larger than 8 bytes (orch stopped reading it)
+    """
+    if res.truncated:
+        raise AgentProtocolError(target, too_large(limit))
+    return parse_document(target, res.stdout, limit)
 
 
 def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -> Snapshot:
@@ -155,6 +179,7 @@ def run_agent(
     *,
     bundle: deploy.Bundle | None = None,
     timeout: float = 30.0,
+    max_output_bytes: int | None = MAX_DOC_BYTES,
 ) -> Result:
     """Run one agent command from the bundle, deploying it only when needed.
 
@@ -163,18 +188,25 @@ def run_agent(
     interpreter start and ``pct exec`` less per one-shot command. When the agent
     never ran (:func:`agent_never_ran`), :func:`deploy.ensure_agent` checks python
     and sends the bundle (raising its clear ``AgentError``), and the command runs
-    once more. Raises TransportError/CommandTimeout from the transport.
+    once more. Raises TransportError/CommandTimeout from the transport. stdout is cut
+    at ``max_output_bytes`` (``Result.truncated``; :func:`parse_answer` reports it).
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)
     bundle_dir = known or deploy.bundle_path(workdir, bundle)
-    res = transport.run(agent_argv(python, bundle_dir, args), timeout=timeout)
+    res = transport.run(
+        agent_argv(python, bundle_dir, args), timeout=timeout, max_output_bytes=max_output_bytes
+    )
     if agent_never_ran(res):
         log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
                  res.exit_status)  # fmt: skip
         deploy.forget(transport, workdir)
         bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle)
-        res = transport.run(agent_argv(python, bundle_dir, args), timeout=timeout)
+        res = transport.run(
+            agent_argv(python, bundle_dir, args),
+            timeout=timeout,
+            max_output_bytes=max_output_bytes,
+        )
     elif known is None and (res.ok or res.stdout.strip()):
         deploy.remember(transport, workdir, python, bundle)
     return res
@@ -220,7 +252,7 @@ class Target:
         self._transport = transport
         self._bundle = bundle
         self.gpu_source: str | None = None
-        self.gpu_deadline_s = 2.0
+        self.gpu_deadline_s: float | None = None  # None: the agent's default (2 s, or its env)
         self.run_id: str | None = None
         self.offset: int | None = None
 
@@ -241,6 +273,12 @@ class Target:
     def _argv(self, bundle_dir: str, args: Sequence[str]) -> list[str]:
         return agent_argv(self.container.python, bundle_dir, args)
 
+    def _deadline_args(self) -> list[str]:
+        """``--gpu-deadline`` when set here; else the agent's own default applies."""
+        if self.gpu_deadline_s is None:
+            return []
+        return ["--gpu-deadline", str(self.gpu_deadline_s)]
+
     def _observe_args(self, run_id: str | None, offset: int | None) -> list[str]:
         c = self.container
         args = [
@@ -250,8 +288,7 @@ class Target:
             c.workdir,
             "--session",
             c.session,
-            "--gpu-deadline",
-            str(self.gpu_deadline_s),
+            *self._deadline_args(),
         ]
         if c.log_patterns:
             args += ["--log-patterns", json.dumps(dict(c.log_patterns))]
@@ -275,7 +312,7 @@ class Target:
             self.transport, c.workdir, c.python, args, bundle=self._bundle, timeout=timeout
         )
         if res.ok or res.stdout.strip():
-            return parse_document(self.name, res.stdout)
+            return parse_answer(self.name, res)
         tail = res.err.strip()[-400:] or "no output"
         raise AgentError(
             f"{self.name}: agent {args[0] if args else ''} failed (exit {res.exit_status}): {tail}"
@@ -287,8 +324,7 @@ class Target:
             "facts",
             "--workdir",
             self.container.workdir,
-            "--gpu-deadline",
-            str(self.gpu_deadline_s),
+            *self._deadline_args(),
         ]
         if torch:
             args.append("--torch")
@@ -336,7 +372,7 @@ class Target:
                 *self._observe_args(self.run_id, self.offset),
             ],
         )
-        return self.transport.stream(argv)
+        return self.transport.stream(argv, max_line_bytes=MAX_DOC_BYTES)
 
     def stream(
         self,
@@ -365,7 +401,15 @@ class Target:
             try:
                 stream = self.open_stream(interval)
                 while True:
-                    line = stream.readline(timeout=stall)
+                    try:
+                        line = stream.readline(timeout=stall)
+                    except OutputTooLarge:  # the line was dropped; the stream goes on
+                        yield Snapshot(
+                            target=self.name,
+                            taken_at=time.time(),
+                            errors=(f"agent-protocol-error: {too_large()}",),
+                        )
+                        continue
                     if line is None:
                         status = getattr(stream, "exit_status", None)
                         tail = getattr(stream, "stderr_tail", b"") or b""
@@ -453,7 +497,7 @@ class Host:
                 f"{self.name}: host probe failed (exit {res.exit_status}): "
                 f"{res.err.strip()[-400:] or 'no output'}"
             )
-        doc = parse_document(self.name, res.stdout)
+        doc = parse_answer(self.name, res)
         try:
             check_schema(doc)
             return HostProbe.from_dict(doc)

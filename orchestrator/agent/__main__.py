@@ -191,12 +191,34 @@ def cmd_probe(args: argparse.Namespace) -> int:
     return 0
 
 
+GPU_DEADLINE_ENV = "ORCH_AGENT_GPU_DEADLINE_S"
+GPU_DEADLINE_S = 2.0
+
+
+def gpu_deadline_default(env: dict[str, str] | None = None) -> float:
+    """``--gpu-deadline``'s default: ``$ORCH_AGENT_GPU_DEADLINE_S`` when a positive number,
+    else 2.0 s (a value that is not one is ignored, not fatal: the agent must still report).
+
+    >>> gpu_deadline_default({}), gpu_deadline_default({GPU_DEADLINE_ENV: "10"})
+    (2.0, 10.0)
+    >>> gpu_deadline_default({GPU_DEADLINE_ENV: "soon"}), gpu_deadline_default({GPU_DEADLINE_ENV: "-1"})
+    (2.0, 2.0)
+    """
+    raw = (os.environ if env is None else env).get(GPU_DEADLINE_ENV, "")
+    try:
+        value = float(raw)
+    except ValueError:
+        return GPU_DEADLINE_S
+    return value if 0 < value < float("inf") else GPU_DEADLINE_S
+
+
 def _gpu_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--gpu-deadline",
         type=float,
-        default=2.0,
-        help="longest wait on NVML / nvidia-smi per collection (s)",
+        default=gpu_deadline_default(),
+        help=f"longest wait on NVML / nvidia-smi per collection (s; default {GPU_DEADLINE_S}, "
+        f"env {GPU_DEADLINE_ENV})",
     )
     p.add_argument(
         "--gpu-source",

@@ -10,13 +10,13 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 import time
 from typing import Any
 
 from orchestrator.agent.gpu import GpuCollector
+from orchestrator.agent.snapshot import disk_space_mib
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.model import SCHEMA_VERSION
 
@@ -51,10 +51,8 @@ def _disk_free_mib(path: str) -> tuple[str, float | None]:
     probe = os.path.abspath(path)
     while not os.path.exists(probe) and probe != os.path.dirname(probe):
         probe = os.path.dirname(probe)
-    try:
-        return probe, round(shutil.disk_usage(probe).free / 1048576.0, 1)
-    except OSError:
-        return probe, None
+    free, _total = disk_space_mib(probe)
+    return probe, round(free, 1) if free is not None else None
 
 
 def torch_check(python: str, timeout_s: float) -> dict[str, Any]:

@@ -11,14 +11,19 @@ NVML failures are data: :class:`GpuCollector.collect` never raises for them; it
 returns an :class:`~orchestrator.model.NvmlStatus` with ``error_kind`` one of
 ``library-not-found``, ``driver-not-loaded``, ``driver-mismatch``, ``gpu-lost``,
 ``timeout``, ``other``. A lost GPU can make NVML (and nvidia-smi) block forever,
-so every NVML call runs in one worker thread and the caller waits at most
-``deadline_s``; a call still blocked is reported as ``timeout`` naming the call,
-and later collections answer ``timeout`` at once until the worker comes back.
+so each GPU is read on its own worker thread, all in parallel, and the caller
+waits at most ``deadline_s`` for each: a hung GPU is ``timeout`` (naming the call)
+on that GPU alone while the others still read. Later collections probe a hanging
+GPU on a fresh worker for a fraction of a second only (recovery shows at the next
+poll) and keep at most :data:`MAX_STUCK_PER_GPU` threads blocked in it. nvidia-smi
+(one process for every GPU) gets ``deadline_s`` for both of its queries together,
+and no new one starts while a killed one still will not exit.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 import os
 import subprocess
@@ -28,9 +33,6 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
-
-#: One enumerated GPU: (NVML handle or None when lost, index, uuid, name, total MiB).
-_Device = tuple[Any, int, str | None, str | None, float | None]
 
 log = logging.getLogger(__name__)
 
@@ -177,27 +179,34 @@ def _proc_name(pid: int) -> str | None:
 class _Worker:
     """One daemon thread that runs jobs one at a time; the caller waits at most a deadline.
 
-    Jobs always run on the same thread, so NVML sees a single caller. A job
-    that overruns leaves the worker busy; ``submit`` then refuses at once.
+    A job that overruns leaves the worker busy; ``submit`` then refuses at once.
+    :meth:`retire` ends the thread once its job (if any) returns.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, name: str = "nvml") -> None:
         self._lock = threading.Lock()
         self._cv = threading.Condition(self._lock)
         self._job: Callable[[], Any] | None = None
         self._done = True
+        self._retired = False
         self._result: Any = None
         self._error: BaseException | None = None
         self.busy_since: float | None = None
         self.step = ""  # what the running job is doing, for the timeout message
-        self._thread = threading.Thread(target=self._loop, name="nvml", daemon=True)
+        self._thread = threading.Thread(target=self._loop, name=name, daemon=True)
         self._thread.start()
+
+    @property
+    def busy(self) -> bool:
+        return not self._done
 
     def _loop(self) -> None:
         while True:
             with self._cv:
-                while self._job is None:
+                while self._job is None and not self._retired:
                     self._cv.wait()
+                if self._job is None:
+                    return
                 job = self._job
             result: Any = None
             error: BaseException | None = None
@@ -212,19 +221,23 @@ class _Worker:
                 self.busy_since = None
                 self._cv.notify_all()
 
-    def submit(self, job: Callable[[], Any], deadline_s: float) -> tuple[bool, Any]:
-        """Run ``job`` on the worker; ``(True, result)`` or ``(False, None)`` after the deadline.
-
-        Raises whatever ``job`` raised.
-        """
+    def start(self, job: Callable[[], Any]) -> bool:
+        """Hand ``job`` to the thread without waiting; ``False`` when it is still busy."""
         with self._cv:
-            if not self._done:
-                return False, None
+            if not self._done or self._retired:
+                return False
             self._job, self._done = job, False
             self.busy_since = time.monotonic()
             self.step = ""
             self._cv.notify_all()
-            end = time.monotonic() + deadline_s
+            return True
+
+    def wait(self, end: float) -> tuple[bool, Any]:
+        """Wait until monotonic ``end`` for the started job: ``(True, result)`` or ``(False, None)``.
+
+        Raises whatever the job raised.
+        """
+        with self._cv:
             while not self._done:
                 left = end - time.monotonic()
                 if left <= 0:
@@ -235,9 +248,64 @@ class _Worker:
                 raise err
             return True, self._result
 
+    def submit(self, job: Callable[[], Any], deadline_s: float) -> tuple[bool, Any]:
+        """Run ``job`` on the worker; ``(True, result)`` or ``(False, None)`` after the deadline.
+
+        Raises whatever ``job`` raised.
+        """
+        if not self.start(job):
+            return False, None
+        return self.wait(time.monotonic() + deadline_s)
+
+    def retire(self) -> None:
+        """Let the thread end after its current job; it takes no more."""
+        with self._cv:
+            self._retired = True
+            self._cv.notify_all()
+
+
+#: Threads one hung GPU may hold blocked in NVML at once; past this, no new probe of it
+#: until one returns (a GPU that hangs forever costs this many threads, not one per poll).
+MAX_STUCK_PER_GPU = 4
+#: How long a collection waits on a GPU that was hanging at the previous one (seconds):
+#: a healthy NVML call answers in milliseconds, so recovery shows at the next poll.
+HANGING_PROBE_S = 0.25
+
+
+class _Gpu:
+    """One GPU: its identity (learned once), its own worker, the workers stuck in it."""
+
+    __slots__ = ("index", "handle", "uuid", "name", "total_mib", "worker", "stuck", "hang_since")
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.handle: Any = None
+        self.uuid: str | None = None
+        self.name: str | None = None
+        self.total_mib: float | None = None
+        self.worker: _Worker | None = None
+        self.stuck: list[_Worker] = []  # retired workers still blocked in an NVML call
+        self.hang_since: float | None = None  # monotonic start of the call that overran
+
+    def timed_out(self) -> GpuSample:
+        return GpuSample(
+            index=self.index,
+            uuid=self.uuid,
+            name=self.name,
+            memory_total_mib=self.total_mib,
+            error="timeout",
+        )
+
 
 class GpuCollector:
     """Reads every GPU once per :meth:`collect`; NVML is initialised once and kept.
+
+    Every GPU is read on its own worker thread, all in parallel, each under
+    ``deadline_s``: a hung GPU is reported as ``timeout`` on that GPU only while the
+    others still read. A GPU whose call overran is *hanging*: its blocked worker is
+    retired (left to return on its own), and the next collections probe it on a fresh
+    worker for only :data:`HANGING_PROBE_S`, so they neither block on it nor miss its
+    recovery; at most :data:`MAX_STUCK_PER_GPU` threads stay blocked per GPU.
 
     Args:
         deadline_s: longest a collection may wait on NVML or nvidia-smi (seconds).
@@ -254,9 +322,10 @@ class GpuCollector:
         self._pynvml: Any = None
         self._initialised = False
         self._driver: str | None = None
-        self._devices: list[_Device] | None = None
-        self._worker: _Worker | None = None
+        self._gpus: list[_Gpu] | None = None
+        self._worker: _Worker | None = None  # init, driver version, count, shutdown
         self._fallback_reason: str | None = None
+        self._smi_stuck: subprocess.Popen[bytes] | None = None
 
     # --- public -----------------------------------------------------------------------------
 
@@ -282,6 +351,10 @@ class GpuCollector:
             with contextlib.suppress(Exception):  # shutting down anyway
                 self._worker.submit(self._pynvml.nvmlShutdown, min(self.deadline_s, 0.5))
             self._initialised = False
+        for g in self._gpus or ():
+            for w in (g.worker, *g.stuck):
+                if w is not None:
+                    w.retire()
 
     # --- pynvml -----------------------------------------------------------------------------
 
@@ -304,40 +377,37 @@ class GpuCollector:
             )
         assert self._worker is not None
         worker = self._worker
-        if not worker._done:
-            stuck = time.monotonic() - (worker.busy_since or time.monotonic())
-            return self._timed_out_samples(), NvmlStatus(
-                ok=False,
-                source="nvml",
-                error_kind="timeout",
-                driver_version=self._driver,
-                message=f"NVML still blocked in {worker.step or 'a call'} for {stuck:.1f} s",
-            )
-        progress: list[GpuSample] = []
-        try:
-            done, result = worker.submit(lambda: self._sweep(progress), self.deadline_s)
-        except self._pynvml.NVMLError as exc:
-            code = getattr(exc, "value", None)
-            return (), NvmlStatus(
-                ok=False,
-                source="nvml",
-                error_kind=nvml_error_kind(code),
-                message=f"{worker.step}: {exc}",
-                driver_version=self._driver,
-            )
-        except OSError as exc:  # a broken library file
-            return (), NvmlStatus(ok=False, source="nvml", error_kind="other", message=str(exc))
-        if not done:
-            seen = {s.index for s in progress}
-            rest = tuple(s for s in self._timed_out_samples() if s.index not in seen)
-            return tuple(progress) + rest, NvmlStatus(
-                ok=False,
-                source="nvml",
-                error_kind="timeout",
-                driver_version=self._driver,
-                message=f"{worker.step or 'NVML'} did not return within {self.deadline_s} s",
-            )
-        samples: tuple[GpuSample, ...] = result
+        start = time.monotonic()
+        if self._gpus is None:
+            if worker.busy:
+                stuck = start - (worker.busy_since or start)
+                return (), NvmlStatus(
+                    ok=False,
+                    source="nvml",
+                    error_kind="timeout",
+                    message=f"NVML still blocked in {worker.step or 'a call'} for {stuck:.1f} s",
+                )
+            try:
+                done, _ = worker.submit(self._init, self.deadline_s)
+            except self._pynvml.NVMLError as exc:
+                return (), NvmlStatus(
+                    ok=False,
+                    source="nvml",
+                    error_kind=nvml_error_kind(getattr(exc, "value", None)),
+                    message=f"{worker.step}: {exc}",
+                    driver_version=self._driver,
+                )
+            except OSError as exc:  # a broken library file
+                return (), NvmlStatus(ok=False, source="nvml", error_kind="other", message=str(exc))
+            if not done:
+                return (), NvmlStatus(
+                    ok=False,
+                    source="nvml",
+                    error_kind="timeout",
+                    message=f"{worker.step or 'NVML'} did not return within {self.deadline_s} s",
+                )
+        assert self._gpus is not None
+        samples, notes = self._read_all(start)
         bad = [s for s in samples if s.error]
         if bad:
             return samples, NvmlStatus(
@@ -345,67 +415,100 @@ class GpuCollector:
                 source="nvml",
                 error_kind=bad[0].error,
                 driver_version=self._driver,
-                message="; ".join(f"GPU {s.index}: {s.error}" for s in bad),
+                message="; ".join(notes.get(s.index, f"GPU {s.index}: {s.error}") for s in bad),
             )
         return samples, NvmlStatus(ok=True, source="nvml", driver_version=self._driver)
 
-    def _timed_out_samples(self) -> tuple[GpuSample, ...]:
-        if not self._devices:
-            return ()
-        return tuple(
-            GpuSample(index=i, uuid=u, name=n, memory_total_mib=t, error="timeout")
-            for _h, i, u, n, t in self._devices
-        )
-
-    def _sweep(self, progress: list[GpuSample]) -> tuple[GpuSample, ...]:
-        """Runs on the worker thread: init once, then read every device."""
+    def _init(self) -> None:
+        """Runs on the system worker: init, driver version, device count (no device calls)."""
         nv = self._pynvml
         assert self._worker is not None
-        worker = self._worker
-        if self._devices is None:
-            worker.step = "nvmlInit"
-            nv.nvmlInit()
-            self._initialised = True
-            worker.step = "nvmlSystemGetDriverVersion"
-            self._driver = _text(nv.nvmlSystemGetDriverVersion())
-            worker.step = "nvmlDeviceGetCount"
-            count = nv.nvmlDeviceGetCount()
-            devices: list[_Device] = []
-            for i in range(count):
-                worker.step = f"nvmlDeviceGetHandleByIndex(GPU {i})"
-                try:
-                    h = nv.nvmlDeviceGetHandleByIndex(i)
-                except nv.NVMLError:
-                    devices.append((None, i, None, None, None))
+        self._worker.step = "nvmlInit"
+        nv.nvmlInit()
+        self._initialised = True
+        self._worker.step = "nvmlSystemGetDriverVersion"
+        self._driver = _text(nv.nvmlSystemGetDriverVersion())
+        self._worker.step = "nvmlDeviceGetCount"
+        self._gpus = [_Gpu(i) for i in range(nv.nvmlDeviceGetCount())]
+
+    def _read_all(self, start: float) -> tuple[tuple[GpuSample, ...], dict[int, str]]:
+        """Start every GPU's read at once, then wait for each until its own deadline.
+
+        Returns the samples in index order and, per failed GPU, a note for the message.
+        """
+        assert self._gpus is not None
+        started: list[tuple[_Gpu, _Worker, float]] = []
+        samples: dict[int, GpuSample] = {}
+        notes: dict[int, str] = {}
+        for g in self._gpus:
+            g.stuck = [w for w in g.stuck if w.busy]  # a stuck call that returned frees its slot
+            hanging = g.worker is not None and g.worker.busy
+            if hanging:
+                assert g.worker is not None
+                g.worker.retire()
+                g.stuck.append(g.worker)
+                g.worker = None
+            if g.worker is None:
+                if len(g.stuck) >= MAX_STUCK_PER_GPU:
+                    blocked = start - (g.hang_since or start)
+                    samples[g.index] = g.timed_out()
+                    step = g.stuck[-1].step or "a call"
+                    notes[g.index] = (
+                        f"GPU {g.index}: NVML still blocked in {step} for {blocked:.1f} s"
+                    )
                     continue
-                devices.append(self._identify(h, i))
-            self._devices = devices
-        assert self._devices is not None
-        for n, (h, i, uuid, name, _total) in enumerate(self._devices):
-            if h is None:  # lost at init: try again, it may be back after a reset
-                worker.step = f"nvmlDeviceGetHandleByIndex(GPU {i})"
-                try:
-                    self._devices[n] = self._identify(nv.nvmlDeviceGetHandleByIndex(i), i)
-                    h, i, uuid, name, _total = self._devices[n]
-                except nv.NVMLError:
-                    pass
-            progress.append(self._read_device(h, i, uuid, name))
-        return tuple(progress)
+                g.worker = _Worker(f"nvml-gpu{g.index}")
+            wait_s = min(HANGING_PROBE_S, self.deadline_s) if g.stuck else self.deadline_s
+            g.worker.start(functools.partial(self._read_gpu, g, g.worker))
+            started.append((g, g.worker, start + wait_s))
+        for g, w, end in started:
+            try:
+                done, sample = w.wait(end)
+            except Exception as exc:  # noqa: BLE001 - _read_gpu maps NVML errors; a broken library
+                log.warning("GPU %s: reading failed: %s", g.index, exc)
+                code = getattr(exc, "value", None)
+                done, sample = True, GpuSample(index=g.index, error=nvml_error_kind(code))
+            if done:
+                samples[g.index] = sample
+                g.hang_since = None
+                continue
+            g.hang_since = g.hang_since or w.busy_since or start
+            samples[g.index] = g.timed_out()
+            took = end - start
+            notes[g.index] = (
+                f"GPU {g.index}: {w.step or 'NVML'} did not return within {took:.2g} s"
+                if g.stuck
+                else f"GPU {g.index}: {w.step or 'NVML'} did not return within {self.deadline_s} s"
+            )
+        return tuple(samples[i] for i in sorted(samples)), notes
 
-    def _identify(self, h: Any, i: int) -> _Device:
-        """(handle, index, uuid, name, total MiB); uuid/name ``None`` when the GPU will not say."""
+    def _read_gpu(self, g: _Gpu, worker: _Worker) -> GpuSample:
+        """Runs on the GPU's worker: the handle and identity when not known yet, then a reading."""
         nv = self._pynvml
-        try:
-            uuid = self._field(lambda: _text(nv.nvmlDeviceGetUUID(h)), f"GetUUID(GPU {i})")
-            name = self._field(lambda: _text(nv.nvmlDeviceGetName(h)), f"GetName(GPU {i})")
-        except nv.NVMLError:
-            return (h, i, None, None, None)
-        return (h, i, uuid, name, None)
+        if g.handle is None:
+            worker.step = f"nvmlDeviceGetHandleByIndex(GPU {g.index})"
+            try:
+                g.handle = nv.nvmlDeviceGetHandleByIndex(g.index)
+            except nv.NVMLError as exc:
+                return GpuSample(index=g.index, error=nvml_error_kind(getattr(exc, "value", None)))
+        if g.uuid is None:
+            try:
+                g.uuid = self._field(
+                    worker, lambda: _text(nv.nvmlDeviceGetUUID(g.handle)), f"GetUUID(GPU {g.index})"
+                )
+                g.name = self._field(
+                    worker, lambda: _text(nv.nvmlDeviceGetName(g.handle)), f"GetName(GPU {g.index})"
+                )
+            except nv.NVMLError:
+                pass  # read below: the reading reports the device's error
+        sample = self._read_device(worker, g.handle, g.index, g.uuid, g.name)
+        if sample.memory_total_mib is not None:
+            g.total_mib = sample.memory_total_mib
+        return sample
 
-    def _field(self, call: Callable[[], Any], step: str) -> Any:
+    def _field(self, worker: _Worker, call: Callable[[], Any], step: str) -> Any:
         """One optional reading: ``None`` when not supported; device errors propagate."""
-        assert self._worker is not None
-        self._worker.step = f"nvmlDevice{step}"
+        worker.step = f"nvmlDevice{step}"
         try:
             return call()
         except self._pynvml.NVMLError as exc:
@@ -413,21 +516,22 @@ class GpuCollector:
                 return None
             raise
 
-    def _read_device(self, h: Any, i: int, uuid: str | None, name: str | None) -> GpuSample:
+    def _read_device(
+        self, worker: _Worker, h: Any, i: int, uuid: str | None, name: str | None
+    ) -> GpuSample:
         nv = self._pynvml
-        if h is None:
-            return GpuSample(index=i, uuid=uuid, name=name, error="gpu-lost")
+        field = functools.partial(self._field, worker)
         try:
-            util = self._field(
+            util = field(
                 lambda: nv.nvmlDeviceGetUtilizationRates(h), f"GetUtilizationRates(GPU {i})"
             )
-            mem = self._field(lambda: nv.nvmlDeviceGetMemoryInfo(h), f"GetMemoryInfo(GPU {i})")
-            temp = self._field(
+            mem = field(lambda: nv.nvmlDeviceGetMemoryInfo(h), f"GetMemoryInfo(GPU {i})")
+            temp = field(
                 lambda: nv.nvmlDeviceGetTemperature(h, nv.NVML_TEMPERATURE_GPU),
                 f"GetTemperature(GPU {i})",
             )
-            power_mw = self._field(lambda: nv.nvmlDeviceGetPowerUsage(h), f"GetPowerUsage(GPU {i})")
-            procs = self._field(
+            power_mw = field(lambda: nv.nvmlDeviceGetPowerUsage(h), f"GetPowerUsage(GPU {i})")
+            procs = field(
                 lambda: nv.nvmlDeviceGetComputeRunningProcesses(h),
                 f"GetComputeRunningProcesses(GPU {i})",
             )
@@ -459,11 +563,27 @@ class GpuCollector:
 
     # --- nvidia-smi -------------------------------------------------------------------------
 
+    def _smi(self, argv: list[str], end: float) -> tuple[int | str, str, str]:
+        """One nvidia-smi query until monotonic ``end``; remembers one that would not die."""
+        rc, out, err, stuck = _run_bounded(argv, end - time.monotonic())
+        if stuck is not None:
+            self._smi_stuck = stuck
+        return rc, out, err
+
     def _collect_smi(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         note = f" (pynvml unavailable: {self._fallback_reason})" if self._fallback_reason else ""
-        rc, out, err = _run_bounded(
-            [self.smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"],
-            self.deadline_s,
+        if self._smi_stuck is not None and self._smi_stuck.poll() is None:
+            # one nvidia-smi that outlived SIGKILL (D state) is enough: do not pile up more
+            return (), NvmlStatus(
+                ok=False,
+                source="nvidia-smi",
+                error_kind="timeout",
+                message=f"nvidia-smi pid {self._smi_stuck.pid} still blocked after SIGKILL",
+            )
+        self._smi_stuck = None
+        end = time.monotonic() + self.deadline_s  # both queries together stay within it
+        rc, out, err = self._smi(
+            [self.smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"], end
         )
         if rc == "missing":
             return (), NvmlStatus(
@@ -486,9 +606,9 @@ class GpuCollector:
             return (), NvmlStatus(
                 ok=False, source="nvidia-smi", error_kind=smi_error_kind(text), message=text[:500]
             )
-        rc2, out2, _err2 = _run_bounded(
+        rc2, out2, _err2 = self._smi(
             [self.smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
-            self.deadline_s,
+            end,
         )
         apps = parse_smi_apps(out2) if isinstance(rc2, int) else None
         driver = next((r.pop("driver_version") for r in rows), None)
@@ -523,18 +643,23 @@ class GpuCollector:
         )
 
 
-def _run_bounded(argv: list[str], deadline_s: float) -> tuple[int | str, str, str]:
+def _run_bounded(
+    argv: list[str], deadline_s: float
+) -> tuple[int | str, str, str, subprocess.Popen[bytes] | None]:
     """Run argv for at most ``deadline_s``; rc is ``"missing"`` or ``"timeout"`` on those failures.
 
     A hung nvidia-smi may sit in D state and ignore SIGKILL, so after killing it
-    we wait only briefly instead of blocking the snapshot on it.
+    we wait only briefly instead of blocking the snapshot on it; such a process
+    comes back last (else ``None``) so the caller can wait for it to go.
     """
+    if deadline_s <= 0:
+        return "timeout", "", "", None
     try:
         proc = subprocess.Popen(
             argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
         )
     except OSError:
-        return "missing", "", ""
+        return "missing", "", "", None
     try:
         out, err = proc.communicate(timeout=deadline_s)
     except subprocess.TimeoutExpired:
@@ -543,8 +668,9 @@ def _run_bounded(argv: list[str], deadline_s: float) -> tuple[int | str, str, st
             proc.wait(0.2)
         except subprocess.TimeoutExpired:
             log.warning("nvidia-smi pid %s did not die after SIGKILL", proc.pid)
-        return "timeout", "", ""
-    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace")
+            return "timeout", "", "", proc
+        return "timeout", "", "", None
+    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), None
 
 
 def _text(value: Any) -> str | None:

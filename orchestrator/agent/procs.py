@@ -89,6 +89,44 @@ def alive(pid: int, proc: str = "/proc") -> bool:
         return False
 
 
+def decode_wait_status(code: int) -> tuple[int | None, int | None]:
+    """(exit status, signal) from a ``waitpid`` status word; one of the two is ``None``.
+
+    >>> decode_wait_status(3 << 8), decode_wait_status(9), decode_wait_status(0x80 | 11)
+    ((3, None), (None, 9), (None, 11))
+    """
+    sig = code & 0x7F
+    return (None, sig) if sig else ((code >> 8) & 0xFF, None)
+
+
+def zombie_exit(
+    pid: int, parent: int | None = None, proc: str = "/proc"
+) -> tuple[int | None, int | None] | None:
+    """(exit status, signal) of ``pid`` while it is an unreaped zombie, else ``None``.
+
+    Reads field 52 (``exit_code``, Linux >= 3.5). The kernel shows it only to whoever
+    may ptrace-read the process and prints 0 otherwise, so it is trusted only for a
+    process of this user (or when running as root). ``parent``, when given, must be
+    its parent pid, so a recycled pid is never read as the one asked about. ``None``
+    when the process is alive, already reaped, someone else's child, or not ours.
+    """
+    try:
+        if os.geteuid() != 0 and os.stat(f"{proc}/{pid}").st_uid != os.geteuid():
+            return None
+    except OSError:
+        return None
+    text = _read(f"{proc}/{pid}/stat")
+    if not text:
+        return None
+    try:
+        f = text[text.rindex(")") + 2 :].split()
+        if f[0] != "Z" or (parent is not None and int(f[1]) != parent) or len(f) < 50:
+            return None
+        return decode_wait_status(int(f[49]))  # f[0] is field 3: field 52 is f[49]
+    except (ValueError, IndexError):
+        return None
+
+
 def read_pid_file(path: str) -> int | None:
     """The pid in a pid file (digits, surrounding white space allowed); ``None`` when the file
     is missing, unreadable or holds anything else.

@@ -2,8 +2,18 @@
 
 Equivalent shell commands::
 
-    tmux list-panes -s -t =SESSION -F '#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}'
+    tmux list-panes -s -t =SESSION -F '#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}|#{pid}'
     tmux capture-pane -p -J -t PANE -S -N
+
+A dead pane can come without its exit status: tmux marks the pane dead on the
+pty's EOF, but records the status only when it reaps the child, and tmux built
+with libutempter loses a SIGCHLD that arrives while it removes the utmp record
+at that EOF (the helper runs with SIGCHLD at its default), leaving the child a
+zombie until some other child of the server exits. The status is then read from
+the zombie itself (``/proc/<pid>/stat`` field 52, see
+:func:`~orchestrator.agent.procs.zombie_exit`); if tmux reaped it meanwhile, the
+panes are listed once more. A launched run's ``exit_status`` file stays the
+authority; this is what the pane alone can tell.
 
 The server socket follows tmux's own rules (``$TMUX_TMPDIR``, ``-L``/``-S``);
 ``socket_name``/``socket_path`` pick another. A missing server or session is
@@ -18,33 +28,37 @@ commands, and importing libtmux cost ~250 ms of every one-shot agent call
 from __future__ import annotations
 
 import logging
+import os
 import subprocess
 from dataclasses import dataclass
 
+from orchestrator.agent.procs import zombie_exit
 from orchestrator.model import SessionState
 
 log = logging.getLogger(__name__)
 
-PANE_FORMAT = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}"
+PANE_FORMAT = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}|#{pid}"
 _NO_SERVER = ("no server running", "error connecting to", "failed to connect to server")
 
 
-def parse_pane_line(line: str) -> tuple[bool, int | None, int | None, int | None, str]:
-    """Parse one ``PANE_FORMAT`` line into (dead, status, signal, pid, pane id).
+def parse_pane_line(
+    line: str,
+) -> tuple[bool, int | None, int | None, int | None, str, int | None]:
+    """Parse one ``PANE_FORMAT`` line into (dead, status, signal, pid, pane id, server pid).
 
-    >>> parse_pane_line("1|2||4242|%0")
-    (True, 2, None, 4242, '%0')
-    >>> parse_pane_line("1||9|4242|%3")
-    (True, None, 9, 4242, '%3')
+    >>> parse_pane_line("1|2||4242|%0|17")
+    (True, 2, None, 4242, '%0', 17)
+    >>> parse_pane_line("1||9|4242|%3|17")
+    (True, None, 9, 4242, '%3', 17)
     >>> parse_pane_line("0|||77|%1")
-    (False, None, None, 77, '%1')
+    (False, None, None, 77, '%1', None)
     """
-    cells = (line.split("|") + ["", "", "", "", ""])[:5]
+    cells = (line.split("|") + [""] * 6)[:6]
 
     def num(text: str) -> int | None:
         return int(text) if text.strip().lstrip("-").isdigit() else None
 
-    return cells[0] == "1", num(cells[1]), num(cells[2]), num(cells[3]), cells[4]
+    return cells[0] == "1", num(cells[1]), num(cells[2]), num(cells[3]), cells[4], num(cells[5])
 
 
 def classify_tmux_error(stderr: list[str]) -> str:
@@ -144,6 +158,27 @@ class TmuxReader:
             return []
         return [] if res.returncode else list(res.stdout)
 
+    def _unreaped(
+        self, session: str, line: str, pid: int, server: int | None
+    ) -> tuple[bool, int | None, int | None, int | None, str]:
+        """A dead pane that tmux gave no status: read it from the unreaped child.
+
+        When the child is gone instead, tmux reaped it since ``line`` was listed, so
+        the panes are listed once more (one more tmux command, same timeout).
+        """
+        dead, status, signal, _pid, pane, _server = parse_pane_line(line)
+        found = zombie_exit(pid, server)
+        if found is not None:
+            return dead, found[0], found[1], pid, pane
+        if not os.path.exists(f"/proc/{pid}"):
+            try:
+                res = self.cmd("list-panes", "-s", "-t", f"={session}", "-F", PANE_FORMAT)
+            except (OSError, subprocess.SubprocessError):
+                res = None
+            if res is not None and res.returncode == 0 and res.stdout:
+                return parse_pane_line(res.stdout[0])[:5]
+        return dead, status, signal, pid, pane
+
     def state(self, session: str, tail_lines: int = 8) -> SessionState:
         """State of ``session`` and the last ``tail_lines`` non-trailing-blank lines of its pane."""
         self.error = None
@@ -159,7 +194,9 @@ class TmuxReader:
             return SessionState(name=session, exists=False, server_running=kind != "no-server")
         if not res.stdout:
             return SessionState(name=session, exists=True)
-        dead, status, signal, pid, pane = parse_pane_line(res.stdout[0])
+        dead, status, signal, pid, pane, server = parse_pane_line(res.stdout[0])
+        if dead and status is None and signal is None and pid:
+            dead, status, signal, pid, pane = self._unreaped(session, res.stdout[0], pid, server)
         tail: tuple[str, ...] = ()
         if tail_lines > 0:
             try:

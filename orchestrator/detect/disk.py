@@ -63,7 +63,9 @@ def disk_full(history: History, limits: Limits) -> list[Finding]:
         head = f"disk full: no space left on the run's file system ({fmt_mib(total)})"
         tail = "; writes fail (No space left on device): the log and checkpoints are not saved"
     elif severity is Severity.CRITICAL:
-        head = f"disk nearly full: {fmt_mib(free)} free of {fmt_mib(total)} on the run's file system"
+        head = (
+            f"disk nearly full: {fmt_mib(free)} free of {fmt_mib(total)} on the run's file system"
+        )
         tail = f" (< {limits.critical_free_disk_gib:g} GiB): the next checkpoint save may fail"
     else:
         head = f"low disk space: {fmt_mib(free)} free of {fmt_mib(total)} on the run's file system"

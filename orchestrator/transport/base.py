@@ -24,11 +24,17 @@ class Result:
     ``exit_status`` is ``None`` when the remote side closed without reporting
     one (paramiko's -1): unknown, which is not the same as failure.
     A signal shows as 128+N, as shells and ``lxc-attach`` report it.
+
+    ``truncated`` is True when the command printed more than the ``max_output_bytes``
+    it ran with: ``stdout`` then holds exactly the first ``max_output_bytes`` bytes,
+    orch ended the command (or closed its channel) instead of reading the rest, and
+    ``exit_status`` is ``None`` unless the command had already exited on its own.
     """
 
     exit_status: int | None
     stdout: bytes
     stderr: bytes
+    truncated: bool = False
 
     @property
     def ok(self) -> bool:
@@ -61,7 +67,13 @@ class LineStream(abc.ABC):
 
     @abc.abstractmethod
     def readline(self, timeout: float) -> str | None:
-        """Next line, or ``None`` at end of stream; raises ``CommandTimeout`` after ``timeout`` s."""
+        """Next line, or ``None`` at end of stream; raises ``CommandTimeout`` after ``timeout`` s.
+
+        A line longer than the stream's ``max_line_bytes`` raises
+        :class:`~orchestrator.errors.OutputTooLarge` once, in its place: the line is
+        discarded as it arrives (never held whole) and the next call goes on with the
+        line after it.
+        """
 
     @abc.abstractmethod
     def close(self) -> None: ...
@@ -86,6 +98,7 @@ class Transport(abc.ABC):
         timeout: float = 30.0,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
     ) -> Result:
         """Run ``argv`` (no shell) to completion.
 
@@ -94,11 +107,24 @@ class Transport(abc.ABC):
             timeout: seconds until :class:`~orchestrator.errors.CommandTimeout`.
             stdin: bytes fed to the command's stdin, then EOF.
             env: variables set for this command only, on top of the remote default.
+            max_output_bytes: read at most this many bytes of stdout: past it the
+                command is ended and the Result is ``truncated`` (see :class:`Result`);
+                stderr keeps its last ``max_output_bytes`` bytes. ``None``: no bound.
         """
 
     @abc.abstractmethod
-    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
-        """Start ``argv`` and return its stdout as a :class:`LineStream`."""
+    def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        max_line_bytes: int | None = None,
+    ) -> LineStream:
+        """Start ``argv`` and return its stdout as a :class:`LineStream`.
+
+        ``max_line_bytes``: a longer line raises ``OutputTooLarge`` from ``readline``
+        (see :meth:`LineStream.readline`); ``None``: no bound.
+        """
 
     @abc.abstractmethod
     def put(self, data: bytes, path: str, *, mode: int = 0o644) -> None:

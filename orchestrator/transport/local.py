@@ -15,16 +15,25 @@ import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 
-from orchestrator.errors import CommandTimeout
+from orchestrator.errors import CommandTimeout, OutputTooLarge
 from orchestrator.paths import atomic_write
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line
 
 STDERR_TAIL_BYTES = 64 * 1024
+READ_CHUNK = 65536
+
+
+class LineTooLong(ValueError):
+    """:meth:`LineBuffer.pop`: the next line was longer than the buffer's ``max_line_bytes``."""
 
 
 class LineBuffer:
     """Split a byte stream into decoded lines (newline removed, undecodable bytes replaced).
+
+    With ``max_line_bytes``, a longer line is never held whole: as soon as it
+    exceeds the bound it is dropped (and the rest of it discarded as it arrives),
+    and :meth:`pop` raises :class:`LineTooLong` once in its place.
 
     >>> buf = LineBuffer()
     >>> buf.feed(b"a\\nb")
@@ -36,24 +45,83 @@ class LineBuffer:
     >>> buf.feed(b"tail")
     >>> buf.pop(final=True), buf.pop(final=True)
     ('tail', None)
+    >>> buf = LineBuffer(max_line_bytes=4)
+    >>> for chunk in (b"ok\\nxxx", b"xxx", b"xxx", b"x\\nend\\n"):
+    ...     buf.feed(chunk)
+    >>> buf.pop(), buf.buffered_bytes
+    ('ok', 4)
+    >>> buf.pop()
+    Traceback (most recent call last):
+    ...
+    orchestrator.transport.local.LineTooLong: line longer than 4 bytes
+    >>> buf.pop(), buf.pop()
+    ('end', None)
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_line_bytes: int | None = None) -> None:
         self._data = bytearray()
+        self._max = max_line_bytes
+        self._complete = 0  # bytes at the start of _data that end with a newline
+        self._cuts: list[int] = []  # offsets in _data where an overlong line was dropped
+        self._skipping = False  # discarding the rest of an overlong line up to its newline
+
+    @property
+    def buffered_bytes(self) -> int:
+        """Bytes held now (at most ``max_line_bytes`` + one chunk beyond complete lines)."""
+        return len(self._data)
+
+    @property
+    def ready(self) -> bool:
+        """True when :meth:`pop` has a complete line (or an overlong one) to report."""
+        return self._complete > 0 or bool(self._cuts)
 
     def feed(self, chunk: bytes) -> None:
+        if self._skipping:
+            end = chunk.find(b"\n")
+            if end < 0:
+                return
+            chunk, self._skipping = chunk[end + 1 :], False
         self._data += chunk
+        last = chunk.rfind(b"\n")
+        if last >= 0:
+            self._complete = len(self._data) - len(chunk) + last + 1
+        if self._max is not None and len(self._data) - self._complete > self._max:
+            del self._data[self._complete :]
+            self._cuts.append(self._complete)
+            self._skipping = True
 
     def pop(self, *, final: bool = False) -> str | None:
-        """The next complete line; with ``final``, also an unterminated last line."""
+        """The next complete line; with ``final``, also an unterminated last line.
+
+        Raises:
+            LineTooLong: the next line was longer than ``max_line_bytes`` (dropped).
+        """
+        if self._cuts and self._cuts[0] == 0:
+            del self._cuts[0]
+            raise LineTooLong(f"line longer than {self._max} bytes")
         end = self._data.find(b"\n")
         if end < 0:
             if not (final and self._data):
                 return None
             end = len(self._data)
+        taken = min(end + 1, len(self._data))
         raw = bytes(self._data[:end])
-        del self._data[: end + 1]
+        del self._data[:taken]
+        self._complete = max(0, self._complete - taken)
+        self._cuts = [cut - taken for cut in self._cuts]
+        if self._max is not None and len(raw) > self._max:
+            raise LineTooLong(f"line longer than {self._max} bytes")
         return raw.rstrip(b"\r").decode("utf-8", "replace")
+
+
+def pop_line(
+    buf: LineBuffer, final: bool, name: str, command: str, limit: int | None
+) -> str | None:
+    """``buf.pop(final=...)`` with :class:`LineTooLong` as :class:`OutputTooLarge` (for streams)."""
+    try:
+        return buf.pop(final=final)
+    except LineTooLong:
+        raise OutputTooLarge(name, command, limit or 0) from None
 
 
 def signal_status(returncode: int) -> int:
@@ -102,14 +170,21 @@ class LocalTransport(Transport):
         timeout: float = 30.0,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
     ) -> Result:
-        """Run ``argv`` to completion; ``CommandTimeout`` after ``timeout`` s (process group killed)."""
+        """Run ``argv`` to completion; ``CommandTimeout`` after ``timeout`` s (process group killed).
+
+        Past ``max_output_bytes`` of stdout the process group is killed (SIGKILL) and
+        the Result is ``truncated`` (see :meth:`Transport.run`).
+        """
         try:
             proc = self._popen(argv, env, stdin is not None)
         except (FileNotFoundError, PermissionError) as exc:
             return Result(
                 127 if isinstance(exc, FileNotFoundError) else 126, b"", f"{exc}\n".encode()
             )
+        if max_output_bytes is not None:
+            return self._run_bounded(proc, argv, timeout, stdin, max_output_bytes)
         try:
             out, err = proc.communicate(stdin, timeout=timeout)
         except subprocess.TimeoutExpired:
@@ -118,10 +193,85 @@ class LocalTransport(Transport):
             raise CommandTimeout(self.name, command_line(argv), timeout) from None
         return Result(signal_status(proc.returncode), out, err)
 
-    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+    def _run_bounded(
+        self,
+        proc: subprocess.Popen[bytes],
+        argv: Sequence[str],
+        timeout: float,
+        stdin: bytes | None,
+        limit: int,
+    ) -> Result:
+        """``communicate`` that keeps at most ``limit`` bytes of stdout (and of stderr's tail)."""
+        deadline = time.monotonic() + timeout
+        out, err = bytearray(), bytearray()
+        pending = memoryview(stdin or b"")
+        truncated = False
+        assert proc.stdout is not None and proc.stderr is not None
+        with selectors.DefaultSelector() as sel:
+            sel.register(proc.stdout, selectors.EVENT_READ, out)
+            sel.register(proc.stderr, selectors.EVENT_READ, err)
+            if proc.stdin is not None:
+                if pending:
+                    os.set_blocking(proc.stdin.fileno(), False)
+                    sel.register(proc.stdin, selectors.EVENT_WRITE, None)
+                else:
+                    proc.stdin.close()
+            try:
+                while sel.get_map() and not truncated:
+                    remaining = deadline - time.monotonic()
+                    if remaining <= 0:  # the finally below kills the group
+                        raise CommandTimeout(self.name, command_line(argv), timeout)
+                    for key, _ in sel.select(remaining):
+                        if key.data is None:  # stdin writable
+                            try:
+                                pending = pending[os.write(key.fd, pending[:READ_CHUNK]) :]
+                            except BlockingIOError:
+                                continue
+                            except BrokenPipeError:
+                                pending = pending[:0]
+                            if not pending:
+                                sel.unregister(key.fileobj)
+                                key.fileobj.close()  # type: ignore[union-attr]
+                            continue
+                        chunk = os.read(key.fd, READ_CHUNK)
+                        if not chunk:
+                            sel.unregister(key.fileobj)
+                        elif key.data is out:
+                            room = limit - len(out)
+                            out += chunk[:room]
+                            truncated = len(chunk) > room
+                        else:
+                            err += chunk
+                            del err[: max(0, len(err) - limit)]
+                status = proc.poll()
+                if not truncated and status is None:
+                    try:  # output closed; the process may still be finishing
+                        status = proc.wait(timeout=max(0.0, deadline - time.monotonic()))
+                    except subprocess.TimeoutExpired:
+                        raise CommandTimeout(self.name, command_line(argv), timeout) from None
+            finally:
+                if proc.poll() is None:
+                    _kill_group(proc)
+                with contextlib.suppress(subprocess.TimeoutExpired):
+                    proc.wait(timeout=5)
+                for pipe in (proc.stdin, proc.stdout, proc.stderr):
+                    if pipe is not None:
+                        with contextlib.suppress(OSError):
+                            pipe.close()
+        exit_status = None if status is None else signal_status(status)
+        return Result(exit_status, bytes(out), bytes(err), truncated)
+
+    def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        max_line_bytes: int | None = None,
+    ) -> LineStream:
         """Start ``argv``; its stdout as lines, its stderr kept as a tail (``stderr_tail``)."""
         try:
-            return LocalLineStream(self._popen(argv, env, False), self.name, command_line(argv))
+            proc = self._popen(argv, env, False)
+            return LocalLineStream(proc, self.name, command_line(argv), max_line_bytes)
         except (FileNotFoundError, PermissionError) as exc:
             return _FailedStream(127, str(exc))
 
@@ -150,9 +300,16 @@ class _FailedStream(LineStream):
 class LocalLineStream(LineStream):
     """stdout of a local process, line by line; stderr drained by a thread into ``stderr_tail``."""
 
-    def __init__(self, proc: subprocess.Popen[bytes], name: str, command: str) -> None:
+    def __init__(
+        self,
+        proc: subprocess.Popen[bytes],
+        name: str,
+        command: str,
+        max_line_bytes: int | None = None,
+    ) -> None:
         self._proc, self._name, self._command = proc, name, command
-        self._buf = LineBuffer()
+        self._max_line_bytes = max_line_bytes
+        self._buf = LineBuffer(max_line_bytes)
         self._eof = False
         self.stderr_tail = b""
         self._selector = selectors.DefaultSelector()
@@ -171,7 +328,7 @@ class LocalLineStream(LineStream):
     def readline(self, timeout: float) -> str | None:
         deadline = time.monotonic() + timeout
         while True:
-            line = self._buf.pop(final=self._eof)
+            line = pop_line(self._buf, self._eof, self._name, self._command, self._max_line_bytes)
             if line is not None or self._eof:
                 if line is None:
                     self._finish()
@@ -181,7 +338,7 @@ class LocalLineStream(LineStream):
                 raise CommandTimeout(self._name, self._command, timeout)
             if self._selector.select(min(remaining, 1.0)):
                 assert self._proc.stdout is not None
-                chunk = os.read(self._proc.stdout.fileno(), 65536)
+                chunk = os.read(self._proc.stdout.fileno(), READ_CHUNK)
                 if chunk:
                     self._buf.feed(chunk)
                 else:

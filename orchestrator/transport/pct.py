@@ -118,20 +118,33 @@ class PctTransport(Transport):
         timeout: float = 30.0,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
     ) -> Result:
         """Run ``argv`` in the container (no shell); exit codes pass through.
+
+        ``max_output_bytes`` bounds stdout as in :meth:`Transport.run` (the host transport
+        cuts ``pct exec``'s output, which is the command's).
 
         Raises:
             ContainerNotRunning, ContainerNotFound: pct refused (exit 255 with its message).
             TransportError: from the host transport (timeout, unreachable, host key).
         """
-        result = self.host.run(self.argv(argv, env), timeout=timeout, stdin=stdin)
+        result = self.host.run(
+            self.argv(argv, env), timeout=timeout, stdin=stdin, max_output_bytes=max_output_bytes
+        )
         self._raise_for_pct(result)
         return result
 
-    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
+    def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        max_line_bytes: int | None = None,
+    ) -> LineStream:
         """``pct exec`` under the host's stream; pct's own refusal surfaces when it ends."""
-        return _PctLineStream(self, self.host.stream(self.argv(argv, env)))
+        inner = self.host.stream(self.argv(argv, env), max_line_bytes=max_line_bytes)
+        return _PctLineStream(self, inner)
 
     def status(self, timeout: float = 15.0) -> str:
         """``pct status VMID``: ``running``, ``stopped``, ... ; raises ContainerNotFound."""

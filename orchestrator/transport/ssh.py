@@ -12,6 +12,8 @@ exception is translated here into :mod:`orchestrator.errors` types.
   connection dead, and it is closed and replaced on the next call.
 - At most ``max_channels`` (sshd's MaxSessions, 10) channels are open at once.
 - stdout and stderr are drained together, so large output never stalls on the window.
+- ``max_output_bytes`` / ``max_line_bytes`` bound what is held: past the bound the
+  channel is closed (the lifeline ends the command) instead of reading the rest.
 - Connecting is retried with exponential backoff (tenacity) on connection errors
   only; a command is never re-sent once it may have started.
 - A command killed by a signal reports 128+N: it runs under ``sh -c '"$@"; exit $?'``
@@ -48,13 +50,12 @@ from orchestrator.errors import (
     HostUnreachable,
 )
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.transport.local import STDERR_TAIL_BYTES, LineBuffer
+from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
 from orchestrator.transport.quoting import command_line, with_env
 
 log = logging.getLogger(__name__)
 
 MAX_CHANNELS = 10  # sshd's MaxSessions default
-READ_CHUNK = 65536
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
 SIGNAL_SAFE = '"$@"; exit "$?"'  # not `exec`: the shell outlives the command and reports 128+N
 # The channel's stdin is a lifeline: when orch closes the channel (timeout, stream closed),
@@ -490,12 +491,18 @@ class SshTransport(Transport):
         timeout: float = 30.0,
         stdin: bytes | None = None,
         env: Mapping[str, str] | None = None,
+        max_output_bytes: int | None = None,
     ) -> Result:
         """Run ``argv`` on the host; see :meth:`Transport.run`.
 
+        Past ``max_output_bytes`` of stdout the channel is closed (as on a timeout) and
+        the Result is ``truncated``: held memory stays ~``max_output_bytes`` plus
+        paramiko's window (2 MiB) whatever the command prints.
+
         Raises:
             CommandTimeout: not finished within ``timeout`` s. The channel is closed and,
-                without ``stdin``, the command gets SIGTERM; with ``stdin`` it may still run.
+                without ``stdin``, the command gets SIGTERM (with ``stdin``, SIGPIPE when it
+                next writes); it may still run.
             HostUnreachable: connect failed, or the connection died (then the command may
                 have run: it is never re-sent).
             HostKeyUnknown, HostKeyChanged, AuthFailed: see the module doc.
@@ -511,10 +518,12 @@ class SshTransport(Transport):
             except NET_ERRORS as exc:
                 self._drop(transport)
                 raise _translate(self.name, exc, f"starting {shown!r}") from None
-            out, err, status = self._drain(chan, transport, stdin, deadline, shown, timeout)
+            out, err, status, truncated = self._drain(
+                chan, transport, stdin, deadline, shown, timeout, max_output_bytes
+            )
         finally:
             self._release(chan)
-        return Result(status, out, err)
+        return Result(status, out, err, truncated)
 
     def _drain(
         self,
@@ -524,7 +533,8 @@ class SshTransport(Transport):
         deadline: float,
         shown: str,
         timeout: float,
-    ) -> tuple[bytes, bytes, int | None]:
+        limit: int | None = None,
+    ) -> tuple[bytes, bytes, int | None, bool]:
         out, err = bytearray(), bytearray()
         pending = memoryview(stdin or b"")
         if stdin is not None and not pending:
@@ -532,10 +542,17 @@ class SshTransport(Transport):
         while True:
             busy = False
             while chan.recv_ready():
-                out += chan.recv(READ_CHUNK)
+                chunk = chan.recv(READ_CHUNK)
+                if limit is not None and len(out) + len(chunk) > limit:
+                    out += chunk[: limit - len(out)]
+                    status = chan.exit_status if chan.exit_status_ready() else -1
+                    return bytes(out), bytes(err), (None if status == -1 else status), True
+                out += chunk
                 busy = True
             while chan.recv_stderr_ready():
                 err += chan.recv_stderr(READ_CHUNK)
+                if limit is not None:
+                    del err[: max(0, len(err) - limit)]
                 busy = True
             if pending and chan.send_ready():
                 try:
@@ -564,10 +581,20 @@ class SshTransport(Transport):
         if status == -1 and chan.closed and not transport.is_active():
             self._drop(transport)
             raise HostUnreachable(self.name, f"connection lost while running {shown!r}")
-        return bytes(out), bytes(err), (None if status == -1 else status)
+        return bytes(out), bytes(err), (None if status == -1 else status), False
 
-    def stream(self, argv: Sequence[str], *, env: Mapping[str, str] | None = None) -> LineStream:
-        """Start ``argv``; stdout as lines. Holds one channel slot until closed."""
+    def stream(
+        self,
+        argv: Sequence[str],
+        *,
+        env: Mapping[str, str] | None = None,
+        max_line_bytes: int | None = None,
+    ) -> LineStream:
+        """Start ``argv``; stdout as lines. Holds one channel slot until closed.
+
+        A line over ``max_line_bytes`` is discarded as it arrives and ``readline``
+        raises ``OutputTooLarge`` in its place; the stream goes on.
+        """
         shown = command_line(list(argv))
         chan = self._open_session(time.monotonic() + self.ep.connect_timeout_s, shown, 0.0)
         try:
@@ -579,7 +606,7 @@ class SshTransport(Transport):
         except BaseException:
             self._release(chan)
             raise
-        return SshLineStream(self, chan, shown)
+        return SshLineStream(self, chan, shown, max_line_bytes)
 
     def put(self, data: bytes, path: str, *, mode: int = 0o644, timeout: float = 60.0) -> None:
         """Write ``data`` to ``path`` atomically: a temp file beside it, chmod, then ``mv``.
@@ -610,10 +637,17 @@ class SshLineStream(LineStream):
     A dropped connection ends the stream with ``exit_status`` ``None`` and ``dropped`` True.
     """
 
-    def __init__(self, owner: SshTransport, chan: paramiko.Channel, shown: str) -> None:
+    def __init__(
+        self,
+        owner: SshTransport,
+        chan: paramiko.Channel,
+        shown: str,
+        max_line_bytes: int | None = None,
+    ) -> None:
         self._owner, self._chan, self._shown = owner, chan, shown
         self._transport = chan.get_transport()
-        self._buf = LineBuffer()
+        self._max_line_bytes = max_line_bytes
+        self._buf = LineBuffer(max_line_bytes)
         self._eof = False
         self._closed = False
         self.dropped = False
@@ -626,7 +660,7 @@ class SshLineStream(LineStream):
                 -STDERR_TAIL_BYTES:
             ]
             busy = True
-        while self._chan.recv_ready():
+        while self._chan.recv_ready() and not self._buf.ready:  # a line ready: hand it out
             self._buf.feed(self._chan.recv(READ_CHUNK))
             busy = True
         return busy
@@ -637,7 +671,9 @@ class SshLineStream(LineStream):
         while True:
             if self._closed:
                 return None
-            line = self._buf.pop(final=self._eof)
+            line = pop_line(
+                self._buf, self._eof, self._owner.name, self._shown, self._max_line_bytes
+            )
             if line is not None:
                 return line
             if self._eof:

@@ -79,7 +79,9 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         mem = (f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
                f"{r['gpus_busy']} busy)" if r.get("gpus") else "-")  # fmt: skip
         tps = r.get("tokens_per_s")
-        state = r.get("run_state") or "-"
+        state = r.get("state") or r.get("run_state") or "-"
+        if r.get("run_state") and r["run_state"] != state:
+            state = f"{state} ({r['run_state']})"  # e.g. "stopped (exited 130)"
         if r.get("error"):
             state = f"[red]{r['error']}[/]"
         table.add_row(

@@ -1,7 +1,8 @@
 """The one-word state of a target, shared by watch, check and export (pure).
 
 States: ``connecting`` (no answer yet), ``unreachable`` (the transport failed:
-we know nothing, which is not a death), ``stopped`` (the container is down),
+we know nothing, which is not a death), ``stopped`` (the container is down, or
+the run ended after ``orch stop`` asked it to),
 ``idle`` (no run), ``starting``, ``running``, ``stalled``, ``finished``,
 ``crashed`` (exit status != 0), ``dead`` (vanished: no session, no process, no
 exit status: a silent death).
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.model import Finding, Snapshot
+from orchestrator.model import Finding, RunState, Snapshot
 
 STATES = (
     "connecting",
@@ -62,11 +63,17 @@ def target_state(
     'dead'
     >>> target_state(Snapshot("ct200", 100.0))
     'idle'
+    >>> s = Snapshot("ct200", 100.0, run=RunState("r1", "/w/runs/r1", exit_status=130,
+    ...              exit_status_at=95.0, stop_requested_at=94.0))
+    >>> target_state(s)
+    'stopped'
     """
     if snap is None:
         return "connecting"
     if not snap.reachable:
         return "unreachable"
+    if snap.run is not None and stopped_on_request(snap.run, snap.taken_at):
+        return "stopped"
     kinds = {f.kind for f in findings if f.target == snap.target}
     for kind, state in _BY_FINDING:
         if kind in kinds:
@@ -91,6 +98,22 @@ def target_state(
     if no_progress and started is not None and snap.taken_at - started < startup_grace_s:
         return "starting"
     return "running"
+
+
+def stopped_on_request(run: RunState, taken_at: float) -> bool:
+    """The run exited after ``orch stop`` asked it to (the exit-status detector's rule:
+    exited no earlier than 1 s before the request), whatever its exit status.
+
+    >>> stopped_on_request(RunState("r", "/r", exit_status=130, stop_requested_at=10.0), 12.0)
+    True
+    >>> stopped_on_request(RunState("r", "/r", exit_status=137, exit_status_at=5.0,
+    ...                             stop_requested_at=10.0), 12.0)
+    False
+    """
+    if run.exit_status is None or run.stop_requested_at is None:
+        return False
+    at = run.exit_status_at if run.exit_status_at is not None else taken_at
+    return at >= run.stop_requested_at - 1.0
 
 
 def roles_by_gpu(gpus: dict[str, tuple[int, ...]] | None) -> dict[int, str]:

@@ -2,7 +2,8 @@
 
 ``agent_env`` gives a temp workdir, its own tmux server (``TMUX_TMPDIR``), the fake
 libnvidia-ml on ``LD_LIBRARY_PATH``, a scenario file that can be switched
-atomically, and the sandbox's nvidia-smi stand-in first on ``PATH``. Every agent
+atomically, the sandbox's nvidia-smi stand-in first on ``PATH`` and a GPU
+deadline loose enough for a loaded machine (``ORCH_AGENT_GPU_DEADLINE_S``). Every agent
 process a test starts inherits these through the environment.
 """
 
@@ -18,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
 from orchestrator.config import ContainerConfig, Inventory
 from orchestrator.sandbox.fakenvml import SCENARIO_ENV, build_fake_nvml
 
@@ -83,6 +85,9 @@ def agent_env(
     monkeypatch.setenv(SCENARIO_ENV, str(env.scenario_file))
     monkeypatch.setenv("TMUX_TMPDIR", str(tmux_dir))
     monkeypatch.setenv("PATH", f"{SANDBOX / 'bin'}:{os.environ['PATH']}")
+    # Production's 2 s GPU deadline trips when a loaded CI machine starts the nvidia-smi
+    # stand-in (a Python script) slowly; tests that time a hang set their own deadline.
+    monkeypatch.setenv(GPU_DEADLINE_ENV, "15")
     yield env
     env.tmux("kill-server")
     shutil.rmtree(tmux_dir, ignore_errors=True)

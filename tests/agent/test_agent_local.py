@@ -13,6 +13,9 @@ from pathlib import Path
 import pytest
 
 from orchestrator import deploy
+from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
+from orchestrator.agent.procs import zombie_exit
+from orchestrator.agent.tmux import TmuxReader
 from orchestrator.errors import AgentError, AgentProtocolError
 from orchestrator.target import Target
 from tests.agent.conftest import SCENARIOS, AgentEnv
@@ -165,7 +168,10 @@ def test_stream_outlives_the_traced_process_and_leaves_no_agent(agent_env: Agent
             seen.append(snap)
             if snap.session and snap.session.pane_dead:
                 after_death += 1
-            if after_death >= 3 or time.monotonic() > deadline:
+            # three observations of the dead pane, the newest with its exit status (tmux may
+            # mark the pane dead on the pty's EOF a moment before the child has exited)
+            status_seen = snap.session is not None and snap.session.pane_dead_status is not None
+            if (after_death >= 3 and status_seen) or time.monotonic() > deadline:
                 break
         assert _agent_pids(agent_env.workdir), "the stream agent should be running before close"
     finally:
@@ -179,6 +185,74 @@ def test_stream_outlives_the_traced_process_and_leaves_no_agent(agent_env: Agent
     lines = [line for s in seen for line in (s.run.new_log_lines if s.run else ())]
     assert lines.count("step=2 loss=1.5") == 1  # offsets kept: nothing read twice
     wait_for(lambda: not _agent_pids(agent_env.workdir), timeout_s=10, what="stream agent exit")
+
+
+def _zombie(argv: list[str], kill: int | None = None) -> subprocess.Popen[bytes]:
+    """A child of this process left unreaped (a zombie) once it has ended."""
+    proc = subprocess.Popen(argv)
+    if kill is not None:
+        os.kill(proc.pid, kill)
+    wait_for(
+        lambda: Path(f"/proc/{proc.pid}/stat").read_text().rsplit(") ", 1)[1].startswith("Z"),
+        timeout_s=10,
+        what="zombie",
+    )
+    return proc
+
+
+def test_a_zombies_exit_status_is_read_from_proc() -> None:
+    exited = _zombie(["bash", "-c", "exit 3"])
+    killed = _zombie(["sleep", "60"], kill=9)
+    alive = subprocess.Popen(["sleep", "60"])
+    try:
+        assert zombie_exit(exited.pid, os.getpid()) == (3, None)
+        assert zombie_exit(killed.pid) == (None, 9)
+        assert zombie_exit(exited.pid, parent=1) is None  # someone else's child: a recycled pid
+        assert zombie_exit(alive.pid) is None
+    finally:
+        alive.kill()
+        for proc in (exited, killed, alive):
+            proc.wait()
+    assert zombie_exit(exited.pid) is None  # reaped
+
+
+def test_a_dead_pane_whose_status_tmux_lost_reports_it_from_the_zombie(
+    agent_env: AgentEnv,
+) -> None:
+    """tmux + libutempter can lose the pane child's SIGCHLD: the pane is dead, its status empty,
+    the child a zombie until another child of the server exits. That state cannot be caused on
+    purpose, so the reader is handed such a list-panes line for a real zombie of this process."""
+    reader = TmuxReader()
+    exited = _zombie(["bash", "-c", "exit 3"])
+    try:
+        line = f"1|||{exited.pid}|%0|{os.getpid()}"
+        assert reader._unreaped("train", line, exited.pid, os.getpid()) == (
+            True, 3, None, exited.pid, "%0"
+        )  # fmt: skip
+    finally:
+        exited.wait()
+    # reaped since it was listed: tmux has the status now, so the panes are listed again
+    agent_env.tmux("new-session", "-d", "-s", "train", "bash", "-c", "sleep 0.5; exit 4")
+    agent_env.tmux("set-option", "-t", "train", "remain-on-exit", "on")
+    state = wait_for(
+        lambda: (s := reader.state("train", 0)).pane_dead_status is not None and s,
+        timeout_s=15,
+        what="dead pane with a status",
+    )
+    assert (state.pane_dead, state.pane_dead_status) == (True, 4)
+    line = f"1|||{exited.pid}|%9|{os.getpid()}"
+    assert reader._unreaped("train", line, exited.pid, os.getpid())[:3] == (True, 4, None)
+
+
+def test_the_gpu_deadline_defaults_to_the_agents_env(
+    agent_env: AgentEnv, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    agent_env.set_scenario("gpu-hang")
+    monkeypatch.setenv(GPU_DEADLINE_ENV, "1.5")
+    target = Target(agent_env.inventory(), "local")
+    assert target.gpu_deadline_s is None  # no --gpu-deadline sent: the agent's default rules
+    snap = target.snapshot(timeout=20)
+    assert snap.nvml.error_kind == "timeout" and "1.5 s" in (snap.nvml.message or ""), snap.nvml
 
 
 def test_stream_agent_exits_when_its_reader_vanishes(agent_env: AgentEnv) -> None:
@@ -393,3 +467,52 @@ def test_record_appends_bounded_samples(agent_env: AgentEnv) -> None:
     sample = json.loads(current.read_text().splitlines()[-1])
     assert len(sample["gpus"]) == 8 and sample["nvml"]["ok"] is True
     assert sample["procs"][0]["pid"] == os.getpid()
+
+
+def test_a_hung_gpu_times_out_alone_and_recovers_at_the_next_snapshot(
+    agent_env: AgentEnv,
+) -> None:
+    """GPU 3 blocks 30 s per NVML call: only GPU 3 is ``timeout``, the other seven read, later
+    snapshots do not wait the deadline on it again, and it reads again once the hang ends."""
+    agent_env.set_scenario("gpu-hang")
+    target = Target(agent_env.inventory(), "local")
+    target.gpu_deadline_s = 1.0
+    target.bundle_dir()
+    stream = target.stream(0.5)
+    hung: list = []
+    try:
+        for snap in stream:
+            assert snap.reachable, snap.errors
+            if not hung and not any(g.error for g in snap.gpus):
+                continue  # the very first reading may predate the scenario switch
+            if len(hung) < 3:
+                hung.append(snap)
+                if len(hung) == 3:
+                    healed_at = time.monotonic()
+                    agent_env.set_scenario("healthy")
+                continue
+            if all(g.error is None for g in snap.gpus) or time.monotonic() > healed_at + 10:
+                recovered = snap
+                break
+    finally:
+        stream.close()
+    for snap in hung:
+        assert [g.index for g in snap.gpus if g.error] == [3], snap.gpus
+        assert snap.gpus[3].error == "timeout" and snap.nvml.error_kind == "timeout"
+        assert "GPU 3" in (snap.nvml.message or "") and "GPU 4" not in (snap.nvml.message or "")
+        assert all(g.utilization_pct is not None for g in snap.gpus if g.index != 3)
+    # the first hang costs the deadline; later ones only the short probe of the hanging GPU
+    assert hung[0].nvml.elapsed_ms >= 900
+    assert all(s.nvml.elapsed_ms < 700 for s in hung[1:]), [s.nvml.elapsed_ms for s in hung]
+    assert all(g.error is None for g in recovered.gpus), recovered.gpus
+    assert time.monotonic() - healed_at < 3.0  # within a couple of 0.5 s intervals
+
+
+def test_snapshot_reads_the_run_file_systems_free_space(agent_env: AgentEnv) -> None:
+    run = agent_env.new_run("r1", b"step=1 loss=2.0\n")
+    snap = Target(agent_env.inventory(), "local").snapshot()
+    st = os.statvfs(run)
+    free_mib = st.f_bavail * st.f_frsize / 1048576.0
+    assert snap.run is not None and snap.run.disk_total_mib is not None
+    assert snap.run.disk_total_mib == pytest.approx(st.f_blocks * st.f_frsize / 1048576.0, rel=1e-6)
+    assert snap.run.disk_free_mib == pytest.approx(free_mib, abs=64)  # others write meanwhile

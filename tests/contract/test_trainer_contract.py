@@ -9,10 +9,14 @@ of the bundled trainer with its default command, then every ``--fault`` the trai
 what orch's monitor says about it (``orch check --json``, ``orch postmortem --json``, and the
 ``orch watch`` path: :meth:`Target.stream` plus the detectors).
 
-Launch has no way to pass extra arguments to the bundled trainer, so the fault runs use
+The ``crash`` run goes through launch's pass-through (``orch launch f-crash -- --steps 400
+--fault crash@4 ...``: the default command plus extra trainer arguments). The others use
 ``--cmd`` with the deployed trainer bundle (``launch.trainer_bundle()`` through
 ``deploy.ensure_agent``) and ``--run-dir "$ORCH_RUN_DIR"`` (the wrapper's variable), so the
-trainer's heartbeat and metrics.jsonl land in orch's run directory as with the default command.
+trainer's heartbeat and metrics.jsonl land in orch's run directory as with the default command;
+``--cmd`` skips preflight's torch import, which on a loaded 2-core box costs tens of seconds a
+launch. ``gpu-default`` (GPUs assigned, no ``trainer_config``) is only launched to be refused:
+the sandbox's torch sees no CUDA device, so the default ``dflash-8gpu`` could never run.
 
 Every fault run is its own target in a copy of the sandbox's hosts.yaml: the same container
 (vmid) under another name, with its own workdir and tmux session, so the runs go in parallel
@@ -68,6 +72,7 @@ FAULT_RUNS: dict[str, list[str]] = {
     "drift": [f"slow@{SLOW_AT}:8", f"nan@{NAN_AT}", f"hang@{HANG_AT}"],
 }
 FAULT_STEPS = 400  # never reached: every fault run ends (or hangs) well before
+PASS_THROUGH = {"crash"}  # launched as `orch launch f-crash -- --steps ... --fault crash@4`
 
 
 # --- part 1: the log line contract, pure ------------------------------------------------------
@@ -194,7 +199,7 @@ def contract_config(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> P
     base = doc["containers"]
     vmids = [c["vmid"] for c in base.values()]
     containers: dict[str, Any] = {}
-    for i, name in enumerate(["ct200", *(f"f-{k}" for k in FAULT_RUNS)]):
+    for i, name in enumerate(["ct200", *(f"f-{k}" for k in FAULT_RUNS), "gpu-default"]):
         src = base[f"ct{vmids[i % len(vmids)]}"]
         containers[name] = {
             "host": src["host"],
@@ -204,6 +209,7 @@ def contract_config(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> P
             "thresholds": dict(THRESHOLDS),
             "poll_interval": 1,
         }
+    containers["gpu-default"]["gpus"] = base[f"ct{vmids[0]}"].get("gpus") or {"all": "0-7"}
     doc["containers"] = containers
     path = tmp_path_factory.mktemp("contract") / "hosts.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
@@ -313,8 +319,14 @@ def fault_runs(contract_config: Path, orch: Callable[..., tuple[int, str]],
     launched: dict[str, dict[str, Any]] = {}
     for key, faults in FAULT_RUNS.items():
         name = f"f-{key}"
-        cmd = fault_command(inventory, name, faults)
-        code, out = orch("launch", name, "--cmd", cmd, "--name", key, "--no-verify", "--json")
+        if key in PASS_THROUGH:
+            extra = ["--steps", str(FAULT_STEPS), "--set", "train.log_every=1"]
+            for f in faults:
+                extra += ["--fault", f]
+            code, out = orch("launch", name, "--name", key, "--no-verify", "--json", "--", *extra)
+        else:
+            cmd = fault_command(inventory, name, faults)
+            code, out = orch("launch", name, "--cmd", cmd, "--name", key, "--no-verify", "--json")
         assert code == 0, out
         launched[key] = json.loads(out)
     drift = Observer(Target(inventory, "f-drift"))
@@ -403,6 +415,12 @@ def test_crash_is_critical_crashed_and_postmortem_names_the_traceback(
     orch: Callable[..., tuple[int, str]], fault_runs: FaultRuns, sandbox: Any, tmp_path: Path
 ) -> None:
     assert _exited(sandbox, fault_runs, "crash") == 1
+    # launched through the pass-through: orch's default command, then the extra args, quoted
+    command = fault_runs.launched["crash"]["command"]
+    assert command.split("--config ")[1].split()[0].endswith("/trainer/configs/tiny-cpu.yaml")
+    run_dir = fault_runs.launched["crash"]["run_dir"]
+    assert command.endswith(f"--run-dir {run_dir} --steps {FAULT_STEPS} "
+                            "--set train.log_every=1 --fault crash@4"), command  # fmt: skip
     code, doc = _check(orch, "f-crash")
     crashed = [f for f in _findings(doc) if f["kind"] == "crashed"]
     assert code == 2 and doc["status"] == "CRITICAL", doc
@@ -438,13 +456,14 @@ def _silent_facts(fr: FaultRuns, sandbox: Any) -> tuple[int, list[str]]:
 
 
 @pytest.mark.e2e
-def test_silent_exit_reads_as_exit_status_0_without_the_finished_line(
+def test_silent_exit_warns_that_the_trainer_never_printed_its_final_line(
     orch: Callable[..., tuple[int, str]], fault_runs: FaultRuns, sandbox: Any, tmp_path: Path
 ) -> None:
-    """What orch says today about ``silent-exit@4``: exit 0, so ``finished`` (INFO), check OK.
+    """``silent-exit@4``: exit 0 but no ``trainer: finished`` line, so ``finished`` at WARNING.
 
     The trainer's contract: a completed run prints ``trainer: finished``; this one stopped
-    after step 3 of 400. The evidence is in orch's hands (log tail, step, manifest command).
+    after step 3 of 400. The pane (remain-on-exit) still shows the end of the output above
+    the wrapper's closing line, so the missing line is known, not guessed.
     """
     code, log = _silent_facts(fault_runs, sandbox)
     assert code == 0
@@ -452,27 +471,14 @@ def test_silent_exit_reads_as_exit_status_0_without_the_finished_line(
     assert [x.split()[0] for x in log if x.startswith("step=")] == ["step=1", "step=2", "step=3"]
     status, doc = _check(orch, "f-silent")
     kinds = {f["kind"]: f for f in _findings(doc)}
-    assert "finished" in kinds and kinds["finished"]["severity"] == "info", kinds
+    assert status == 1, doc
+    assert "finished" in kinds and kinds["finished"]["severity"] == "warning", kinds
+    assert "exited 0 at step 3 without the trainer's final line" in kinds["finished"]["summary"]
     assert "crashed" not in kinds
     pm = _postmortem(orch, "f-silent", tmp_path)
-    assert pm["verdict"]["kind"] == "finished" and pm["exit_status"] == 0, pm["verdict"]
-
-
-@pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="no detector knows the bundled trainer's end line: exit 0 without 'trainer: finished' "
-    "reads as a clean finish (orchestrator/detect/run.py exit_status); see the contract report",
-)
-def test_silent_exit_should_warn_that_the_trainer_never_printed_its_final_line(
-    orch: Callable[..., tuple[int, str]], fault_runs: FaultRuns, sandbox: Any
-) -> None:
-    _silent_facts(fault_runs, sandbox)
-    status, doc = _check(orch, "f-silent")
-    assert status == 1, doc  # WARNING: exited 0 at step 3 of 400 without "trainer: finished"
-    assert any(f["severity"] == "warning" and "finished" in f["summary"] for f in _findings(doc)), (
-        doc
-    )
+    v = pm["verdict"]
+    assert v["kind"] == "finished" and v["severity"] == "warning" and pm["exit_status"] == 0, v
+    assert "trainer: finished" in v["summary"], v
 
 
 def _drift_seen(
@@ -543,15 +549,12 @@ def test_hang_fault_is_a_stall_in_orch_check(
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="orch check continues the log at an offset, so a snapshot without new lines has "
-    "metrics=None (agent/snapshot.py parses new lines only) and detect/run.py stall() reads the "
-    "step from the newest snapshot alone: the evidence says 'last step ?'",
-)
 def test_orch_check_stall_names_the_last_step(
     orch: Callable[..., tuple[int, str]], fault_runs: FaultRuns
 ) -> None:
+    """``orch check`` continues the log at an offset: a check that reads no new line has no
+    metrics (agent/snapshot.py parses new lines only); the step comes from the newest stored
+    snapshot that has one."""
     _drift_seen(fault_runs, "stall", 200, _hung)
     code, doc = _check(orch, "f-drift")
     stalls = [f for f in _findings(doc) if f["kind"] == "stall"]
@@ -559,33 +562,39 @@ def test_orch_check_stall_names_the_last_step(
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=False,  # passes on a box that imports torch faster than stall_timeout_s
-    reason="detect/run.py stall() counts quiet time from the launch before the first log line "
-    "and has no startup grace: a trainer still importing torch (or loading/compiling) for longer "
-    "than stall_timeout_s is reported as a CRITICAL stall",
-)
 def test_no_stall_before_the_first_step_within_the_startup_grace(fault_runs: FaultRuns) -> None:
+    """Before the first step (no step, no heartbeat) the stall timeout is
+    max(stall_timeout_s, startup_grace_s): importing torch here takes longer than 8 s."""
     _drift_seen(fault_runs, "log-signature:nan-loss", 200)  # the drift run is well past startup
     early = [f for stepped, f in fault_runs.drift.found if f.kind == "stall" and not stepped]
     assert not early, early[0]
 
 
 @pytest.mark.e2e
-@pytest.mark.xfail(
-    strict=True,
-    reason="verdict.py final_snapshot() puts the whole log tail in new_log_lines, so "
-    "detect/run.py _progressed() counts the postmortem's own read as progress: a hung, live "
-    "run gets no stall finding (here the verdict falls to the NaN signature; a hang alone "
-    "would read 'healthy', exit 1)",
-)
 def test_hung_run_postmortem_verdict_is_the_stall(
     orch: Callable[..., tuple[int, str]], fault_runs: FaultRuns, tmp_path: Path
 ) -> None:
-    """A live run is judged on its worst problem; stall ranks above a log signature."""
+    """A live run is judged on its worst problem; stall ranks above a log signature.
+
+    The postmortem re-reads the log's tail; verdict.py places it on the recorder sample of when
+    it was written, so the postmortem's own read is no progress."""
     _drift_seen(fault_runs, "stall", 200, _hung)
     pm = _postmortem(orch, "f-drift", tmp_path)
     kinds = {f["kind"] for f in pm["findings"]}
     assert pm["exit_status"] is None and "log-signature" in kinds, kinds
     assert "stall" in kinds, kinds
     assert pm["verdict"]["kind"] == "stall", pm["verdict"]
+
+
+@pytest.mark.e2e
+def test_default_dflash_config_is_refused_where_torch_sees_no_cuda(
+    orch: Callable[..., tuple[int, str]], contract_config: Path
+) -> None:
+    """GPUs assigned, no ``trainer_config``: the default ``dflash-8gpu`` needs 8 CUDA devices
+    and the sandbox's CPU torch sees none; preflight refuses (exit 4) with the one-line fix."""
+    code, out = orch("launch", "gpu-default", "--json")
+    assert code == 4, out
+    assert "'dflash-8gpu' needs 8 CUDA devices, torch in gpu-default sees 0" in out, out
+    assert "trainer_config: tiny-cpu" in out and "-- --config tiny-cpu" in out, out
+    workdir = yaml.safe_load(contract_config.read_text())["containers"]["gpu-default"]["workdir"]
+    assert not (Path(workdir) / "runs").exists() or not any((Path(workdir) / "runs").iterdir())

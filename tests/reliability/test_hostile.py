@@ -102,18 +102,6 @@ _MEASURE = textwrap.dedent(
                         else ""
                     ),
                 ),
-                *(
-                    [
-                        pytest.mark.xfail(
-                            strict=True,
-                            reason="SshTransport.run buffers the whole answer before "
-                            "target.parse_document applies MAX_DOC_BYTES (8 MiB): a 100 MB "
-                            "line costs >100 MB of RAM (transport: cap stdout in _drain)",
-                        )
-                    ]
-                    if m == "huge"
-                    else []
-                ),
             ],
         )
         for m, what in MODES.items()

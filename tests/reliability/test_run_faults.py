@@ -52,12 +52,6 @@ def fresh_run(fleet):
     fault="`pct stop` of the container during a run",
     must="'container-stopped' (state 'stopped'), distinct from a dead run: never silent-death",
 )
-@pytest.mark.xfail(
-    strict=True,
-    reason="nothing sets Snapshot.container_status: pct's 'container not running' becomes "
-    "'unreachable' and HostProbe.container_status is not fed to the container-stopped "
-    "detector (agent/detection: orchestrator/target.py or views/check.py + detect/run.py)",
-)
 def test_pct_stop_is_container_stopped(fleet, fresh_run, observe, tmp_path):
     db = tmp_path / "orch.db"
     assert check(fleet, db, "ct200")[1]["targets"][0]["state"] in ("running", "starting")
@@ -68,6 +62,14 @@ def test_pct_stop_is_container_stopped(fleet, fresh_run, observe, tmp_path):
             f"{[f['summary'][:80] for f in t['findings']]}")  # fmt: skip
     assert "silent-death" not in kinds(t)
     assert t["state"] == "stopped" and "container-stopped" in kinds(t), t
+    status = json.loads(fleet.orch("status", "ct200", "--json").stdout)[0]
+    w = fleet.watch("ct200")
+    try:
+        _, line = w.wait_line(re.compile(r" ct200 (stopped|unreachable)\b").search, 30)
+    finally:
+        w.stop()
+    observe(f"orch status: {status['state']!r}; orch watch: {line.strip()[:80]!r}")
+    assert status["state"] == "stopped" and " ct200 stopped" in line, (status, line)
 
 
 @pytest.mark.fault(
