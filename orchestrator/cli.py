@@ -848,10 +848,10 @@ def check_cmd(
         32, "--jobs", min=1, help="Targets snapshotted at once (1 = strictly sequential)."
     ),
     critical: list[str] = typer.Option(
-        ["ghost-utilization"],
+        [],
         "--critical",
         metavar="KIND",
-        help="Finding kind to page for as CRITICAL even when rated a warning (repeatable; --critical none for none).",
+        help="Finding kind to page for as CRITICAL even when a detector rates it a warning (repeatable; default: none).",
     ),
 ) -> None:
     """One health check of every target, for cron and Nagios.

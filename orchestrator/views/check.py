@@ -33,9 +33,9 @@ DETECT_WINDOW = 16
 """Stored snapshots per target the detectors see (with the new one): enough for every
 sample count in Limits and a stall (which also uses the log's mtime); a longer window
 costs a 64-target check seconds of parsing."""
-DEFAULT_CRITICAL_KINDS = ("ghost-utilization",)
-"""Kinds the check pages for even when a detector rates them a warning: a GPU that burns
-at 100 % with no memory is how seed 000's run was lost (``--critical`` changes the set)."""
+DEFAULT_CRITICAL_KINDS: tuple[str, ...] = ()
+"""Kinds the check pages for even when a detector rates them a warning (none by default:
+severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)."""
 
 
 @dataclass(frozen=True, slots=True)
