@@ -60,7 +60,7 @@ def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     orchestrator.errors.AgentProtocolError: ct: agent protocol error: not JSON: 'Traceback (most recent call last):'
     """
     if len(data) > limit:
-        raise AgentProtocolError(target, f"answer of {len(data)} bytes exceeds {limit} bytes")
+        raise AgentProtocolError(target, f"{too_large(limit)}: {len(data)} bytes")
     text = data.decode("utf-8", "replace") if isinstance(data, bytes) else data
     text = text.strip()
     if not text:
