@@ -10,7 +10,10 @@ Usage (one process can carry several listeners)::
     python3 bench/delay_proxy.py --delay-ms 25 127.0.0.1:2201=10.77.1.2:2201 ...
 
 It prints ``ready`` on stdout once every listener is bound, and runs until
-SIGTERM/SIGINT.
+SIGTERM/SIGINT, on which it closes its listeners and connections and exits 0
+without output (both signals are blocked until the event loop handles them, so
+one sent right after ``ready``, or earlier, is no race). A listener that cannot be
+bound: one line on stderr, exit 1.
 """
 
 from __future__ import annotations
@@ -82,13 +85,17 @@ def _addr(text: str) -> tuple[str, int]:
     return host or "127.0.0.1", int(port)
 
 
+_STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
+
+
 async def _main(routes: list[tuple[tuple[str, int], tuple[str, int]]], delay_s: float) -> None:
-    servers = [await _serve(src, dst, delay_s) for src, dst in routes]
-    print("ready", flush=True)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    for sig in _STOP_SIGNALS:
         loop.add_signal_handler(sig, stop.set)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _STOP_SIGNALS)  # one already pending: stop.set
+    servers = [await _serve(src, dst, delay_s) for src, dst in routes]
+    print("ready", flush=True)
     await stop.wait()
     for s in servers:
         s.close()
@@ -105,7 +112,14 @@ def main(argv: list[str] | None = None) -> int:
         if not sep:
             ap.error(f"route {r!r}: expected LISTEN=UPSTREAM")
         routes.append((_addr(src), _addr(dst)))
-    asyncio.run(_main(routes, args.delay_ms / 1000.0))
+    # Blocked until _main's handlers are in: otherwise a signal in between kills the
+    # process (SIGTERM) or ends asyncio.run with a KeyboardInterrupt traceback (SIGINT).
+    signal.pthread_sigmask(signal.SIG_BLOCK, _STOP_SIGNALS)
+    try:
+        asyncio.run(_main(routes, args.delay_ms / 1000.0))
+    except OSError as exc:
+        print(f"delay_proxy: cannot listen: {exc}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -191,7 +191,7 @@ def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifes
 
 
 _AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_running",
-               "pane", "heartbeat", "files", "manifest_error", "stop_requested")  # fmt: skip
+               "pane", "heartbeat", "files", "manifest_error", "stop_requested", "tee")  # fmt: skip
 """The parts of the agent's evidence document kept as ``Evidence.agent`` (state.json)."""
 
 
@@ -212,8 +212,11 @@ def _evidence(
     logd = doc.get("log") or {}
     pids = {int(p) for p in state.get("command_pids") or () if isinstance(p, int)}
     pids |= {int(doc[k]) for k in ("pgid", "wrapper_pid") if isinstance(doc.get(k), int)}
-    stop = doc.get("stop_requested") if isinstance(doc.get("stop_requested"), dict) else {}
+    raw_stop = doc.get("stop_requested")
+    stop: dict[str, Any] = raw_stop if isinstance(raw_stop, dict) else {}
     stop_at = stop.get("at") if isinstance(stop.get("at"), (int, float)) else None
+    tee = doc.get("tee")
+    tee_error = tee.get("error") if isinstance(tee, dict) else state.get("tee_error")
     return Evidence(
         target=name,
         collected_at=float(doc.get("now") or time.time()),
@@ -242,6 +245,7 @@ def _evidence(
         stop_requested_at=float(stop_at) if stop_at is not None else None,
         stop_requested_by=redact(str(stop["by"]), secrets) if stop_at and stop.get("by") else None,
         stop_signal=str(stop["signal"]) if stop_at and stop.get("signal") else None,
+        tee_error=redact(str(tee_error), secrets)[:2000] if tee_error else None,
     )
 
 
@@ -255,16 +259,10 @@ def default_bundle_dir(ev: Evidence, now: float | None = None) -> Path:
 
 
 def _render(pm: Postmortem) -> tuple[str, str]:
-    """(report.md, report.html): ``orchestrator.views.report`` when it offers them, else ours."""
-    from orchestrator.views import postmortem as fallback
+    """(report.md, report.html), rendered by :mod:`orchestrator.views.postmortem`."""
+    from orchestrator.views import postmortem as view
 
-    try:
-        from orchestrator.views import report  # the detection engineer's renderer
-    except ImportError:
-        report = None  # type: ignore[assignment]
-    md = getattr(report, "render_markdown", None) or fallback.markdown
-    html = getattr(report, "render_html", None) or fallback.html
-    return md(pm), html(pm)
+    return view.markdown(pm), view.html(pm)
 
 
 def write_bundle(pm: Postmortem, out: Path | str | None = None) -> Postmortem:

@@ -23,6 +23,9 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.detect.base import fmt_time, signal_name
+from orchestrator.detect.host import OOM_WINDOW_S as OOM_WINDOW_S  # re-exported
+from orchestrator.detect.host import oom_kills_of_run
+from orchestrator.detect.host import run_pids_and_names as history_pids_and_names
 from orchestrator.detect.limits import Limits
 from orchestrator.model import (
     Finding,
@@ -41,8 +44,6 @@ from orchestrator.model import (
 )
 from orchestrator.playbooks import Match, Playbook, match_log
 
-OOM_WINDOW_S = 120.0
-"""An OOM kill naming the run's process (not its pid) counts when this close to the death."""
 HEALTHY = "healthy"
 """Verdict kind of a run that is alive with no problem (not a finding kind: nothing died)."""
 STOPPED = "stopped"
@@ -120,6 +121,9 @@ class Evidence:
     stop_requested_at: float | None = None
     stop_requested_by: str | None = None
     stop_signal: str | None = None
+    tee_error: str | None = None
+    """What tee said on its stderr (the run's ``tee.err``), e.g. "tee: .../train.log: No space
+    left on device": the log stopped growing there (the pane kept the output)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +150,7 @@ class Postmortem:
             "container_status": ev.container_status,
             "kernel_events": [e.to_dict() for e in (ev.probe.kernel_events if ev.probe else ())],
             "errors": list(ev.errors),
+            "tee_error": ev.tee_error,
             "bundle": self.bundle,
         }
 
@@ -253,6 +258,7 @@ def final_snapshot(ev: Evidence) -> Snapshot:
         log_exists=ev.log_exists,
         log_size_bytes=ev.log_size_bytes,
         log_mtime=ev.log_mtime,
+        log_offset=ev.log_size_bytes or 0,  # the tail was read to the log's end
         new_log_lines=ev.log_tail,
         exit_status=ev.exit_status,
         exit_status_at=ev.exit_status_at,
@@ -318,11 +324,15 @@ def _place_tail(
     )
     if at is None or samples[at].run is None:
         return [*samples, final]
-    out = list(samples)
-    out[at] = dataclasses.replace(
-        samples[at], run=dataclasses.replace(samples[at].run, new_log_lines=lines)
-    )
     assert final.run is not None
+    out = list(samples)
+    read = dataclasses.replace(  # the read reached the log's end, as the final state's did
+        samples[at].run,
+        new_log_lines=lines,
+        log_offset=final.run.log_offset,
+        log_size_bytes=final.run.log_size_bytes,
+    )
+    out[at] = dataclasses.replace(samples[at], run=read)
     return [*out, dataclasses.replace(final, run=dataclasses.replace(final.run, new_log_lines=()))]
 
 
@@ -346,14 +356,8 @@ def reconstruct_history(ev: Evidence) -> list[Snapshot]:
 
 def run_pids_and_names(ev: Evidence, history: Sequence[Snapshot]) -> tuple[set[int], set[str]]:
     """Every PID (and process name) the run was seen with: recorder, final state, pgid, wrapper."""
-    pids = set(ev.run_pids)
-    names: set[str] = set()
-    for s in history:
-        for p in s.processes:
-            pids.add(p.pid)
-            if p.name and p.name != "?":
-                names.add(p.name)
-    return pids, names
+    pids, names = history_pids_and_names(history)
+    return pids | set(ev.run_pids), names
 
 
 def died_at(ev: Evidence, history: Sequence[Snapshot]) -> float | None:
@@ -375,23 +379,19 @@ def our_oom_kills(ev: Evidence, history: Sequence[Snapshot]) -> list[KernelEvent
     """OOM-killer kernel events that killed this run: its PID, or its process name near the death.
 
     Inside LXC the container sees its own PIDs while the host kernel logs host PIDs,
-    so a name within :data:`OOM_WINDOW_S` of the death counts as well.
+    so a name within :data:`OOM_WINDOW_S` of the death counts as well
+    (:func:`orchestrator.detect.host.oom_kills_of_run`, shared with the live detectors).
     """
     if ev.probe is None:
         return []
     pids, names = run_pids_and_names(ev, history)
-    start = ev.manifest.started_at if ev.manifest else None
-    death = died_at(ev, history)
-    out = []
-    for e in ev.probe.kernel_events:
-        if e.kind != "oom-killer":
-            continue
-        if start is not None and e.at is not None and e.at < start - 1.0:
-            continue
-        near = death is None or e.at is None or abs(e.at - death) <= OOM_WINDOW_S
-        if (e.pid is not None and e.pid in pids) or (e.process in names and near):
-            out.append(e)
-    return out
+    return oom_kills_of_run(
+        ev.probe.kernel_events,
+        pids=pids,
+        names=names,
+        started_at=ev.manifest.started_at if ev.manifest else None,
+        died_at=died_at(ev, history),
+    )
 
 
 def judge(
@@ -410,7 +410,7 @@ def judge(
     findings = run_detectors(
         history, limits=limits or Limits(), roles=roles, probes=probes, playbooks=pbs
     )
-    matches = match_log([*ev.log_tail, *ev.pane], pbs)
+    matches = match_log([*ev.log_tail, *ev.pane, *([ev.tee_error] if ev.tee_error else ())], pbs)
     verdict = decide(ev, history, findings, matches, pbs)
     return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
 
@@ -604,14 +604,16 @@ def decide(
     if code == 0 or "finished" in first:
         if "ghost-utilization" in first:
             return from_finding(first["ghost-utilization"], died=None)
-        f = first.get("finished")
+        fin = first.get("finished")
         return Verdict(
             kind="finished",
-            summary=f.summary if f else f"{what} finished (exit status 0){when}",
-            severity=f.severity if f else Severity.INFO,  # WARNING: exit 0 without its end line
+            summary=fin.summary if fin else f"{what} finished (exit status 0){when}",
+            severity=fin.severity if fin else Severity.INFO,  # WARNING: exit 0, no end line
             died_at=death,
             cause="the command exited with status 0",
-            evidence=tuple(dict.fromkeys(("exit_status: 0", *(f.evidence if f else ()), *tail))),
+            evidence=tuple(
+                dict.fromkeys(("exit_status: 0", *(fin.evidence if fin else ()), *tail))
+            ),
         )
     problems = [f for f in findings if f.severity >= Severity.WARNING and f.kind != "unreachable"]
     problems.sort(key=lambda f: _ALIVE_ORDER.index(f.kind) if f.kind in _ALIVE_ORDER else 99)

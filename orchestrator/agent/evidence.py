@@ -14,10 +14,16 @@ pane capture is at most ``--pane-lines`` lines. Prints one JSON document::
      "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
      "metrics": [<metrics.jsonl records>], "heartbeat": {"text", "age_s"} | null,
      "pgid": int | null, "wrapper_pid": int | null, "files": {name: size_bytes},
-     "stop_requested": {"at", "signal", "by", "grace_s"} | null}
+     "stop_requested": {"at", "signal", "by", "grace_s"} | null,
+     "tee": {"error": str | null, "status": int | null}}
+
+``tee.error`` is what tee said on its stderr (``tee.err``; e.g. "tee: .../train.log:
+No space left on device" when the disk filled and the log stopped growing), ``tee.status``
+its exit status once it ended (``null`` while it runs, or when the full disk kept the
+wrapper from writing ``tee_status``).
 
 The equivalent by hand: ``cat manifest.json exit_status; tail -n 200 train.log;
-tmux capture-pane -p -J -t =SESSION:run -S -200; tail -n 720 gpu.jsonl``.
+tmux capture-pane -p -J -t =SESSION:run -S -200; tail -n 720 gpu.jsonl; cat tee.err``.
 """
 
 from __future__ import annotations
@@ -167,6 +173,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
         "files": files,
         "stop_requested": state.get("stop_requested"),
+        "tee": {"error": state.get("tee_error"), "status": state.get("tee_status")},
     }
 
 

@@ -8,7 +8,11 @@ JSON line per chunk) and exits 0 (done), 1 (failed), 2 (bad arguments) or
 Run layout: ``<workdir>/runs/<run-id>/`` holds ``manifest.json``, ``command``
 (the shell text that runs), ``wrapper.sh``, ``train.log`` (tee -a),
 ``exit_status`` (written by the wrapper, also on signals), ``wrapper.pid`` and
-``pgid`` (the command's process group), ``stop_requested`` (JSON ``{"at", "signal",
+``pgid`` (the command's process group), ``tee.err`` (tee's own complaints, e.g.
+``No space left on device`` when the disk fills: space reserved at launch, so it can
+be written on a full disk; blank-padded), ``tee_status`` (tee's exit status, when
+the disk let it be written), ``.exit_status.reserve`` (space for ``exit_status`` on a
+full disk), ``stop_requested`` (JSON ``{"at", "signal",
 "by", "grace_s"}``, written by ``stop`` before its first signal, so a verdict can
 tell an operator's stop from a crash). ``<workdir>/runs/current`` holds the
 newest run id, written atomically.
@@ -56,6 +60,14 @@ MAX_READ_BYTES = 1 << 20
 """Most bytes one ``logs --offset``/``--follow`` read takes (``--max-bytes`` is capped here)."""
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
+TEE_ERR = "tee.err"
+"""tee's stderr, written in place into blanks reserved at launch (a full disk takes no new file)."""
+STATUS_RESERVE = ".exit_status.reserve"
+"""Blanks reserved at launch; the wrapper writes ``exit_status`` into them when the disk is full."""
+RESERVE_BYTES = 4096
+"""Bytes reserved (spaces) for each of ``tee.err`` and the exit status: one page, one block."""
+MAX_TEE_ERR_BYTES = 2000
+"""Most bytes of ``tee.err`` an answer carries."""
 
 EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 4
 
@@ -76,7 +88,15 @@ set -m  # background jobs get their own process group: `orch stop` signals the c
 RUN_DIR="${ORCH_RUN_DIR:?ORCH_RUN_DIR not set}"
 LOG="$RUN_DIR/train.log"
 put() { printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp" && mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"; }
-early() { put exit_status "$1"; exit "$1"; }
+# A full disk takes no new file: the status then overwrites the blanks reserved at launch (in
+# place, no new block) and that file is renamed. Readers strip the blanks (int(" 1\n  ") works).
+put_status() {
+  put exit_status "$1" 2>/dev/null && return
+  rm -f "$RUN_DIR/.exit_status.tmp"
+  [[ -f "$RUN_DIR/__RESERVE__" ]] && printf '%s\n' "$1" 1<>"$RUN_DIR/__RESERVE__" &&
+    mv -f "$RUN_DIR/__RESERVE__" "$RUN_DIR/exit_status"
+}
+early() { put_status "$1"; exit "$1"; }
 trap 'early 130' INT
 trap 'early 143' TERM
 trap 'early 129' HUP
@@ -94,8 +114,19 @@ ME=$$
 CMD=$(<"$RUN_DIR/command")
 (
   trap : INT TERM HUP  # caught, not ignored, so the command gets default handling
-  bash -c "$CMD" </dev/null 2>&1 | { trap '' INT TERM HUP; tee -a "$LOG"; }
-  st=${PIPESTATUS[0]}
+  # tee's stderr ("tee: train.log: No space left on device") goes into the reserved blanks of
+  # __TEE_ERR__ (<> opens without truncating), not the pane, where it would scroll away.
+  bash -c "$CMD" </dev/null 2>&1 |
+    { trap '' INT TERM HUP; tee -a "$LOG" 2<>"$RUN_DIR/__TEE_ERR__"; }
+  sts=("${PIPESTATUS[@]}")
+  st=${sts[0]} ts=${sts[1]:-0}
+  if [[ "$ts" != 0 ]]; then
+    printf '%s\n' "$ts" >"$RUN_DIR/tee_status" 2>/dev/null
+    echo "[orch] tee exited with status $ts; train.log may be incomplete:"
+    while IFS= read -r l || [[ -n "$l" ]]; do
+      [[ "$l" == *[![:space:]]* ]] && printf '[orch] %s\n' "$l"
+    done <"$RUN_DIR/__TEE_ERR__"
+  fi
   printf '%s\n' "$st" >"$RUN_DIR/.pipestatus"
   exit "$st"
 )&
@@ -121,11 +152,12 @@ while :; do
   [[ -z "$GOT" ]] && break
 done
 [[ -s "$RUN_DIR/.pipestatus" ]] && st=$(<"$RUN_DIR/.pipestatus")
-put exit_status "$st"
+put_status "$st"
 if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null; fi
 printf '\n[orch] command exited with status %s at %s\n' "$st" "$(date '+%F %T')"
 exit "$st"
 """.replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05)))
+WRAPPER = WRAPPER.replace("__RESERVE__", STATUS_RESERVE).replace("__TEE_ERR__", TEE_ERR)
 
 
 class RunError(Exception):
@@ -218,6 +250,26 @@ def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
     tmp.write_text(text)
     os.chmod(tmp, mode)
     os.replace(tmp, path)
+
+
+def reserve(path: Path, size: int = RESERVE_BYTES) -> None:
+    """Create ``path`` holding ``size`` spaces: blocks a writer can overwrite in place on a
+    full disk (``<>`` in bash). Copy-on-write file systems (btrfs, ZFS) may still refuse."""
+    with path.open("wb") as f:
+        f.write(b" " * size)
+
+
+def read_tee_error(run_dir: Path) -> str | None:
+    """tee's complaint from ``tee.err`` (padding blanks dropped, lines joined by ``; ``), or
+    ``None`` when tee said nothing (or the file is missing). Reads at most
+    ``MAX_TEE_ERR_BYTES``."""
+    try:
+        with (run_dir / TEE_ERR).open("rb") as f:
+            raw = f.read(MAX_TEE_ERR_BYTES)
+    except OSError:
+        return None
+    lines = [x.strip() for x in raw.decode("utf-8", "replace").splitlines()]
+    return "; ".join(x for x in lines if x) or None
 
 
 def _read(path: Path) -> str | None:
@@ -483,6 +535,8 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> di
         "log_size_bytes": size,
         "log_tail": lines,
         "stop_requested": read_stop_request(run_dir),
+        "tee_error": read_tee_error(run_dir),
+        "tee_status": _read_int(run_dir / "tee_status"),
     }
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
@@ -689,6 +743,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     atomic_write(run_dir / "manifest.json", json.dumps(manifest.to_dict(), indent=2) + "\n")
     atomic_write(run_dir / "command", args.cmd + "\n")
     atomic_write(run_dir / "wrapper.sh", WRAPPER, mode=0o755)
+    reserve(run_dir / TEE_ERR)
+    reserve(run_dir / STATUS_RESERVE)
     atomic_write(root / "current", run_id + "\n")
 
     bundle = Path(__file__).resolve().parents[2]

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
+from dataclasses import replace
 
 from orchestrator.detect import disk, gpu, host, log, run
+from orchestrator.detect.base import fmt_time, manifest_of
 from orchestrator.detect.limits import Limits
 from orchestrator.model import Finding, HostProbe, Snapshot
 from orchestrator.playbooks import Playbook, for_exit_code, load_playbooks
@@ -83,24 +85,72 @@ def run_detectors(
         *disk.disk_full(history, limits),
         *log.log_signatures(history, limits, pbs),
     ]
-    findings = [_explain_crash(f, findings, pbs) for f in findings]
+    findings = [_explain_crash(f, findings, pbs, history, probes) for f in findings]
     return order(findings)
 
 
-def _explain_crash(f: Finding, all_: list[Finding], pbs: Sequence[Playbook]) -> Finding:
-    """Give ``crashed`` the most likely playbook: OOM kill, then the best log signature, then the exit code."""
-    from dataclasses import replace
+_SIGKILL_HINT = " (often the kernel OOM killer; see the host kernel log)"
+"""The guess :func:`run.exit_status` appends to a SIGKILL crash; replaced once the kernel log says."""
+NO_OOM_LINE = "killed by SIGKILL (no OOM-killer line names it: killed from outside?)"
+"""Said of an exit 137 that no host OOM-killer line matches (as the postmortem's verdict)."""
 
+
+def _exit_code(f: Finding) -> int | None:
+    """The status in a ``crashed`` finding's ``exit_status: N`` evidence line (``None`` if absent)."""
+    code = next((e.split()[1] for e in f.evidence if e.startswith("exit_status: ")), None)
+    return int(code) if code is not None and code.lstrip("-").isdigit() else None
+
+
+def _with_hint(summary: str, hint: str) -> str:
+    """``summary`` without the SIGKILL guess, ``; hint`` appended."""
+    return f"{summary.replace(_SIGKILL_HINT, '', 1)}; {hint}"
+
+
+def _explain_crash(
+    f: Finding,
+    all_: list[Finding],
+    pbs: Sequence[Playbook],
+    history: Sequence[Snapshot],
+    probes: Sequence[HostProbe],
+) -> Finding:
+    """Give ``crashed`` the most likely playbook: OOM kill, then the best log signature, then the exit code.
+
+    Exit 137 (SIGKILL) gets ``oom-killer`` only when a host OOM-killer line plausibly names
+    the run (:func:`host.oom_kills_of_run`: its PID, or its process name near the death);
+    otherwise no playbook, and the summary says so, as ``orch postmortem`` does.
+    """
     if f.kind != "crashed" or f.playbook is not None:
         return f
-    if any(x.kind == "oom-killer" for x in all_) and "SIGKILL" in f.summary:
-        return replace(f, playbook="oom-killer")
-    sigs = [x for x in all_ if x.kind == "log-signature" and x.playbook]
+    code = _exit_code(f)
+    sigkill = code == 137
+    if sigkill:
+        pids, names = host.run_pids_and_names(history)
+        manifest = manifest_of(history)
+        ooms = host.oom_kills_of_run(
+            host.kernel_events(probes),
+            pids=pids,
+            names=names,
+            started_at=manifest.started_at if manifest is not None else None,
+            died_at=f.since,
+        )
+        if ooms:
+            e = ooms[0]
+            who = f"{e.process or 'process'} pid {e.pid}" if e.pid else e.process or "a process"
+            at = f" at {fmt_time(e.at)}" if e.at is not None else ""
+            return replace(
+                f,
+                playbook="oom-killer",
+                summary=_with_hint(f.summary, f"the kernel OOM killer killed {who}{at}"),
+                evidence=(*f.evidence, *(k.line for k in ooms[:3])),
+            )
+        f = replace(f, summary=_with_hint(f.summary, NO_OOM_LINE))
+    sigs = [x.playbook for x in all_ if x.kind == "log-signature" and x.playbook]
+    if sigkill:  # a log line is no kernel OOM line: only the host's kernel log says OOM
+        sigs = [pb for pb in sigs if pb != "oom-killer"]
     if sigs:
-        return replace(f, playbook=sigs[0].playbook)
-    code = next((e.split()[1] for e in f.evidence if e.startswith("exit_status: ")), None)
-    if code is not None and code.lstrip("-").isdigit():
-        pb = for_exit_code(int(code), pbs)
+        return replace(f, playbook=sigs[0])
+    if code is not None and not sigkill:
+        pb = for_exit_code(code, pbs)
         if pb is not None:
             return replace(f, playbook=pb.id)
     return f

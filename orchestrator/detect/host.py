@@ -6,7 +6,7 @@ Events older than the run's launch are ignored: they belong to someone else.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Iterable, Sequence
 
 from orchestrator.detect.base import History, fmt_time, manifest_of
 from orchestrator.detect.limits import Limits
@@ -40,6 +40,9 @@ XID_MEANINGS: dict[int, str] = {
 
 CRITICAL_XIDS = frozenset({48, 62, 64, 74, 79, 92, 94, 95, 119, 120, 140})
 
+OOM_WINDOW_S = 120.0
+"""An OOM kill naming the run's process (not its pid) counts when this close to the death."""
+
 
 def _since_launch(history: History, events: Sequence[KernelEvent]) -> list[KernelEvent]:
     manifest = manifest_of(history)
@@ -48,12 +51,64 @@ def _since_launch(history: History, events: Sequence[KernelEvent]) -> list[Kerne
     return [e for e in events if e.at is None or e.at >= manifest.started_at]
 
 
-def _events(probes: Sequence[HostProbe]) -> list[KernelEvent]:
+def kernel_events(probes: Sequence[HostProbe]) -> list[KernelEvent]:
+    """Every probe's kernel events, oldest probe first, each line once."""
     seen: dict[tuple[str, float | None], KernelEvent] = {}
     for probe in probes:
         for e in probe.kernel_events:
             seen.setdefault((e.line, e.at), e)
     return list(seen.values())
+
+
+def run_pids_and_names(history: History) -> tuple[set[int], set[str]]:
+    """Every PID and process name (``?`` skipped) the history saw in the run's process tree."""
+    pids: set[int] = set()
+    names: set[str] = set()
+    for s in history:
+        for p in s.processes:
+            pids.add(p.pid)
+            if p.name and p.name != "?":
+                names.add(p.name)
+    return pids, names
+
+
+def oom_kills_of_run(
+    events: Iterable[KernelEvent],
+    *,
+    pids: Collection[int],
+    names: Collection[str],
+    started_at: float | None,
+    died_at: float | None,
+    window_s: float = OOM_WINDOW_S,
+) -> list[KernelEvent]:
+    """The OOM-killer events that plausibly killed the run: its PID, or its process name near death.
+
+    Inside LXC the container sees its own PIDs while the host kernel logs host PIDs, so
+    a kill naming one of ``names`` within ``window_s`` seconds of ``died_at`` counts too
+    (any time when either time is unknown). Kills more than 1 s before ``started_at``
+    belong to an earlier run. Times are Unix seconds.
+
+    >>> e = KernelEvent(kind="oom-killer", line="Killed process 9 (python3)", at=100.0,
+    ...                 pid=9, process="python3")
+    >>> len(oom_kills_of_run([e], pids={9}, names=(), started_at=50.0, died_at=None))
+    1
+    >>> len(oom_kills_of_run([e], pids={7}, names={"python3"}, started_at=50.0, died_at=500.0))
+    0
+    >>> len(oom_kills_of_run([e], pids={7}, names={"python3"}, started_at=50.0, died_at=101.0))
+    1
+    >>> len(oom_kills_of_run([e], pids={9}, names=(), started_at=200.0, died_at=None))
+    0
+    """
+    out = []
+    for e in events:
+        if e.kind != "oom-killer":
+            continue
+        if started_at is not None and e.at is not None and e.at < started_at - 1.0:
+            continue
+        near = died_at is None or e.at is None or abs(e.at - died_at) <= window_s
+        if (e.pid is not None and e.pid in pids) or (e.process in names and near):
+            out.append(e)
+    return out
 
 
 def xid(
@@ -69,7 +124,9 @@ def xid(
     the rest ``gpu-xid``.
     """
     events = [
-        e for e in _since_launch(history, _events(probes)) if e.kind in ("xid", "fallen-off-bus")
+        e
+        for e in _since_launch(history, kernel_events(probes))
+        if e.kind in ("xid", "fallen-off-bus")
     ]
     target = history[-1].target if history else (probes[-1].host if probes else "?")
     groups: dict[int, list[KernelEvent]] = {}
@@ -105,7 +162,7 @@ def xid(
 def oom_killer(history: History, limits: Limits, probes: Sequence[HostProbe] = ()) -> list[Finding]:
     """The kernel OOM killer killed a process since launch (ours when its PID was in the run's tree)."""
     del limits
-    events = [e for e in _since_launch(history, _events(probes)) if e.kind == "oom-killer"]
+    events = [e for e in _since_launch(history, kernel_events(probes)) if e.kind == "oom-killer"]
     if not events:
         return []
     ours = {p.pid for s in history for p in s.processes}

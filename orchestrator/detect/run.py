@@ -9,6 +9,7 @@ no session, no process and no exit status is a *silent death*.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from statistics import median
 
 from orchestrator.detect.base import (
@@ -204,32 +205,56 @@ def _last_step(snaps: list[Snapshot]) -> tuple[int | None, float | None]:
     return None, None
 
 
+def _ends_without_final_line(lines: Sequence[str]) -> bool | None:
+    """Whether the end of the trainer's output (``lines``) lacks ``trainer: finished``.
+
+    ``None`` when it cannot tell: no metrics line in ``lines``. ``finished`` is printed
+    after every metrics line, so metrics lines without it end a run that never finished.
+
+    >>> _ends_without_final_line(["step=3 loss=4.1 acc_len=0.00 tok/s=1948 lr=9.0e-04 gpu_mem=-"])
+    True
+    >>> _ends_without_final_line(["step=8 loss=4.1", "trainer: finished step=8 wall_s=2"])
+    False
+    >>> _ends_without_final_line(["Exception ignored in: <function _after_fork>"]) is None
+    True
+    """
+    if any(x.startswith(TRAINER_FINISHED) for x in lines):
+        return False
+    return True if any(_STEP_LINE_RE.match(x) for x in lines) else None
+
+
 def _missing_final_line(snaps: list[Snapshot], last: Snapshot) -> tuple[str, ...] | None:
     """Evidence that the bundled trainer exited 0 without ``trainer: finished``, else ``None``.
 
-    Only where the end of the output is known: the pane still shows the wrapper's
-    closing line, so the lines above it are the command's last ones. A log read in
-    pieces (``orch check``) proves nothing by itself: the line may be in an older piece.
+    Only where the end of the output is known: the newest log read of the run reached
+    the log's current end (``log_offset`` = the newest ``log_size_bytes``; the log of an
+    exited run no longer grows), or the pane still shows the wrapper's closing line.
+    An older piece of a log read in pieces (``orch check``) is never needed: the line
+    would come after the last metrics line, in the same read.
     """
     run, sess = last.run, last.session
     if run is None or run.manifest is None or not _runs_bundled_trainer(run.manifest.command):
         return None
-    pane = sess.pane_tail if sess is not None else ()
-    if not any(x.startswith(WRAPPER_EXIT) for x in pane):
-        return None
     mine = _same_run(snaps, last)
-    seen = [x for s in mine for x in (s.run.new_log_lines if s.run is not None else ())]
-    if any(TRAINER_FINISHED in x for x in (*seen, *pane)):
+    pane = tuple(sess.pane_tail if sess is not None else ())
+    verdicts: list[tuple[bool | None, tuple[str, ...]]] = []
+    if any(x.startswith(WRAPPER_EXIT) for x in pane):
+        verdicts.append((_ends_without_final_line(pane), pane))
+    read = next((s.run for s in reversed(mine) if s.run is not None and s.run.new_log_lines), None)
+    size = run.log_size_bytes
+    if read is not None and size and read.log_offset == size:
+        verdicts.append((_ends_without_final_line(read.new_log_lines), read.new_log_lines))
+    if not verdicts or any(v is False for v, _ in verdicts) or all(v is None for v, _ in verdicts):
         return None
+    lines = next(ls for v, ls in verdicts if v)
     step, _ = _last_step(mine)
     if step is None:
-        steps = [int(m.group(1)) for x in pane if (m := _STEP_LINE_RE.match(x))]
+        steps = [int(m.group(1)) for x in lines if (m := _STEP_LINE_RE.match(x))]
         step = steps[-1] if steps else None
-    lines = [x for x in pane if x.strip()]
     return (
         f"last step {step if step is not None else '?'}",
-        f"no {TRAINER_FINISHED!r} line in the log read or the pane",
-        *lines[-5:],
+        f"no {TRAINER_FINISHED!r} line after the last metrics line",
+        *[x for x in lines if x.strip()][-5:],
     )
 
 
@@ -362,10 +387,10 @@ def stall(
         marks.append(manifest.started_at)
     if last.run.log_mtime is not None:
         marks.append(last.run.log_mtime)
-    mine = _same_run(snaps, last)
-    step, seen_at = _last_step(mine)
-    if seen_at is not None:
-        marks.append(seen_at)
+    step, seen_at = _last_step(_same_run(snaps, last))
+    if seen_at is not None:  # seen, not made: a first read of the tail sees old lines "now"
+        mtime = last.run.log_mtime
+        marks.append(seen_at if mtime is None else min(seen_at, mtime))
     prev: Snapshot | None = None
     for s in snaps:
         if _progressed(prev, s):

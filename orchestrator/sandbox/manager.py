@@ -310,40 +310,95 @@ def _cgroup2_mount() -> Path | None:
     return None
 
 
-def _cgroup_leaf(state_dir: Path, vmid: int) -> Path | None:
-    """``<cgroup2>/lxc/<vmid>/ns/orch-sandbox-<id>`` if it can be created, else None."""
+def _cgroup_leaf_path(state_dir: Path, vmid: int) -> Path | None:
+    """``<cgroup2>/lxc/<vmid>/ns/orch-sandbox-<id>`` (``id`` from the state dir's path), or None
+    without cgroup v2. Only computes the path: nothing is created."""
     mount = _cgroup2_mount()
     if mount is None:
         return None
-    leaf = (
-        mount
-        / "lxc"
-        / str(vmid)
-        / "ns"
-        / f"orch-sandbox-{hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]}"
-    )
-    try:
-        leaf.mkdir(parents=True, exist_ok=True)
-    except OSError:
+    ident = hashlib.sha1(str(state_dir).encode()).hexdigest()[:10]
+    return mount / "lxc" / str(vmid) / "ns" / f"orch-sandbox-{ident}"
+
+
+def _cgroup_leaf(state_dir: Path, vmid: int) -> Path | None:
+    """Create this sandbox's leaf for ``vmid`` (see :func:`_cgroup_leaf_path`) if it can, else None.
+
+    Retried a few times: another sandbox's ``down`` may rmdir the shared, empty
+    ``lxc/<vmid>/ns`` parent between our mkdirs (FileNotFoundError).
+    """
+    leaf = _cgroup_leaf_path(state_dir, vmid)
+    if leaf is None:
         return None
+    for _ in range(5):
+        try:
+            leaf.mkdir(parents=True, exist_ok=True)
+            break
+        except FileNotFoundError:
+            continue
+        except OSError:
+            return None
     return leaf if os.access(leaf / "cgroup.procs", os.W_OK) else None
 
 
-def _remove_cgroup(leaf: Path) -> None:
-    """rmdir the leaf and its now-empty parents up to ``lxc`` (another sandbox's stay)."""
-    deadline = time.monotonic() + 2.0
-    while leaf.exists() and time.monotonic() < deadline:  # EBUSY while killed tasks finish exiting
-        with contextlib.suppress(OSError):
+def _remove_cgroup(leaf: Path, timeout_s: float = 3.0) -> bool:
+    """rmdir this sandbox's ``leaf``, then ``lxc/<vmid>/ns`` and ``lxc/<vmid>`` if empty.
+
+    Processes still in the leaf are this sandbox's by construction: they are SIGKILLed
+    and the rmdir retried (EBUSY while they exit) until ``timeout_s``. The parents are
+    shared with every sandbox on this machine that uses the same vmid; an rmdir of a
+    cgroup with children or processes fails (EBUSY/ENOTEMPTY), which is the safe test
+    that no other sandbox uses it. ``lxc`` itself goes too when empty (the sandbox
+    made it). Returns False when the leaf could not be removed.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
             leaf.rmdir()
             break
+        except FileNotFoundError:
+            break
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log.warning("cgroup %s not removed: %s", leaf, exc)
+                return False
+        with contextlib.suppress(OSError):
+            for pid in (leaf / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
         time.sleep(0.05)
-    for path in (leaf, leaf.parent, leaf.parent.parent, leaf.parent.parent.parent):
+    for path in (leaf.parent, leaf.parent.parent, leaf.parent.parent.parent):  # ns, <vmid>, lxc
         try:
             path.rmdir()
         except FileNotFoundError:
             continue
-        except OSError:
-            return
+        except OSError:  # EBUSY / ENOTEMPTY: another sandbox's leaf lives below
+            break
+    return True
+
+
+def _own_vmids(state_dir: Path, state: Mapping[str, Any]) -> list[int]:
+    """The sandbox's containers: those in ``state.json`` and every ``containers/<vmid>``
+    (an ``up`` that failed half-way has made and started containers but recorded none)."""
+    vmids = {int(c["vmid"]) for c in state.get("containers", [])}
+    with contextlib.suppress(OSError):
+        vmids.update(int(p.name) for p in (state_dir / "containers").iterdir() if p.name.isdigit())
+    return sorted(vmids)
+
+
+def _own_cgroups(state_dir: Path, state: Mapping[str, Any]) -> list[Path]:
+    """Every cgroup leaf this sandbox may have made: the recorded one and the computed
+    one (:func:`_cgroup_leaf_path`) of each of its vmids."""
+    leaves: list[Path] = []
+    for vmid in _own_vmids(state_dir, state):
+        recorded = state_dir / "containers" / str(vmid) / "cgroup"
+        with contextlib.suppress(OSError):
+            text = recorded.read_text().strip()
+            if text:
+                leaves.append(Path(text))
+        computed = _cgroup_leaf_path(state_dir, vmid)
+        if computed is not None and computed not in leaves:
+            leaves.append(computed)
+    return leaves
 
 
 # --------------------------------------------------------------------------- pct helper
@@ -648,22 +703,22 @@ def _sandbox_processes(state_dir: Path) -> list[int]:
 def down(state_dir: Path | str | None = None, timeout_s: float = 10.0) -> dict[str, Any]:
     """Stop everything the sandbox started, by pid: containers (tmux servers too), sshd, stragglers.
 
-    Run logs and the state directory stay. Returns what was stopped:
-    ``{"sshd": bool, "containers": [names], "killed": n}``.
+    Run logs and the state directory stay. Then this sandbox's cgroup leaves go, and the
+    ``lxc/<vmid>/ns`` and ``lxc/<vmid>`` parents when no other sandbox uses them (see
+    :func:`_remove_cgroup`). Returns what was stopped:
+    ``{"sshd": bool, "containers": [names], "killed": n}``, plus ``"cgroups_left": [paths]``
+    when a leaf could not be removed (logged as a warning; none is expected).
     """
     from orchestrator.sandbox import sshd
 
     state_dir = resolve_state_dir(state_dir)
     state = _read_state(state_dir)
     stopped: list[str] = []
-    for c in state.get("containers", []):
-        root = Path(c["root"])
-        if (root / "status").exists() and (root / "status").read_text().strip() == "running":
-            stop_container(state_dir, int(c["vmid"]))
-            stopped.append(c["name"])
-        leaf = (root / "cgroup").read_text().strip() if (root / "cgroup").exists() else ""
-        if leaf:
-            _remove_cgroup(Path(leaf))
+    for vmid in _own_vmids(state_dir, state):
+        status_file = state_dir / "containers" / str(vmid) / "status"
+        if status_file.exists() and status_file.read_text().strip() == "running":
+            stop_container(state_dir, vmid)
+            stopped.append(f"ct{vmid}")
     sshd_was = sshd.stop_sshd(state_dir / "sshd")
     killed = 0
     deadline = time.monotonic() + timeout_s
@@ -676,7 +731,13 @@ def down(state_dir: Path | str | None = None, timeout_s: float = 10.0) -> dict[s
                 os.kill(pid, signal.SIGKILL)
                 killed += 1
         time.sleep(0.05)
-    return {"sshd": sshd_was, "containers": stopped, "killed": killed}
+    cgroups_left = [  # last: a straggler killed above may have sat in a leaf
+        str(leaf) for leaf in _own_cgroups(state_dir, state) if not _remove_cgroup(leaf)
+    ]
+    result: dict[str, Any] = {"sshd": sshd_was, "containers": stopped, "killed": killed}
+    if cgroups_left:
+        result["cgroups_left"] = cgroups_left
+    return result
 
 
 def status(state_dir: Path | str | None = None) -> dict[str, Any]:

@@ -1,9 +1,8 @@
-"""Render a postmortem: the verdict on the terminal (rich), and a fallback report.md / report.html.
+"""Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
-``orchestrator.postmortem`` uses ``orchestrator.views.report.render_markdown(pm)`` and
-``render_html(pm)`` when that module offers them; :func:`markdown` and :func:`html`
-here are the small stand-ins used until then (self-contained HTML, inline SVG
-timeline of per-GPU utilization and memory and tokens/s, the death marked).
+``orchestrator.postmortem.write_bundle`` writes :func:`markdown` and :func:`html`
+(self-contained HTML, inline SVG timeline of per-GPU utilization and memory and
+tokens/s, the death marked).
 """
 
 from __future__ import annotations
@@ -31,6 +30,8 @@ def print_verdict(console: Console, pm: Any) -> None:
         console.print(Text(f"died at: {fmt_time(v.died_at)}"), highlight=False)
     if v.cause and v.cause != v.summary:
         console.print(Text(f"cause: {v.cause}"), highlight=False)
+    if pm.evidence.tee_error:
+        console.print(Text(f"tee failed: {pm.evidence.tee_error}"), highlight=False)
     if v.evidence:
         console.print("evidence:")
         for e in v.evidence[:8]:
@@ -67,6 +68,8 @@ def markdown(pm: Any) -> str:
         f"- died at: {fmt_time(v.died_at)}\n- exit status: {ev.exit_status}\n"
         f"- container: {ev.container_status}\n- collected: {fmt_time(ev.collected_at)}\n",
     ]
+    if ev.tee_error:
+        out.append(f"- **tee failed** (train.log stopped there): `{ev.tee_error}`\n")
     if m is not None:
         out.append(f"- command: `{m.command}`\n- started: {fmt_time(m.started_at)}\n"
                    f"- GPUs: {list(m.gpus)}\n")  # fmt: skip
@@ -164,7 +167,12 @@ def html(pm: Any) -> str:
         f"<p class='v'>{esc(v.kind)}" + (f" [{esc(v.playbook)}]" if v.playbook else "") + "</p>"
         f"<p>{esc(v.summary)}</p><p>died at {esc(fmt_time(v.died_at))}; exit status "
         f"{esc(str(ev.exit_status))}; container {esc(str(ev.container_status))}</p>"
-        f"<h2>Timeline</h2>{charts}"
+        + (
+            f"<p><b>tee failed</b> (train.log stopped there): {esc(ev.tee_error)}</p>"
+            if ev.tee_error
+            else ""
+        )
+        + f"<h2>Timeline</h2>{charts}"
         f"<h2>Evidence</h2>{pre(list(v.evidence))}"
         "<h2>Remedy</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in v.remedy) + "</ul>"
         "<h2>Findings</h2><ul>"

@@ -462,8 +462,8 @@ def test_silent_exit_warns_that_the_trainer_never_printed_its_final_line(
     """``silent-exit@4``: exit 0 but no ``trainer: finished`` line, so ``finished`` at WARNING.
 
     The trainer's contract: a completed run prints ``trainer: finished``; this one stopped
-    after step 3 of 400. The pane (remain-on-exit) still shows the end of the output above
-    the wrapper's closing line, so the missing line is known, not guessed.
+    after step 3 of 400. The check's first read of the log reaches its end (the pane shows
+    only tmux's "Pane is dead" line), so the missing line is known, not guessed.
     """
     code, log = _silent_facts(fault_runs, sandbox)
     assert code == 0

@@ -131,3 +131,13 @@ def test_cuda_oom_matches_the_message_not_a_quoted_source_line(
     lines: list[str], want: list[str]
 ) -> None:
     assert [m.id for m in match_log(lines, load_playbooks())] == want
+
+
+def test_silent_exit_from_a_log_read_to_its_end_only() -> None:
+    snaps, limits = _case("finished/trainer_silent_exit0_log_read.json")
+    (f,) = run_detectors(snaps, limits=limits)
+    assert (f.kind, str(f.severity)) == ("finished", "warning"), f.summary
+    d = snaps[-1].to_dict()
+    d["run"]["log_offset"] = 100  # a piece of the log, not its end: the line may follow
+    (g,) = run_detectors([Snapshot.from_dict(d)], limits=limits)
+    assert (g.kind, str(g.severity)) == ("finished", "info")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -14,6 +15,7 @@ import yaml
 from orchestrator.agent.procs import alive
 from orchestrator.cli import run
 from orchestrator.sandbox import manager
+from tests.helpers import wait_for
 from tests.sandbox.gpu3_reader import Gpu3Reader
 
 
@@ -113,6 +115,80 @@ def test_up_status_scenario_down_leaves_no_process(tmp_path: Path) -> None:
         state / "containers" / "201" / "root" / "dflash" / "train.log"
     ).read_text() == "keep me\n"
     assert orch("sandbox", "status", "--dir", str(state)).returncode == 1
+
+
+def _children(path: Path) -> list[str]:
+    return sorted(p.name for p in path.iterdir() if p.is_dir()) if path.is_dir() else []
+
+
+@pytest.mark.e2e
+def test_down_removes_its_cgroups_and_keeps_another_sandboxs(tmp_path: Path) -> None:
+    """Two sandboxes share ``lxc/200``: ``down`` of one removes its leaves (a process in one
+    included) and the parents only where empty; the other keeps its leaf and still joins it."""
+    a = manager.up(tmp_path / "a", containers=2, gpus=1)
+    b = None
+    sleeper = None
+    try:
+        if not a.cgroup:
+            pytest.skip("cgroup v2 not writable here: the sandbox makes no cgroups")
+        b = manager.up(tmp_path / "b", containers=1, gpus=1)
+        leaves_a = [Path((a.container_root(v) / "cgroup").read_text().strip()) for v in a.vmids]
+        leaf_b = Path((b.container_root(200) / "cgroup").read_text().strip())
+        assert [p.parts[-4:-1] for p in leaves_a] == [("lxc", "200", "ns"), ("lxc", "201", "ns")]
+        assert leaf_b.parent == leaves_a[0].parent and leaf_b != leaves_a[0]
+        sleeper = subprocess.Popen(
+            [str(a.state_dir / "bin" / "pct"), "exec", "201", "--", "sleep", "600"],
+            env={**os.environ, **a.env(), "PATH": f"{a.state_dir / 'bin'}:{os.environ['PATH']}"},
+        )
+        wait_for(
+            lambda: (leaves_a[1] / "cgroup.procs").read_text().split(),
+            timeout_s=20,
+            what="sleep 600 in ct201's cgroup",
+        )
+        # as a half-done `up` leaves it: ct200 runs and has a leaf, but state.json lacks it
+        state = json.loads((a.state_dir / "state.json").read_text())
+        state["containers"] = [c for c in state["containers"] if c["vmid"] != 200]
+        (a.state_dir / "state.json").write_text(json.dumps(state))
+        report = manager.down(a.state_dir)
+        assert report["containers"] == ["ct200", "ct201"] and "cgroups_left" not in report
+        assert sleeper.wait(timeout=20) != 0
+        for leaf in leaves_a:
+            assert not leaf.exists(), leaf
+            # a parent that stays holds someone else's leaf (rmdir of a non-empty cgroup fails)
+            for parent in (leaf.parent, leaf.parent.parent):
+                assert not parent.exists() or _children(parent), parent
+        assert leaf_b.is_dir()
+        probe = manager.run_pct(b.state_dir, "exec", "200", "--", "cat", "/proc/self/cgroup")
+        assert probe.returncode == 0 and f"/lxc/200/ns/{leaf_b.name}" in probe.stdout
+    finally:
+        if sleeper is not None and sleeper.poll() is None:
+            sleeper.kill()
+            sleeper.wait(timeout=10)
+        with contextlib.suppress(manager.SandboxError):
+            manager.down(a.state_dir)
+        if b is not None:
+            manager.down(b.state_dir)
+    if b is not None:
+        assert not leaf_b.exists()
+        assert not leaf_b.parent.exists() or _children(leaf_b.parent)
+
+
+def test_remove_cgroup_takes_parents_only_when_empty(tmp_path: Path) -> None:
+    """A plain directory tree stands in for cgroupfs: rmdir of a non-empty directory fails
+    there too (ENOTEMPTY), which is all the parent logic relies on."""
+    ns = tmp_path / "lxc" / "300" / "ns"
+    mine, other = ns / "orch-sandbox-mine", ns / "orch-sandbox-other"
+    mine.mkdir(parents=True)
+    other.mkdir()
+    assert manager._remove_cgroup(mine, timeout_s=0.5)
+    assert not mine.exists() and other.is_dir()
+    assert manager._remove_cgroup(mine, timeout_s=0.5)  # already gone: fine
+    assert manager._remove_cgroup(other, timeout_s=0.5)
+    assert not (tmp_path / "lxc").exists() and tmp_path.is_dir()
+    busy = ns / "orch-sandbox-busy"
+    (busy / "stuck").mkdir(parents=True)  # a leaf that cannot go (cgroupfs: EBUSY)
+    assert not manager._remove_cgroup(busy, timeout_s=0.2)
+    assert busy.is_dir()
 
 
 def test_unknown_scenario_is_a_usage_error(
