@@ -370,6 +370,9 @@ def stall(
     ~0 % a deadlock or a CPU-side wait. ``now`` (Unix s) evaluates the quiet time at
     a later instant than the newest snapshot.
 
+    Progress seen in a snapshot counts at the log's mtime when that is earlier (``orch
+    check`` reads lines written long ago; the postmortem re-reads the tail).
+
     Before the run's first step (no step in any snapshot of the run and no heartbeat
     file) the timeout is ``max(stall_timeout_s, startup_grace_s)``: importing torch,
     loading weights and compiling print nothing for minutes. "last step N" is the
@@ -393,8 +396,9 @@ def stall(
         marks.append(seen_at if mtime is None else min(seen_at, mtime))
     prev: Snapshot | None = None
     for s in snaps:
-        if _progressed(prev, s):
-            marks.append(s.taken_at)
+        if _progressed(prev, s):  # lines read now were written no later than the log's mtime
+            mtime = s.run.log_mtime if s.run is not None else None
+            marks.append(s.taken_at if mtime is None else min(s.taken_at, mtime))
         prev = s
     if not marks:
         return []
