@@ -89,8 +89,6 @@ def run_detectors(
     return order(findings)
 
 
-_SIGKILL_HINT = " (often the kernel OOM killer; see the host kernel log)"
-"""The guess :func:`run.exit_status` appends to a SIGKILL crash; replaced once the kernel log says."""
 NO_OOM_LINE = "killed by SIGKILL (no OOM-killer line names it: killed from outside?)"
 """Said of an exit 137 that no host OOM-killer line matches (as the postmortem's verdict)."""
 
@@ -102,8 +100,8 @@ def _exit_code(f: Finding) -> int | None:
 
 
 def _with_hint(summary: str, hint: str) -> str:
-    """``summary`` without the SIGKILL guess, ``; hint`` appended."""
-    return f"{summary.replace(_SIGKILL_HINT, '', 1)}; {hint}"
+    """``summary; hint``: what the host kernel log says of a SIGKILL."""
+    return f"{summary}; {hint}"
 
 
 def _explain_crash(

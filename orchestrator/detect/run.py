@@ -338,11 +338,11 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
             f"run {run_id} finished (exit status 0) at {fmt_time(at)}",
             ("exit_status: 0",),
         )
-    hint = " (often the kernel OOM killer; see the host kernel log)" if sig == "SIGKILL" else ""
+    # Whether a SIGKILL was the OOM killer is the engine's call, from the host kernel log.
     return one(
         "crashed",
         Severity.CRITICAL,
-        f"run {run_id} crashed: {what}{how}{hint} at {fmt_time(at)}",
+        f"run {run_id} crashed: {what}{how} at {fmt_time(at)}",
         (f"exit_status: {status}" + (f" ({sig})" if sig else ""), *tail),
     )
 
