@@ -386,7 +386,10 @@ def _garbage_bundle(body: bytes) -> deploy.Bundle:
             b'print(\'{"schema_version": 99, "target": "x", "taken_at": 1.0}\')\n',
             "schema_version 99 is newer",
         ),
-        (b"import sys; sys.stdout.write('{\"a\": \"' + 'x' * (9 << 20) + '\"}')\n", "larger than 8 MiB"),
+        (
+            b"import sys; sys.stdout.write('{\"a\": \"' + 'x' * (9 << 20) + '\"}')\n",
+            "larger than 8 MiB",
+        ),
         (b"print('[1, 2]')\n", "expected a JSON object"),
         (b'print(\'{"schema_version": 1, "target": "x", "taken_at": "soon"}\')\n', "taken_at"),
     ],
