@@ -518,12 +518,36 @@ def throughput_drop(history: History, limits: Limits) -> list[Finding]:
     return []
 
 
+def _shows_output(snap: Snapshot) -> bool:
+    """The pane shows a line of the command's own output (not the wrapper's ``[orch]``/``orch:``).
+
+    The wrapper creates the log before it starts the command, and tee writes every line the
+    pane shows, so output on the screen means the log should exist by now.
+
+    >>> from orchestrator.model import SessionState
+    >>> _shows_output(Snapshot("ct", 1.0, session=SessionState("t", True, pane_tail=("step=1 a",))))
+    True
+    >>> _shows_output(Snapshot("ct", 1.0, session=SessionState("t", True, pane_tail=("", "[orch] x"))))
+    False
+    """
+    tail = snap.session.pane_tail if snap.session is not None else ()
+    return any(x.strip() and not x.startswith(("[orch]", "orch:")) for x in tail)
+
+
 def log_missing(history: History, limits: Limits) -> list[Finding]:
-    """The run's process lives past ``startup_timeout_s`` but its log file was never created.
+    """The run's process lives but its log file does not exist (never created, or deleted).
 
     The seed incident: an ``exec`` in the start script replaced the shell that fed
     ``tee``, so the program ran and printed to the pane while ``train.log`` never
-    appeared. Kind ``log-missing``, playbook ``tee-bypass``.
+    appeared. Kind ``log-missing``, playbook ``tee-bypass``. A log that an earlier
+    snapshot of the run saw is reported as deleted (no playbook: tee writes on into the
+    unlinked file, out of orch's reach).
+
+    When it fires: at once when the run has proven it runs (an earlier snapshot saw the
+    log, a step was read, a heartbeat exists, or the pane shows the command's output: the
+    wrapper creates the log before the command starts); otherwise only past
+    ``startup_timeout_s`` after launch (a run may print nothing while it imports).
+    Never on wall-clock luck alone: a check 2 s after launch sees a deleted log too.
     """
     snaps = reachable(history)
     manifest = manifest_of(snaps)
@@ -532,20 +556,37 @@ def log_missing(history: History, limits: Limits) -> list[Finding]:
     last = snaps[-1]
     if last.run is None or last.run.log_exists or not alive(last):
         return []
-    if last.taken_at - manifest.started_at < limits.startup_timeout_s:
+    mine = _same_run(snaps, last)
+    seen = [s for s in mine if s.run is not None and s.run.log_exists]
+    proven = bool(seen) or _last_step(mine)[0] is not None or last.run.heartbeat_age_s is not None
+    proven = proven or _shows_output(last)
+    lived_s = last.taken_at - manifest.started_at
+    if not proven and lived_s < limits.startup_timeout_s:
         return []
+    missing = trailing(mine, lambda s: s.run is not None and not s.run.log_exists)
     pane = tuple(last.session.pane_tail[-3:]) if last.session is not None else ()
+    where = last.run.log_path or "its log"
+    if seen:
+        summary = (
+            f"{where} was deleted while the run lives ({lived_s:.0f} s after launch; last seen "
+            f"{fmt_time(seen[-1].taken_at)}): tee writes on into the unlinked file, unread"
+        )
+        since, playbook = missing[0].taken_at, None
+    else:
+        summary = (
+            f"the run's process lives {lived_s:.0f} s after launch but {where} does not exist: "
+            "output bypasses tee (never created), or the file was deleted"
+        )
+        since = missing[0].taken_at if proven else manifest.started_at + limits.startup_timeout_s
+        playbook = "tee-bypass"
     return [
         Finding(
             kind="log-missing",
             severity=Severity.WARNING,
             target=last.target,
-            summary=(
-                f"the run's process lives {last.taken_at - manifest.started_at:.0f} s after launch "
-                f"but {last.run.log_path or 'its log'} was never created: output bypasses tee"
-            ),
-            since=manifest.started_at + limits.startup_timeout_s,
+            summary=summary,
+            since=since,
             evidence=(f"log_path: {last.run.log_path}", "log_exists: false", *pane),
-            playbook="tee-bypass",
+            playbook=playbook,
         )
     ]

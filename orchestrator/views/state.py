@@ -94,10 +94,34 @@ def target_state(
     if session is not None and not session.exists and not snap.processes:
         return "dead"
     started = run.manifest.started_at if run.manifest is not None else None
-    no_progress = snap.metrics is None or snap.metrics.step is None
-    if no_progress and started is not None and snap.taken_at - started < startup_grace_s:
+    if not stepped(snap) and started is not None and snap.taken_at - started < startup_grace_s:
         return "starting"
     return "running"
+
+
+def stepped(snap: Snapshot) -> bool:
+    """Whether this snapshot shows the run past its first step: a step in the log lines it
+    read, a heartbeat file (the stall detector's rule), or a ``step=N`` line on the pane.
+
+    One snapshot's metrics alone are not enough: ``orch check`` reads only the log lines
+    written since the previous check (none: no metrics), and a deleted log yields none at
+    all, while the pane still shows the run stepping.
+
+    >>> from orchestrator.model import SessionState
+    >>> r = RunState("r1", "/w/runs/r1")
+    >>> stepped(Snapshot("ct", 1.0, run=r, session=SessionState("t", True, pane_tail=("step=4 loss=2",))))
+    True
+    >>> stepped(Snapshot("ct", 1.0, run=r, session=SessionState("t", True, pane_tail=("loading",))))
+    False
+    """
+    from orchestrator.detect.log import parse_metrics
+
+    if snap.metrics is not None and snap.metrics.step is not None:
+        return True
+    if snap.run is not None and snap.run.heartbeat_age_s is not None:
+        return True
+    tail = snap.session.pane_tail if snap.session is not None else ()
+    return any("step" in parse_metrics(line) for line in tail)
 
 
 def stopped_on_request(run: RunState, taken_at: float) -> bool:

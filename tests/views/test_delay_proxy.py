@@ -126,6 +126,9 @@ def test_stop_signal_exits_cleanly(sig: signal.Signals) -> None:
                 what="the proxy handling SIGTERM while its ready is unread",
             )
             proxy.send_signal(sig)
+        except BaseException:
+            proxy.kill()
+            raise
         finally:
             with os.fdopen(r, "rb") as out:
                 tail = out.read()  # drains the pipe; EOF when the proxy exits

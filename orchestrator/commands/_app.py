@@ -1,0 +1,83 @@
+"""The shared Typer ``app`` of orch, its root options and the helpers every command uses.
+
+``orchestrator/cli.py`` is the entry point and re-exports these names; the command
+modules beside this one import them from here, so ``python -m orchestrator.cli`` (where
+cli.py runs as ``__main__``) and the ``orch`` script register on the one same ``app``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import sys
+from pathlib import Path
+from typing import Any
+
+import typer
+from rich.console import Console
+
+from orchestrator import __version__
+
+app = typer.Typer(
+    name="orch",
+    help="Launch, watch and explain training runs in Proxmox LXC containers.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    context_settings={"help_option_names": ["-h", "--help"]},
+)
+err_console = Console(stderr=True)
+out_console = Console()
+
+
+class State:
+    """Options given before the command (``orch -c hosts.yaml status``)."""
+
+    config: Path | None = None
+    verbose: int = 0
+
+
+state = State()
+
+
+def _version(value: bool) -> None:
+    if value:
+        print(f"orch {__version__}")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _root(
+    config: Path | None = typer.Option(
+        None,
+        "-c",
+        "--config",
+        help="hosts.yaml to use (else $ORCH_CONFIG, ./hosts.yaml, ~/.config/orch/hosts.yaml).",
+        envvar=None,
+    ),
+    verbose: int = typer.Option(
+        0, "-v", "--verbose", count=True, help="More log output (-vv: debug)."
+    ),
+    version: bool = typer.Option(
+        False, "--version", callback=_version, is_eager=True, help="Print the version and exit."
+    ),
+) -> None:
+    state.config = config
+    state.verbose = verbose
+    logging.basicConfig(
+        level=logging.WARNING - 10 * min(verbose, 2),
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+
+
+def print_json(data: Any) -> None:
+    """Machine output: one JSON document on stdout."""
+    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    sys.stdout.flush()
+
+
+def load_inventory():  # type: ignore[no-untyped-def]
+    """The inventory named by ``-c`` / ``$ORCH_CONFIG`` / the lookup order (config.py)."""
+    from orchestrator.config import load_inventory as _load
+
+    return _load(state.config)

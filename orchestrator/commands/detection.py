@@ -1,0 +1,180 @@
+"""Detection commands: ``orch diagnose``, ``orch postmortem`` and ``orch playbook list|show|run``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from orchestrator.commands._app import app, load_inventory, out_console, print_json
+
+playbook_app = typer.Typer(help="List, show and run playbooks (failure signatures, procedures).")
+app.add_typer(playbook_app, name="playbook")
+
+
+@app.command()
+def diagnose(
+    logfile: Path = typer.Argument(
+        ..., help="Any log file (ours or not); streamed, never loaded whole."
+    ),
+    as_json: bool = typer.Option(False, "--json", help='Print {"matches": [...]} best first.'),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
+) -> None:
+    """Match a log against the signature playbooks, offline; best match first.
+
+    Exit codes: 0 whether or not something matched (the answer is the output);
+    2 for an unreadable log or a bad playbook file.
+    """
+    from orchestrator.errors import UsageError
+    from orchestrator.playbooks import format_matches, iter_log_lines, load_playbooks, match_log
+
+    pbs = load_playbooks(playbooks_dir)
+    try:
+        matches = match_log(iter_log_lines(logfile), pbs)
+    except OSError as exc:
+        raise UsageError(f"{logfile}: cannot read: {exc.strerror or exc}") from None
+    if as_json:
+        print_json({"log": str(logfile), "matches": [m.to_dict() for m in matches]})
+    else:
+        print(format_matches(matches, pbs, str(logfile)))
+
+
+@app.command("postmortem")
+def postmortem_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    run_id: str | None = typer.Option(None, "--run", help="Run id (default: runs/current)."),
+    out: Path | None = typer.Option(
+        None, "--out", help="Bundle directory (default: <state>/postmortems/<target>-<run>-<ts>/)."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"verdict": {...}, "findings": [...], "bundle": DIR}.'
+    ),
+) -> None:
+    """Explain a run: evidence, detectors and playbooks, a verdict, and a bundle directory.
+
+    Collects the manifest, exit status, log tail, last pane screen, flight recorder
+    (gpu.jsonl), host kernel log since the launch and pct status; writes them with
+    report.md and report.html to the bundle (0700 dir, 0600 files). Verdict kinds:
+    container-stopped, oom-killer, stopped (orch stop asked), log-signature (with
+    its playbook), crashed, silent-death, ghost-utilization, finished, other
+    findings of a live run, or
+    healthy. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
+    (nothing to explain; the bundle is still written); 2 unknown target or run;
+    3 host or container unreachable; 4 --out exists and is not empty.
+    """
+    from orchestrator import postmortem
+    from orchestrator.views.postmortem import print_verdict
+
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out)
+    if as_json:
+        print_json(pm.to_dict())
+    else:
+        print_verdict(out_console, pm)
+    if not pm.verdict.reached:
+        raise typer.Exit(1)
+
+
+@playbook_app.command("list")
+def playbook_list(
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list."),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
+) -> None:
+    """List playbooks: id, kind, severity, title. Exit 0; 2 for a bad playbook file."""
+    from orchestrator.playbooks import load_playbooks
+
+    pbs = load_playbooks(playbooks_dir)
+    if as_json:
+        print_json(
+            [
+                {"id": p.id, "kind": p.kind, "severity": str(p.severity), "title": p.title}
+                for p in pbs
+            ]
+        )
+        return
+    width = max(len(p.id) for p in pbs)
+    for p in pbs:
+        print(f"{p.id:<{width}}  {p.kind:<9}  {str(p.severity):<8}  {p.title}")
+
+
+@playbook_app.command("show")
+def playbook_show(
+    playbook_id: str = typer.Argument(..., metavar="ID", help="Playbook id (orch playbook list)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the playbook as JSON."),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
+) -> None:
+    """Show one playbook: match rules, diagnosis, remedy, steps. Exit 0; 2 for an unknown id."""
+    from orchestrator.playbooks import get_playbook, load_playbooks
+
+    pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
+    if as_json:
+        print_json(pb.to_dict())
+        return
+    print(f"{pb.id}: {pb.title}  [{pb.kind}, {pb.severity}]")
+    for label, items in (("log", pb.log), ("findings", pb.findings), ("exit codes", pb.exit_codes)):
+        if items:
+            print(f"  match {label}: " + "  |  ".join(str(i) for i in items))
+    print("\n" + pb.diagnosis.strip())
+    if pb.remedy:
+        print("\nRemedy:\n" + "\n".join(f"  - {r}" for r in pb.remedy))
+    for i, s in enumerate(pb.steps, 1):
+        what = f"action {s.action}" if s.action else " ".join(s.argv or ())
+        print(f"  {i}. {s.name}{' (per GPU)' if s.foreach else ''}: {what}")
+    if pb.references:
+        print("\nReferences:\n" + "\n".join(f"  {r}" for r in pb.references))
+
+
+@playbook_app.command("run")
+def playbook_run(
+    playbook_id: str = typer.Argument(..., metavar="ID", help="A procedure playbook id."),
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    yes: bool = typer.Option(False, "--yes", help="Act; without it only print the exact steps."),
+    force: bool = typer.Option(
+        False, "--force", help="With --yes: archive (rename aside) what a step would overwrite."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help="Print the plan (dry run) or the step results as JSON."
+    ),
+    playbooks_dir: Path | None = typer.Option(
+        None, "--playbooks", help="Playbook directory (default: bundled)."
+    ),
+) -> None:
+    """Run a procedure on TARGET: dry run by default (prints every exact command), --yes to act.
+
+    --yes is consent to every printed step, including stopping the live run (SIGINT,
+    log and exit status kept). A step that would overwrite an existing path (e.g.
+    clean-env's venv) is refused unless --force, which renames it aside; nothing is
+    ever deleted. Exit codes: 0 done (or dry run printed); 1 a step failed (earlier
+    steps stay done); 2 unknown id or target, or not a procedure; 3 unreachable;
+    4 refused (an existing path without --force, or the relaunch preflight refused).
+    """
+    from orchestrator.playbooks import get_playbook, load_playbooks
+    from orchestrator.procedures import (
+        format_plan,
+        plan_procedure,
+        procedure_context,
+        run_procedure,
+    )
+
+    pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
+    inventory = load_inventory()
+    steps = plan_procedure(pb, procedure_context(inventory.container(target)))
+    if not yes:
+        if as_json:
+            print_json({"playbook": pb.id, "target": target, "dry_run": True,
+                        "steps": [s.to_dict() for s in steps]})  # fmt: skip
+        else:
+            print(format_plan(pb.id, target, steps))
+        return
+    results = run_procedure(
+        steps, inventory, target, force=force, echo=(lambda _line: None) if as_json else print
+    )
+    if as_json:
+        print_json({"playbook": pb.id, "target": target, "dry_run": False, "steps": results})
+    else:
+        print(f"{pb.id} on {target}: all {len(steps)} steps done")

@@ -1,0 +1,205 @@
+"""Foundation commands: ``orch hosts``, ``orch trust`` and ``orch sandbox up|down|status|scenario``."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import typer
+
+from orchestrator.commands._app import app, err_console, load_inventory, out_console, print_json
+
+
+@app.command("hosts")
+def hosts_cmd(
+    as_json: bool = typer.Option(
+        False, "--json", help="Print one JSON document instead of tables."
+    ),
+) -> None:
+    """List the hosts and containers of the inventory (hosts.yaml, validated).
+
+    Exit codes: 0 listed; 2 hosts.yaml is malformed (one line naming file:line and key).
+    Env values whose names look secret are masked in --json output.
+    """
+    from orchestrator.config import config_search_paths, inventory_summary
+
+    summary = inventory_summary(load_inventory())
+    if as_json:
+        print_json(summary)
+        return
+    from rich.table import Table
+    from rich.text import Text
+
+    if summary["config"] is None:
+        looked = ", ".join(str(p) for p in config_search_paths())
+        err_console.print(
+            Text(
+                f"no hosts.yaml found ($ORCH_CONFIG, {looked}); showing the built-in local target"
+            ),
+            soft_wrap=True,
+        )
+    hosts = Table("host", "address", "user", title=Text(f"hosts ({summary['config']})"))
+    for h in summary["hosts"]:
+        hosts.add_row(Text(h["name"]), Text(f"{h['address']}:{h['port']}"), Text(h["user"]))
+    from orchestrator.config_reader import gpu_ranges
+
+    cts = Table("container", "host", "address", "vmid", "session", "gpus")
+    cts.add_column("workdir", overflow="fold")
+    for c in summary["containers"]:
+        gpus = " ".join(f"{role}:{gpu_ranges(ids)}" for role, ids in c["gpus"].items())
+        cells = (c["name"], c["host"], c["address"], c["vmid"] or "-", c["session"], gpus or "-")
+        cts.add_row(*(Text(str(v)) for v in cells), Text(c["workdir"]))
+    if summary["hosts"]:
+        out_console.print(hosts)
+    out_console.print(cts)
+
+
+@app.command("trust")
+def trust_cmd(
+    host: str = typer.Argument(..., help="Host name from hosts.yaml."),
+    yes: bool = typer.Option(False, "--yes", "-y", help="Record the key without asking."),
+    as_json: bool = typer.Option(False, "--json", help="Print the key and outcome as JSON."),
+) -> None:
+    """Show HOST's SSH host key fingerprint and record it in its known_hosts on confirmation.
+
+    Compare the fingerprint with the host's own (`ssh-keygen -lf /etc/ssh/ssh_host_ed25519_key.pub`
+    on its console) before accepting. A key already recorded is left as is; a CHANGED key is
+    refused until you remove the old known_hosts line yourself.
+
+    Exit codes: 0 recorded or already known; 1 not confirmed; 2 no such host;
+    3 unreachable, or the key changed (possible man-in-the-middle).
+    """
+    from orchestrator.errors import UsageError
+    from orchestrator.transport import trust
+
+    inventory = load_inventory()
+    if host not in inventory.hosts:
+        known = ", ".join(sorted(inventory.hosts)) or "none"
+        raise UsageError(f"no host named {host!r} in the inventory (known: {known})")
+    scanned = trust.scan(inventory.hosts[host])
+    outcome = scanned.status
+    if scanned.status == trust.UNKNOWN:
+        sys.stderr.write(
+            f"{host} ({scanned.address}:{scanned.port}) presents a {scanned.key_type} key\n"
+            f"  fingerprint {scanned.fingerprint}\n"
+        )
+        if yes or typer.confirm(f"record it in {scanned.known_hosts}?", err=True):
+            trust.record(scanned)
+            outcome = "added"
+        else:
+            outcome = "declined"
+    elif scanned.status == trust.CHANGED:
+        trust.record(scanned)  # raises HostKeyChanged: refused
+    if as_json:
+        print_json({**scanned.to_dict(), "outcome": outcome})
+    elif outcome == "known":
+        print(f"{host}: key {scanned.fingerprint} is already in {scanned.known_hosts}")
+    elif outcome == "added":
+        print(f"{host}: recorded {scanned.key_type} {scanned.fingerprint} in {scanned.known_hosts}")
+    if outcome == "declined":
+        sys.stderr.write(f"{host}: not recorded\n")
+        raise typer.Exit(1)
+
+
+sandbox_app = typer.Typer(
+    help="A simulated Proxmox host on this machine: real sshd, pct stand-in, fake NVML.",
+    no_args_is_help=True,
+)
+app.add_typer(sandbox_app, name="sandbox")
+_SANDBOX_DIR_HELP = "State directory (default ~/.local/state/orch/sandbox); several can coexist."
+
+
+@sandbox_app.command("up")
+def sandbox_up(
+    state_dir: Path | None = typer.Option(None, "--dir", help=_SANDBOX_DIR_HELP),
+    containers: int = typer.Option(1, "--containers", help="Containers ct200, ct201, ... (1-50)."),
+    gpus: int = typer.Option(8, "--gpus", help="Simulated GPUs (1-64)."),
+    scenario: str = typer.Option(
+        "healthy", "--scenario", help="Bundled scenario name or JSON file."
+    ),
+    as_json: bool = typer.Option(
+        False, "--json", help='Print {"config": ..., "state_dir": ..., ...}.'
+    ),
+) -> None:
+    """Start a sandbox (as the current user) and print its hosts.yaml path.
+
+    Then try: orch -c <config> hosts. Exit codes: 0 running (also when it already ran);
+    1 something failed to start; 2 a needed tool (tmux, sshd, cc) is missing or a flag is bad.
+    """
+    from orchestrator.sandbox import manager
+
+    info = manager.up(state_dir, containers=containers, gpus=gpus, scenario=scenario)
+    if as_json:
+        print_json(info.to_dict())
+        return
+    print(
+        f"sandbox up: sshd on 127.0.0.1:{info.port}, containers {', '.join(info.containers)}, "
+        f"{info.gpus} GPUs, scenario {info.scenario}"
+    )
+    print(f"config: {info.config_path}")
+    print(f"try: orch -c {info.config_path} hosts")
+
+
+@sandbox_app.command("down")
+def sandbox_down(
+    state_dir: Path | None = typer.Option(None, "--dir", help=_SANDBOX_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print what was stopped as JSON."),
+) -> None:
+    """Stop everything the sandbox started (by pid); run logs and the state directory stay.
+
+    Exit codes: 0 stopped (or nothing ran); 1 no sandbox in that directory.
+    """
+    from orchestrator.sandbox import manager
+
+    report = manager.down(state_dir)
+    if as_json:
+        print_json(report)
+        return
+    print(
+        f"sandbox down: sshd {'stopped' if report['sshd'] else 'was not running'}, "
+        f"containers stopped: {', '.join(report['containers']) or 'none'}"
+    )
+
+
+@sandbox_app.command("status")
+def sandbox_status(
+    state_dir: Path | None = typer.Option(None, "--dir", help=_SANDBOX_DIR_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print the status as JSON."),
+) -> None:
+    """Show whether the sandbox runs, its port, scenario and containers.
+
+    Exit codes: 0 running; 1 not running or no sandbox in that directory.
+    """
+    from orchestrator.sandbox import manager
+
+    st = manager.status(state_dir)
+    if as_json:
+        print_json(st)
+    else:
+        print(
+            f"sandbox {st['state_dir']}: {'running' if st['running'] else 'stopped'}, "
+            f"port {st['port']}, scenario {st['scenario']}, {st['gpus']} GPUs"
+        )
+        for c in st["containers"]:
+            print(
+                f"  {c['name']} (vmid {c['vmid']}): {c['status']}, {c['processes']} processes, "
+                f"workdir {c['workdir']}"
+            )
+    if not st["running"]:
+        raise typer.Exit(1)
+
+
+@sandbox_app.command("scenario")
+def sandbox_scenario(
+    name: str = typer.Argument(
+        ..., help="healthy, idle, ghost, driver-mismatch, gpu-lost, gpu-hang, ... or a JSON file."
+    ),
+    state_dir: Path | None = typer.Option(None, "--dir", help=_SANDBOX_DIR_HELP),
+) -> None:
+    """Switch the GPU scenario of a sandbox while things run (atomic; NVML re-reads it per call).
+
+    Exit codes: 0 switched; 1 no sandbox there; 2 unknown scenario.
+    """
+    from orchestrator.sandbox import manager
+
+    print(f"scenario: {manager.set_scenario(state_dir, name)}")

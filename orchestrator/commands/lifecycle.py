@@ -1,0 +1,220 @@
+"""Run lifecycle commands: ``orch launch``, ``stop``, ``logs``, ``status``, ``runs``, ``attach``."""
+
+from __future__ import annotations
+
+import sys
+
+import typer
+
+from orchestrator.commands._app import app, err_console, load_inventory, out_console, print_json
+
+
+@app.command("launch")
+def launch_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    trainer_args: list[str] | None = typer.Argument(
+        None,
+        metavar="TRAINER_ARGS",
+        help="After --: extra arguments for the bundled trainer, each quoted, after orch's "
+        "--config/--run-dir (e.g. -- --steps 100 --fault crash@4; --config NAME|PATH "
+        "replaces the default config). Not with --cmd or a hosts.yaml command.",
+        show_default=False,
+    ),
+    cmd: str | None = typer.Option(
+        None,
+        "--cmd",
+        help="Shell command to run (default: the container's command, else the bundled trainer).",
+    ),
+    gpus: str | None = typer.Option(
+        None, "--gpus", help="GPUs to use, e.g. 0-7 or 0,2 (default: the container's assignment)."
+    ),
+    env: list[str] = typer.Option([], "--env", metavar="K=V", help="Extra variable (repeatable)."),
+    name: str | None = typer.Option(
+        None, "--name", help="Suffix of the run id (YYYYmmdd-HHMMSS-NAME)."
+    ),
+    force: bool = typer.Option(
+        False,
+        "--force",
+        help="Stop a live session of the same name first (gracefully; its run directory is kept).",
+    ),
+    grace: float = typer.Option(60.0, "--grace", help="Seconds --force gives the old run."),
+    no_verify: bool = typer.Option(False, "--no-verify", help="Return once started."),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON result document."),
+) -> None:
+    """Start a run in the container's tmux session and verify it came up.
+
+    Without a command the bundled trainer runs, with hosts.yaml's
+    trainer_config, else dflash-8gpu when GPUs are assigned (refused where
+    torch sees fewer than 8 CUDA devices), else tiny-cpu. Extra trainer
+    arguments follow --: orch launch ct200 -- --steps 100 --fault crash@4
+
+    Exit codes: 0 verified; 1 the run died during startup (exit status, last log
+    lines and diagnosis are printed) or stayed silent; 2 bad arguments; 3
+    unreachable; 4 refused by preflight (live session, busy GPUs, disk, missing
+    modules, too few CUDA devices for the config): nothing started.
+    """
+    from orchestrator import launch
+    from orchestrator.views.launch import PhaseProgress, launch_summary
+
+    inventory = load_inventory()
+    progress = None if as_json else PhaseProgress(err_console)
+    try:
+        result = launch.launch(
+            inventory,
+            target,
+            cmd=cmd,
+            gpus=gpus,
+            env=env,
+            run_name=name,
+            force=force,
+            verify=not no_verify,
+            grace_s=grace,
+            on_phase=progress,
+            trainer_args=trainer_args or (),
+        )
+    except launch.RunDied as exc:
+        if as_json:
+            print_json(
+                {
+                    "ok": False,
+                    "error": "run-died",
+                    "message": str(exc),
+                    "exit_status": exc.exit_status,
+                    "log_tail": exc.log_tail,
+                    "diagnosis": exc.diagnosis,
+                    "state": exc.state,
+                }
+            )
+            raise typer.Exit(exc.exit_code) from None
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        launch_summary(out_console, result.to_dict())
+
+
+@app.command("stop")
+def stop_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    grace: float = typer.Option(
+        60.0, "--grace", help="Seconds from SIGINT to SIGKILL (SIGTERM at half)."
+    ),
+    run_id: str | None = typer.Option(None, "--run", help="Run id (default: the current run)."),
+    as_json: bool = typer.Option(False, "--json", help="Print the outcome as JSON."),
+) -> None:
+    """Stop the run: SIGINT, then SIGTERM, then SIGKILL after --grace; idempotent.
+
+    The tmux session and the run directory stay for the postmortem. Exit codes:
+    0 stopped or already not running; 3 unreachable.
+    """
+    from orchestrator import launch
+
+    doc = launch.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
+    if as_json:
+        print_json(doc)
+    elif doc.get("stopped"):
+        out_console.print(
+            f"stopped run {doc['run_id']} with {', '.join(doc['signals']) or 'no signal'} "
+            f"in {doc['elapsed_s']:.1f} s: exit status {doc['exit_status']}",
+            highlight=False,
+        )
+    else:
+        code = doc.get("exit_status")
+        state = f"exited {code}" if code is not None else doc.get("state")
+        out_console.print(
+            f"run {doc['run_id']} is not running ({state}); nothing to stop", highlight=False
+        )
+
+
+@app.command("logs")
+def logs_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    follow: bool = typer.Option(
+        False,
+        "-f",
+        "--follow",
+        help="Keep printing new lines (by byte offset) until the run ends or Ctrl-C.",
+    ),
+    lines: int = typer.Option(50, "-n", "--lines", help="Lines from the end to show first."),
+    run_id: str | None = typer.Option(None, "--run", help="Run id (default: the current run)."),
+) -> None:
+    """Show the end of the run's log (train.log), read from the end; -f follows it.
+
+    Exit codes: 0 done; 2 no such run; 3 unreachable.
+    """
+    from orchestrator import launch
+
+    inventory = load_inventory()
+    if not follow:
+        doc = launch.logs(inventory, target, lines=lines, run_id=run_id)
+        for line in doc.get("lines", []):
+            sys.stdout.write(line + "\n")
+        return
+    for chunk in launch.follow_logs(inventory, target, lines=lines, run_id=run_id):
+        if chunk.get("truncated"):
+            err_console.print("[yellow]log truncated; reading from the start[/]")
+        for line in chunk.get("lines", []):
+            sys.stdout.write(line + "\n")
+        sys.stdout.flush()
+        if chunk.get("end"):
+            code = (chunk.get("state") or {}).get("exit_status")
+            err_console.print(f"[dim]run ended: exit status {code}[/]", highlight=False)
+
+
+@app.command("status")
+def status_cmd(
+    targets: list[str] = typer.Argument(None, help="Container names (default: all in hosts.yaml)."),
+    as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per target."),
+) -> None:
+    """One table of every target, queried concurrently: reachable, container, session, run,
+    age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
+    """
+    from orchestrator import launch
+    from orchestrator.views.launch import status_table
+
+    inventory = load_inventory()
+    names = list(targets or [n for n in inventory.containers if n != "local"] or ["local"])
+    for n in names:
+        inventory.container(n)
+    rows = launch.status(inventory, names)
+    if as_json:
+        print_json(rows)
+    else:
+        out_console.print(status_table(rows))
+
+
+@app.command("runs")
+def runs_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
+) -> None:
+    """The runs in the container's workdir: running, exited N or vanished, and log sizes."""
+    from orchestrator import launch
+    from orchestrator.views.launch import runs_table
+
+    doc = launch.runs(load_inventory(), target)
+    if as_json:
+        print_json(doc)
+    else:
+        out_console.print(runs_table(doc))
+
+
+@app.command("attach")
+def attach_cmd(
+    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    print_only: bool = typer.Option(False, "--print", help="Only print the command."),
+) -> int:
+    """Attach to the run's tmux session (ssh -t, pct exec, tmux attach); detach with C-b d."""
+    import subprocess
+
+    from orchestrator import launch
+    from orchestrator.transport.quoting import command_line
+
+    argv = launch.attach_argv(load_inventory(), target)
+    if print_only:
+        print(command_line(argv))
+        return 0
+    return subprocess.call(argv)

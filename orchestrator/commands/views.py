@@ -1,0 +1,165 @@
+"""View commands: ``orch watch`` (live), ``orch check`` (exit codes, alerts), ``orch export``."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.errors import OrchError
+
+
+@app.command("watch")
+def watch_cmd(
+    targets: list[str] = typer.Argument(
+        None, help="Containers to watch (default: all); one name opens its detail view."
+    ),
+    interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between snapshots."),
+    plain: bool = typer.Option(
+        False,
+        "--plain",
+        help="One line per change instead of the full-screen view (automatic when stdout is not a terminal).",
+    ),
+) -> None:
+    """Live dashboard of every target: state, run, step, tokens/s, GPUs by role, findings.
+
+    Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
+    pane tail), Esc goes back. Exit code 0 on q or Ctrl-C.
+    """
+    from orchestrator.views.watch import watch
+
+    raise typer.Exit(
+        watch(
+            load_inventory(), targets or [], interval_s=interval, plain=plain, console=out_console
+        )
+    )
+
+
+@app.command("check")
+def check_cmd(
+    targets: list[str] = typer.Argument(
+        None, help="Containers to check (default: all in hosts.yaml)."
+    ),
+    as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of lines."),
+    notify: str | None = typer.Option(
+        None,
+        "--notify",
+        metavar="URL",
+        envvar="ORCH_WEBHOOK",
+        show_envvar=True,
+        help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps.",
+    ),
+    notify_cmd: str | None = typer.Option(
+        None,
+        "--notify-cmd",
+        metavar="CMD",
+        help="Command run with the alert JSON on stdin (split like a shell would, run without one).",
+    ),
+    renotify: float = typer.Option(
+        4.0,
+        "--renotify",
+        metavar="HOURS",
+        help="Repeat an alert still active after this many hours.",
+    ),
+    db: Path | None = typer.Option(
+        None, "--db", help="History database (default $ORCH_DB or ~/.local/state/orch/orch.db)."
+    ),
+    timeout: float = typer.Option(
+        30.0,
+        "--timeout",
+        metavar="S",
+        help="Seconds a target may take to answer before it counts as unreachable.",
+    ),
+    jobs: int = typer.Option(
+        32, "--jobs", min=1, help="Targets snapshotted at once (1 = strictly sequential)."
+    ),
+    critical: list[str] = typer.Option(
+        [],
+        "--critical",
+        metavar="KIND",
+        help="Finding kind to page for as CRITICAL even when a detector rates it a warning (repeatable; default: none).",
+    ),
+) -> None:
+    """One health check of every target, for cron and Nagios.
+
+    Exit codes: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (no target answered, or the
+    check could not run). One line per problem; alerts are deduplicated through the
+    history database (new, changed severity, repeat after --renotify hours, recovery).
+    """
+    import shlex
+
+    from orchestrator.views import check
+
+    opts = check.CheckOptions(
+        names=targets or [],
+        db_path=db,
+        timeout_s=timeout,
+        workers=jobs,
+        renotify_h=renotify,
+        webhook_url=notify,
+        notify_cmd=shlex.split(notify_cmd) if notify_cmd else None,
+        critical_kinds=[k for k in critical if k != "none"],
+    )
+    try:  # a check that cannot run is UNKNOWN (3) to Nagios, whatever the cause
+        inventory = load_inventory()
+        report = check.run_check(inventory, opts)
+    except OrchError as exc:
+        if as_json:
+            print_json({"status": "UNKNOWN", "targets": [], "problems": [str(exc)]})
+        else:
+            print(f"ORCH UNKNOWN - {exc}")
+        raise typer.Exit(check.UNKNOWN) from None
+    containers = [inventory.container(r.name) for r in report.targets]
+    if as_json:
+        print_json(check.redact_report(check.to_json(report), containers))
+    else:
+        text = "\n".join(check.lines(report, check.playbook_titles()))
+        print(check.redact_report(text, containers), flush=True)
+    raise typer.Exit(report.status)
+
+
+@app.command("export")
+def export_cmd(
+    targets: list[str] = typer.Argument(None, help="Containers to export (default: all)."),
+    listen: str | None = typer.Option(
+        None, "--listen", metavar="HOST:PORT", help="Serve /metrics here, e.g. 127.0.0.1:9400."
+    ),
+    textfile: Path | None = typer.Option(
+        None,
+        "--textfile",
+        metavar="PATH",
+        help="Write node_exporter textfile metrics here (atomically).",
+    ),
+    interval: float | None = typer.Option(
+        None,
+        "--interval",
+        metavar="S",
+        help="Seconds between polls (default 15 with --listen; with --textfile alone: write once and exit).",
+    ),
+    timeout: float = typer.Option(
+        30.0, "--timeout", metavar="S", help="Seconds a target may take to answer."
+    ),
+) -> None:
+    """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges."""
+    from orchestrator.errors import UsageError
+    from orchestrator.views import export
+    from orchestrator.views.check import select_targets
+
+    if not listen and not textfile:
+        raise UsageError("orch export needs --listen HOST:PORT or --textfile PATH")
+    if listen:
+        try:
+            export.parse_listen(listen)
+        except ValueError as exc:
+            raise UsageError(str(exc)) from None
+    inventory = load_inventory()
+    poller = export.Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout)
+    try:
+        export.serve(
+            poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval
+        )
+    except KeyboardInterrupt:
+        pass
+    except OSError as exc:
+        raise UsageError(f"orch export: {exc}") from None
