@@ -322,12 +322,13 @@ def _place_tail(
     at = next(
         (i for i, s in enumerate(samples) if log_mtime is None or s.taken_at >= log_mtime), None
     )
-    if at is None or samples[at].run is None:
+    run = samples[at].run if at is not None else None
+    if at is None or run is None:
         return [*samples, final]
     assert final.run is not None
     out = list(samples)
     read = dataclasses.replace(  # the read reached the log's end, as the final state's did
-        samples[at].run,
+        run,
         new_log_lines=lines,
         log_offset=final.run.log_offset,
         log_size_bytes=final.run.log_size_bytes,
