@@ -1,6 +1,6 @@
 """How fast ``orch diagnose`` streams a log: lines/s and MB/s over a synthetic training log.
 
-Usage: python bench/bench_diagnose.py [--lines N] [--json]
+Usage: python bench/diagnose.py [--lines N] [--json]
 Prints the figures, then ONE JSON object as the last line.
 """
 
