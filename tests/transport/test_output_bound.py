@@ -4,7 +4,6 @@ in memory, ends (its side never blocks on a full pipe or window), and is reporte
 
 from __future__ import annotations
 
-import os
 import time
 import tracemalloc
 from collections.abc import Iterator
@@ -14,6 +13,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from orchestrator.agent.procs import alive
 from orchestrator.errors import OutputTooLarge
 from orchestrator.transport.base import Transport
 from orchestrator.transport.local import LineBuffer, LineTooLong, LocalTransport
@@ -30,14 +30,6 @@ def transport(request: pytest.FixtureRequest) -> Iterator[Transport]:
         yield LocalTransport()
     else:
         yield request.getfixturevalue("ssh")
-
-
-def alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}/stat").read_text().split()[2] != "Z"
 
 
 def flood(pid_file: Path, size_mib: int = HUGE_MIB, tail: str = "") -> list[str]:
