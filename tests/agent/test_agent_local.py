@@ -14,7 +14,7 @@ import pytest
 
 from orchestrator import deploy
 from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
-from orchestrator.agent.procs import zombie_exit
+from orchestrator.agent.procs import alive, zombie_exit
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.errors import AgentError, AgentProtocolError
 from orchestrator.target import Target
@@ -272,14 +272,7 @@ def test_stream_agent_exits_when_its_reader_vanishes(agent_env: AgentEnv) -> Non
         pids = wait_for(lambda: _agent_pids(agent_env.workdir), timeout_s=15, what="agent start")
         # head exits after one byte: the pipe's reader is gone while the agent sleeps 60 s
         wait_for(
-            lambda: (
-                not any(
-                    os.path.exists(f"/proc/{p}")
-                    and b"Z" not in Path(f"/proc/{p}/stat").read_bytes().split(b") ")[-1][:1]
-                    for p in pids
-                    if os.path.exists(f"/proc/{p}")
-                )
-            ),
+            lambda: not any(alive(p) for p in pids),
             timeout_s=10,
             what="agent exit after reader hang-up",
         )
