@@ -437,8 +437,19 @@ def _remedy(pbs: Sequence[Playbook], pid: str | None) -> tuple[str, ...]:
 
 
 def _what(ev: Evidence) -> str:
-    cmd = " ".join(ev.manifest.command.split()) if ev.manifest else None
-    short = (cmd[:80] + "...") if cmd and len(cmd) > 80 else cmd
+    """``run ID (command)``, the command without its leading ``env K=V`` words, cut at 80.
+
+    >>> m = RunManifest("r1", "env PYTHONPATH=/x/.orch/trainer-1 python3 -m trainer", "/w", "t", 0.0)
+    >>> _what(Evidence("ct200", 0.0, run_id="r1", manifest=m))
+    'run r1 (python3 -m trainer)'
+    """
+    words = ev.manifest.command.split() if ev.manifest else []
+    if words[:1] == ["env"]:
+        words = words[1:]
+        while words and "=" in words[0] and not words[0].startswith("-"):
+            words = words[1:]
+    cmd = " ".join(words)
+    short = (cmd[:80] + "...") if len(cmd) > 80 else cmd
     return f"run {ev.run_id or '?'}" + (f" ({short})" if short else "")
 
 
