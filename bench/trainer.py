@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import io
 import json
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -52,7 +53,7 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--config", default=str(ROOT / "trainer/configs/tiny-cpu.yaml"))
     p.add_argument("--steps", type=int, default=60, help="steps per measured run")
-    p.add_argument("--repeats", type=int, default=2, help="runs per loop; the best is reported")
+    p.add_argument("--repeats", type=int, default=3, help="runs per loop; the median is reported")
     p.add_argument(
         "--set", dest="overrides", action="append", default=[], metavar="SECTION.KEY=VALUE"
     )
@@ -71,10 +72,14 @@ def main(argv: list[str] | None = None) -> int:
     for _ in range(args.repeats):  # interleaved so a noisy neighbour hits both loops alike
         pipelined.append(measure(args.config, args.overrides, args.steps, False, args.compile))
         plain.append(measure(args.config, args.overrides, args.steps, True, args.compile))
-    best_pipe, best_plain = max(pipelined), max(plain)
+    best_pipe, best_plain = statistics.median(pipelined), statistics.median(plain)
     ratio = best_pipe / best_plain if best_plain else 0.0
-    print(f"pipelined: {best_pipe:.0f} tok/s  (runs: {', '.join(f'{x:.0f}' for x in pipelined)})")
-    print(f"plain:     {best_plain:.0f} tok/s  (runs: {', '.join(f'{x:.0f}' for x in plain)})")
+    print(
+        f"pipelined: {best_pipe:.0f} tok/s median  (runs: {', '.join(f'{x:.0f}' for x in pipelined)})"
+    )
+    print(
+        f"plain:     {best_plain:.0f} tok/s median  (runs: {', '.join(f'{x:.0f}' for x in plain)})"
+    )
     print(f"ratio pipelined/plain: {ratio:.2f}x")
     if not torch.cuda.is_available():
         print(f"no GPU here; on a GPU machine run: {GPU_COMMAND}")
