@@ -12,7 +12,6 @@ import json
 from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.cli import run
 from tests.helpers import wait_for
@@ -27,16 +26,14 @@ TICKER = (
 
 
 @pytest.fixture(scope="module")
-def config(sandbox: object, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    doc = yaml.safe_load(Path(sandbox.config_path).read_text())  # type: ignore[attr-defined]
-    for ct in doc["containers"].values():
-        ct["session"] = SESSION
-        ct["gpus"] = {"drafter": [6, 7]}
-        ct["trainer_config"] = "tiny-cpu"
-        ct["env"] = {"TORCHINDUCTOR_CACHE_DIR": f"{ct['workdir']}/inductor-cache"}
-    path = tmp_path_factory.mktemp("procedures") / "hosts.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return path
+def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
+    """The sandbox's hosts.yaml with our session, two drafter GPUs and a private compile cache."""
+    return sandbox_config(
+        SESSION,
+        gpus={"drafter": [6, 7]},
+        trainer_config="tiny-cpu",
+        env=lambda ct: {"TORCHINDUCTOR_CACHE_DIR": f"{ct['workdir']}/inductor-cache"},
+    )
 
 
 @pytest.fixture
