@@ -43,29 +43,35 @@ CONTAINER = "ct200"
 FAULTS = ("kill", "ghost", "both")
 TORCH_INSTALL = "python3 -m pip install torch --index-url https://download.pytorch.org/whl/cpu"
 
-# Runs in the container: SIGKILL to the trainer's python in the run's process group (the
-# wrapper wrote `pgid`); tee, the wrapper and the flight recorder are left alone.
-_KILL_TRAINER = r"""
+# Runs in the container: SIGKILL to the run's process group as the wrapper recorded it (`pgid`:
+# the command and its tee; the wrapper outside the group records exit status 137). Exit 3 and
+# the exit status when the run had already ended: there is nothing left to kill.
+_KILL_RUN = r"""
 import os, signal, sys
 run_dir = sys.argv[1]
-pgid = int(open(os.path.join(run_dir, 'pgid')).read().split()[0])
-killed = []
-for pid in os.listdir('/proc'):
-    if not pid.isdigit():
-        continue
+def read(name):
     try:
-        with open('/proc/%s/stat' % pid) as fh:
-            stat = fh.read()
-        with open('/proc/%s/cmdline' % pid, 'rb') as fh:
-            argv = fh.read().split(b'\0')
+        with open(os.path.join(run_dir, name)) as fh:
+            return fh.read().strip()
     except OSError:
-        continue
-    if int(stat.rsplit(')', 1)[1].split()[2]) == pgid and b'trainer' in argv[:4]:
-        os.kill(int(pid), signal.SIGKILL)
-        killed.append(pid)
-print(' '.join(killed))
-sys.exit(0 if killed else 1)
+        return ''
+status = read('exit_status')
+if status:
+    print('exit status ' + status)
+    sys.exit(3)
+pgid = int(read('pgid') or 0)
+if pgid <= 1:
+    print('no process group recorded in ' + run_dir)
+    sys.exit(1)
+try:
+    os.killpg(pgid, signal.SIGKILL)
+except ProcessLookupError:
+    print('process group %d is gone and no exit status was written' % pgid)
+    sys.exit(3)
+print(pgid)
 """
+KILL_ENDED = 3
+"""``_KILL_RUN``'s exit status when the run had already ended."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -206,19 +212,29 @@ def expected_kinds(fault: str) -> tuple[frozenset[str], ...]:
     return {"ghost": (ghost,), "kill": (killed,), "both": (ghost, killed)}[fault]
 
 
-def write_demo_config(state_dir: Path) -> Path:
-    """``demo.yaml``: the sandbox's hosts.yaml with ``trainer_config: tiny-cpu`` on ct200."""
+def write_demo_config(state_dir: Path, trainer_config: str = "tiny-cpu") -> Path:
+    """``demo.yaml``: the sandbox's hosts.yaml with ``trainer_config`` (a bundled config) on
+    ct200."""
     import yaml
 
     doc = yaml.safe_load((state_dir / "hosts.yaml").read_text())
-    doc["containers"][CONTAINER]["trainer_config"] = "tiny-cpu"
+    doc["containers"][CONTAINER]["trainer_config"] = trainer_config
     doc.setdefault("defaults", {})["poll_interval"] = 1
     path = state_dir / "demo.yaml"
-    head = (
-        f"# Written by `orch demo`: the sandbox in {state_dir}, tiny CPU trainer on {CONTAINER}.\n"
-    )
+    head = f"# Written by `orch demo`: the sandbox in {state_dir}, trainer {trainer_config} on {CONTAINER}.\n"
     path.write_text(head + yaml.safe_dump(doc, sort_keys=False, width=120))
     return path
+
+
+def bundled_trainer_configs() -> list[str]:
+    """The names of the trainer's bundled configs (``trainer/configs/*.yaml``), sorted.
+
+    >>> {"tiny-cpu", "instant-cpu"} <= set(bundled_trainer_configs())
+    True
+    """
+    from orchestrator.launch import trainer_root
+
+    return sorted(p.stem for p in (trainer_root() / "configs").glob("*.yaml"))
 
 
 class _Clock:
@@ -250,8 +266,12 @@ def run_demo(
     watch_s: float = 5.0,
     detect_timeout_s: float = 30.0,
     interactive: bool = False,
+    trainer_config: str = "tiny-cpu",
 ) -> DemoResult:
     """Run the demo (module doc). ``interactive`` asks before the fault and before teardown.
+
+    ``trainer_config`` names a bundled trainer config (``tiny-cpu``; ``instant-cpu`` steps in
+    about a millisecond); the run trains until the demo ends it, whatever the config's speed.
 
     Raises:
         DemoMissing: a requirement is missing (nothing was started).
@@ -262,6 +282,10 @@ def run_demo(
     """
     if fault not in FAULTS:
         raise UsageError(f"--fault must be one of {', '.join(FAULTS)}, got {fault!r}")
+    configs = bundled_trainer_configs()
+    if trainer_config not in configs:
+        raise UsageError(f"--trainer-config must be a bundled config ({', '.join(configs)}), "
+                         f"got {trainer_config!r}")  # fmt: skip
     from orchestrator.sandbox import manager
 
     t0 = time.monotonic()
@@ -286,7 +310,7 @@ def run_demo(
             nonlocal up
             info = manager.up(state, containers=1, gpus=8, scenario="idle")
             up = True
-            write_demo_config(state)
+            write_demo_config(state, trainer_config)
             return (f"1 container ({CONTAINER}), {info.gpus} simulated GPUs, "
                     f"sshd on 127.0.0.1:{info.port}, state in {state}")  # fmt: skip
 
@@ -322,18 +346,25 @@ def _loop(
     detect_timeout_s: float,
     interactive: bool,
 ) -> None:
+    """Launch, watch, fault, detect, postmortem: each step waits for a state under a deadline.
+
+    The run trains ``--forever``, so its end is the demo's doing (the kill, or ``orch stop``
+    at the end), never the machine's speed. A run that ended on its own before the kill is
+    said so, and the demo goes on to the postmortem of what happened.
+    """
     from orchestrator import launch
     from orchestrator.config import load_inventory
     from orchestrator.detect.engine import run_detectors
     from orchestrator.sandbox import manager
     from orchestrator.target import Target
-    from orchestrator.views.state import roles_by_gpu
+    from orchestrator.views.state import roles_by_gpu, stepped
 
     inv = load_inventory(result.config_path)
     cfg = inv.container(CONTAINER)
     roles = roles_by_gpu(cfg.gpus)
     history: list[Snapshot] = []
     lock = threading.Lock()
+    ended: list[str] = []  # how the run ended, when it ended before the demo killed it
 
     def findings() -> list[Finding]:
         with lock:
@@ -341,20 +372,50 @@ def _loop(
         return run_detectors(hist, limits=cfg.limits, roles=roles) if hist else []
 
     def launched() -> str:
-        res = launch.launch(inv, CONTAINER, run_name="demo", on_phase=ui.phase)
+        res = launch.launch(inv, CONTAINER, run_name="demo", on_phase=ui.phase,
+                            trainer_args=["--forever"])  # fmt: skip
         result.run_id = res.run_id
         return f"run {res.run_id} verified alive in tmux session {res.session!r}"
 
-    clock.run("launch", f"bundled trainer (tiny-cpu) in {CONTAINER} via ssh + pct exec", launched)
+    clock.run("launch", f"bundled trainer ({cfg.trainer_config}) in {CONTAINER} via ssh + "
+              "pct exec, training until the demo ends it", launched)  # fmt: skip
 
     def keep_all(snap: Snapshot) -> bool:
         with lock:
             history.append(snap)
         return False
 
-    clock.run("watch", f"orch watch {CONTAINER} for {watch_s:g} s", lambda: ui.watch(
-        inv, CONTAINER, seconds=watch_s, on_snapshot=keep_all))  # fmt: skip
+    def note_end(snap: Snapshot) -> bool:
+        run = snap.run
+        if run is None or run.run_id != result.run_id or run.exit_status is None:
+            return False
+        if not ended:
+            ended.append(f"exit status {run.exit_status}")
+        return True
+
+    first_step: list[float] = []
+
+    def training(snap: Snapshot) -> bool:
+        keep_all(snap)
+        if note_end(snap):
+            return True
+        if not first_step and snap.run is not None and stepped(snap):
+            first_step.append(time.monotonic())
+        return bool(first_step) and time.monotonic() - first_step[0] >= watch_s
+
+    def watched() -> str:
+        deadline_s = watch_s + detect_timeout_s
+        ui.watch(inv, CONTAINER, seconds=deadline_s, on_snapshot=training)
+        if ended:
+            return f"the run ended on its own ({ended[0]})"
+        if not first_step:
+            raise DemoFailed(f"the run showed no training step within {deadline_s:g} s; "
+                             f"orch -c {result.config_path} logs {CONTAINER} shows why")  # fmt: skip
+        return f"the run is training ({watch_s:g} s shown after its first step)"
+
+    clock.run("watch", f"orch watch {CONTAINER} until the run trains, then {watch_s:g} s", watched)
     if interactive and not ui.ask("Inject the fault now?"):
+        _stop_run(launch, inv, result, ui)
         return
     target = Target(inv, CONTAINER)
     stages = expected_kinds(fault)
@@ -365,14 +426,23 @@ def _loop(
             if ghost:
                 manager.set_scenario(result.state_dir, "ghost")
                 return "GPU scenario -> ghost: GPU 3 at 100 % with 0 MiB and no process (seed 000)"
+            if ended:
+                return f"nothing to kill: the run already ended ({ended[0]})"
             run_dir = f"{cfg.workdir.rstrip('/')}/runs/{result.run_id}"
-            res = target.transport.run([cfg.python, "-c", _KILL_TRAINER, run_dir], timeout=30)
+            res = target.transport.run([cfg.python, "-c", _KILL_RUN, run_dir], timeout=30)
+            said = (res.out or res.err).strip()[-200:]
+            if res.exit_status == KILL_ENDED:
+                ended.append(said or "gone")
+                return f"nothing to kill: the run already ended ({ended[0]})"
             if not res.ok:
-                raise DemoFailed(f"could not kill the trainer in {run_dir}: "
-                                 f"{(res.err or res.out).strip()[-200:] or res.exit_status}")  # fmt: skip
-            return f"SIGKILL to the trainer (pid {res.out.strip()}) through ssh + pct exec"
+                raise DemoFailed(f"could not kill the run in {run_dir}: "
+                                 f"{said or res.exit_status}")  # fmt: skip
+            return f"SIGKILL to the run's process group {said} through ssh + pct exec"
 
-        clock.run("fault", "ghost GPU" if ghost else "kill -9 the trainer", inject)
+        clock.run("fault", "ghost GPU" if ghost else "kill -9 the run's process group", inject)
+        if not ghost and ended:
+            ui.findings(result.findings)
+            break
         seen: list[Finding] = []
 
         def until_found(
@@ -394,6 +464,8 @@ def _loop(
         clock.run("detect", f"watching until {' or '.join(sorted(want))} appears", detect)
         result.findings = findings()
         ui.findings(seen if i + 1 < len(stages) else result.findings)
+    if fault == "ghost":
+        _stop_run(launch, inv, result, ui)
 
     def judged() -> str:
         from orchestrator import postmortem
@@ -404,8 +476,19 @@ def _loop(
         html = Path(pm.bundle or result.state_dir / "postmortem") / "report.html"
         result.report_html = html if html.exists() else None
         ui.verdict(pm)
-        if not pm.verdict.reached:
+        if not pm.verdict.reached and not ended:
             raise DemoFailed(f"the postmortem found the run healthy ({pm.verdict.summary})")
         return f"verdict {pm.verdict.kind}; report {result.report_html}"
 
     clock.run("postmortem", f"orch postmortem {CONTAINER}", judged)
+
+
+def _stop_run(launch: Any, inv: Any, result: DemoResult, ui: DemoUI) -> None:
+    """``orch stop`` the demo's run, which trains until stopped (no kill fault, or declined)."""
+    ui.step("stop", "start", f"orch stop {CONTAINER}: the run trains until stopped", None)
+    t0 = time.monotonic()
+    doc = launch.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
+    took = time.monotonic() - t0
+    result.steps.append(("stop", took))
+    how = "stopped on request" if doc.get("stopped") else f"had already ended ({doc.get('state')})"
+    ui.step("stop", "ok", f"run {result.run_id} {how}", took)

@@ -250,16 +250,26 @@ def diagnose(lines: Sequence[str], exit_status: int | None) -> str | None:
 _trainer_bundle: deploy.Bundle | None = None
 
 
+def trainer_root() -> Path:
+    """The bundled trainer package's directory (installed beside orchestrator, or found by import).
+
+    Raises:
+        OrchError: the trainer is not installed.
+    """
+    root = Path(__file__).resolve().parent.parent / "trainer"
+    if not (root / "__main__.py").is_file():
+        spec = importlib.util.find_spec("trainer")
+        if spec is None or not spec.origin:
+            raise OrchError("the bundled trainer is not installed; pip install orch[trainer]")
+        root = Path(spec.origin).resolve().parent
+    return root
+
+
 def trainer_bundle() -> deploy.Bundle:
     """The ``trainer`` package (``*.py`` and ``configs/*.yaml``) as a content-hash bundle."""
     global _trainer_bundle
     if _trainer_bundle is None:
-        root = Path(__file__).resolve().parent.parent / "trainer"  # installed beside orchestrator
-        if not (root / "__main__.py").is_file():
-            spec = importlib.util.find_spec("trainer")
-            if spec is None or not spec.origin:
-                raise OrchError("the bundled trainer is not installed; pip install orch[trainer]")
-            root = Path(spec.origin).resolve().parent
+        root = trainer_root()
         files = deploy.package_files(root, "trainer")
         for path in sorted((root / "configs").glob("*.yaml")):
             files[f"trainer/configs/{path.name}"] = path.read_bytes()

@@ -30,6 +30,7 @@ and no ``--force``, or the relaunch's preflight refused).
 from __future__ import annotations
 
 import json
+import shlex
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -181,19 +182,35 @@ def archive_name(path: str, now: float | None = None) -> str:
     return f"{path.rstrip('/')}{ARCHIVE_SUFFIX}{stamp}"
 
 
-def is_bundled_command(command: str, run_dir: str) -> bool:
-    """Whether a manifest's command is the bundled trainer writing into ``run_dir``.
+def bundled_trainer_args(command: str, run_dir: str) -> tuple[str, ...] | None:
+    """The extra trainer arguments of a manifest's command when it is the bundled trainer
+    writing into ``run_dir`` (``orch launch T -- ARGS``), else ``None``.
 
-    >>> is_bundled_command("env PYTHONPATH=/b python3 -m trainer --config /c.yaml --run-dir /w/runs/r", "/w/runs/r")
+    The config comes back as ``--config NAME`` for a bundled config (the old bundle's path
+    would pin the relaunch to old code), as its path otherwise.
+
+    >>> bundled_trainer_args("env PYTHONPATH=/b python3 -m trainer --config /b/trainer/configs/tiny-cpu.yaml --run-dir /w/runs/r", "/w/runs/r")
+    ('--config', 'tiny-cpu')
+    >>> bundled_trainer_args("env PYTHONPATH=/b python3 -m trainer --config /c.yaml --run-dir /w/runs/r --forever", "/w/runs/r")
+    ('--config', '/c.yaml', '--forever')
+    >>> bundled_trainer_args("python3 train.py --run-dir /w/runs/r", "/w/runs/r") is None
     True
-    >>> is_bundled_command("python3 train.py", "/w/runs/r")
-    False
     """
-    from orchestrator.transport.quoting import command_line
-
-    return " -m trainer " in command and command.rstrip().endswith(
-        "--run-dir " + command_line([run_dir])
-    )
+    try:
+        argv = shlex.split(command)
+    except ValueError:
+        return None
+    pairs = list(zip(argv, argv[1:], strict=False))
+    if ("-m", "trainer") not in pairs or ("--run-dir", run_dir) not in pairs:
+        return None
+    env = dict(a.split("=", 1) for a in argv[: argv.index("-m")] if "=" in a)
+    opts = dict(pairs)
+    config = opts.get("--config", "")
+    bundled = f"{env.get('PYTHONPATH', '')}/trainer/configs/"
+    if config.startswith(bundled) and config.endswith(".yaml"):
+        config = config.removeprefix(bundled).removesuffix(".yaml")
+    extra = argv[argv.index("--run-dir", argv.index("trainer")) + 2 :]
+    return (("--config", config) if config else ()) + tuple(extra)
 
 
 @dataclass
@@ -206,6 +223,7 @@ class _Runner:
     echo: Callable[[str], None]
     tgt: Any = None
     relaunch_cmd: str | None = None
+    relaunch_args: tuple[str, ...] = ()
     relaunch_gpus: str | None = None
     launched_run: str | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
@@ -238,8 +256,10 @@ class _Runner:
         if manifest is None:
             self.echo("  no previous run: the relaunch starts what `orch launch` would")
             return
-        if is_bundled_command(manifest.command, run.run_dir):  # type: ignore[union-attr]
-            self.echo(f"  previous run {manifest.run_id}: bundled trainer")
+        args = bundled_trainer_args(manifest.command, run.run_dir)  # type: ignore[union-attr]
+        if args is not None:
+            self.relaunch_args = args
+            self.echo(f"  previous run {manifest.run_id}: bundled trainer {shlex.join(args)}")
         else:
             self.relaunch_cmd = manifest.command
             self.echo(f"  previous run {manifest.run_id}: custom command, relaunched as is")
@@ -274,6 +294,7 @@ class _Runner:
                 self.inventory,
                 self.name,
                 cmd=self.relaunch_cmd,
+                trainer_args=self.relaunch_args,
                 gpus=self.relaunch_gpus,
                 run_name="relaunch",
                 verify=True,

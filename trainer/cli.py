@@ -1,6 +1,6 @@
 """``python -m trainer``: argument parsing, the startup banner, signals and exit codes.
 
-Exit codes: 0 all steps done; 1 an exception (traceback on stderr, e.g. ``--fault crash@N``);
+Exit codes: 0 all steps done (never with ``--forever``); 1 an exception (traceback on stderr, e.g. ``--fault crash@N``);
 2 bad flags, bad config or a missing optional dependency (one ``error:`` line, no traceback);
 128+signal after SIGTERM/SIGINT once the checkpoint is written (143 / 130).
 """
@@ -25,6 +25,9 @@ from trainer.hf import check_dependencies
 from trainer.pipeline import RunOptions, Trainer
 
 EXIT_OK, EXIT_CRASH, EXIT_USAGE = 0, 1, 2
+FOREVER_STEPS = 2**62
+"""``--forever``: a step count no run reaches (at 1 µs a step, 146,000 years); the cosine decay
+over it stays at its start, so the learning rate holds at ``train.lr`` after the warm-up."""
 
 
 def _fault(text: str) -> Fault:
@@ -44,6 +47,12 @@ def build_parser() -> argparse.ArgumentParser:
         "--config", required=True, help="YAML config, e.g. trainer/configs/tiny-cpu.yaml"
     )
     p.add_argument("--steps", type=int, help="total steps to reach (overrides train.steps)")
+    p.add_argument(
+        "--forever",
+        action="store_true",
+        help="train until stopped (SIGTERM/SIGINT, orch stop) instead of to a step count; the "
+        "learning rate holds at train.lr after the warm-up",
+    )
     p.add_argument(
         "--run-dir", default="trainer-run", help="metrics.jsonl, heartbeat and checkpoints/ go here"
     )
@@ -88,6 +97,15 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+def _steps_word(steps: int) -> str:
+    """``steps=`` in the banner: the count, or ``forever``.
+
+    >>> _steps_word(200), _steps_word(FOREVER_STEPS)
+    ('200', 'forever')
+    """
+    return "forever" if steps >= FOREVER_STEPS else str(steps)
+
+
 def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list[str]:
     """The startup banner lines (config, versions, devices)."""
     cuda = torch.version.cuda or "none"
@@ -106,7 +124,7 @@ def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list
         f"trainable_params={drafter_params} block_size={cfg.drafter.block_size} "
         f"target_layers={cfg.drafter.target_layers} replicas={n_rep} devices={','.join(cfg.devices.drafter)}",
         f"trainer: world_size={trainer.world_size} batch={cfg.train.batch_size} per_replica={per_rep} "
-        f"seq_len={cfg.data.seq_len} data={cfg.data.kind} steps={cfg.train.steps} "
+        f"seq_len={cfg.data.seq_len} data={cfg.data.kind} steps={_steps_word(cfg.train.steps)} "
         f"attention={trainer.attention_name} warmup={args.warmup} "
         f"grad_checkpoint={cfg.train.grad_checkpoint} loop={'plain' if args.plain else 'pipelined'}",
         f"trainer: config {json.dumps(cfg.to_dict(), sort_keys=True)}",
@@ -128,6 +146,10 @@ def main(argv: list[str] | None = None) -> int:
             if args.steps < 0:
                 raise ConfigError("--steps", None, "steps", f"must be >= 0, got {args.steps}")
             cfg = with_steps(cfg, args.steps)
+        if args.forever:
+            if args.steps is not None:
+                raise ConfigError("--forever", None, "steps", "trains until stopped; drop --steps")
+            cfg = with_steps(cfg, FOREVER_STEPS)
         check_dependencies(cfg)
     except (ConfigError, DependencyError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)

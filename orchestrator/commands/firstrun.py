@@ -29,6 +29,11 @@ def demo_cmd(
     watch_s: float = typer.Option(
         5.0, "--watch", min=0.0, help="Seconds of live view before the fault."
     ),
+    trainer_config: str = typer.Option(
+        "tiny-cpu",
+        "--trainer-config",
+        help="Bundled trainer config for the run (instant-cpu: about a millisecond a step).",
+    ),
     yes: bool = typer.Option(False, "-y", "--yes", help="Ask nothing, even on a terminal."),
     as_json: bool = typer.Option(
         False, "--json", help="Also print the result as one JSON document at the end."
@@ -37,8 +42,8 @@ def demo_cmd(
     """The whole loop on this machine in about a minute: sandbox, launch, watch, fault, postmortem.
 
     Starts a sandbox (a simulated Proxmox host: sshd, the pct stand-in, 8 fake GPUs),
-    launches the bundled trainer (tiny CPU config) in ct200 through ssh and pct exec,
-    shows the live view, injects the fault, shows the finding, prints the postmortem
+    launches the bundled trainer (tiny CPU config, training until the demo ends it) in ct200
+    through ssh and pct exec, shows the live view until it trains, injects the fault, shows the finding, prints the postmortem
     verdict and its HTML report, and stops the sandbox (--keep leaves it up). Asks
     before the fault and the teardown only when stdin is a terminal (and not --yes).
     Exit codes: 0 the loop ran and reached a verdict; 1 a step failed; 2 something
@@ -50,7 +55,13 @@ def demo_cmd(
     interactive = sys.stdin.isatty() and not yes and not as_json
     ui = RichDemoUI(out_console, interactive=interactive)
     result = demo.run_demo(
-        ui, state_dir=state_dir, keep=keep, fault=fault, watch_s=watch_s, interactive=interactive
+        ui,
+        state_dir=state_dir,
+        keep=keep,
+        fault=fault,
+        watch_s=watch_s,
+        interactive=interactive,
+        trainer_config=trainer_config,
     )
     if as_json:
         print_json(result.to_dict())

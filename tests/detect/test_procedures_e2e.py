@@ -86,7 +86,8 @@ def test_prewarm_relaunch_of_a_dead_custom_command_run(orch, sandbox) -> None:  
 
 def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  # type: ignore[no-untyped-def]
     workdir = sandbox.workdir("ct200")
-    code, out, err = orch("launch", "ct200", "--name", "bundled", "--json")
+    # --forever: still running when the procedure stops it, however fast the machine trains
+    code, out, err = orch("launch", "ct200", "--name", "bundled", "--json", "--", "--forever")
     assert code == 0, err
     old = json.loads(out)
     assert (workdir / "runs" / old["run_id"] / "train.log").read_text()
@@ -98,7 +99,8 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
         lines[0]
         == "[1/5] stop the current run (its log and exit status are kept): [orch action] stop"
     )
-    assert f"  previous run {old['run_id']}: bundled trainer" in lines
+    # relaunched as it was launched: the bundled trainer with its extra arguments
+    assert f"  previous run {old['run_id']}: bundled trainer --config tiny-cpu --forever" in lines
     assert any(line.startswith("  stopped (signals SIGINT") for line in lines), out
     assert sum(line.startswith("  GPU ") and "warm-up skipped" in line for line in lines) == 2
     assert lines[-1] == "prewarm-relaunch on ct200: all 5 steps done"
@@ -108,7 +110,8 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
     new = (workdir / "runs" / "current").read_text().strip()
     assert new != old["run_id"] and new.endswith("-relaunch")
     manifest = _manifest(workdir, new)
-    assert " -m trainer " in manifest["command"] and f"runs/{new}" in manifest["command"]
+    assert " -m trainer " in manifest["command"]
+    assert manifest["command"].endswith(f"runs/{new} --forever"), manifest["command"]
     log = workdir / "runs" / new / "train.log"
     # the bundled trainer's own sequential warm-up runs before its threads start
     wait_for(lambda: "trainer: warm-up" in log.read_text(), 60, what="the trainer's warm-up line")

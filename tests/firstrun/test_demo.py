@@ -11,6 +11,7 @@ import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -45,45 +46,124 @@ def demo_dir() -> Iterator[Path]:
                        check=False, capture_output=True)  # fmt: skip
 
 
-@pytest.mark.e2e
-def test_demo_runs_the_whole_loop_and_leaves_nothing_behind(demo_dir: Path) -> None:
+@pytest.fixture
+def cpu_hogs() -> Iterator[None]:
+    """One busy loop per core for the test's duration: the demo must not need a quiet box."""
+    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
+            for _ in range(os.cpu_count() or 2)]  # fmt: skip
+    try:
+        yield
+    finally:
+        for h in hogs:
+            h.kill()
+            h.wait()
+
+
+def run_demo(demo_dir: Path, *extra: str) -> tuple[subprocess.CompletedProcess[str], float]:
     start = time.monotonic()
     proc = subprocess.run(
-        ORCH + ["demo", "--dir", str(demo_dir), "--watch", "3", "--json"],
+        ORCH + ["demo", "--dir", str(demo_dir), "--watch", "3", "--json", *extra],
         stdin=subprocess.DEVNULL,
         capture_output=True,
         text=True,
-        timeout=180,
+        timeout=300,
         env={**os.environ, "COLUMNS": "200"},
         check=False,
     )
-    took = time.monotonic() - start
+    return proc, time.monotonic() - start
+
+
+def assert_whole_loop(proc: subprocess.CompletedProcess[str], demo_dir: Path) -> dict[str, Any]:
+    """The demo's whole story on screen and in its JSON, and nothing of it left running."""
     out = proc.stdout
     assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
-    doc = json.loads(out[out.rindex("\n{") :])
-
-    # the findings, as printed and as data
-    assert "ghost-utilization [GPU 3]" in out and "finding: " in out
+    doc: dict[str, Any] = json.loads(out[out.rindex("\n{") :])
+    assert "finding: CRITICAL ghost-utilization [GPU 3]" in out
     assert "finding: CRITICAL crashed" in out
-    kinds = {f["kind"] for f in doc["findings"]}
-    assert {"crashed", "ghost-utilization"} <= kinds
-    # the verdict, printed and with its HTML report on disk
+    assert {"crashed", "ghost-utilization"} <= {f["kind"] for f in doc["findings"]}
     assert doc["verdict"]["kind"] == "crashed"
     assert "exit status 137" in doc["verdict"]["summary"]
-    assert "verdict crashed" in out
-    report = Path(doc["report_html"])
-    assert report.is_file() and "<html" in report.read_text()[:500].lower()
-    assert f"HTML report: {report}" in out
-    # every step reported with its duration; the live view printed plain lines
     assert [s["step"] for s in doc["steps"]] == [
         "check", "sandbox", "launch", "watch", "fault", "detect", "fault", "detect",
         "postmortem", "teardown",
     ]  # fmt: skip
-    assert " ct200 running run=" in out
-    assert doc["kept"] is False
-
-    # nothing of its state dir is left running: sshd, tmux, agents, trainer, recorder
+    # a live run when the ghost appears: the screen never says the run finished
+    assert " ct200 running run=" in out and " ct200 finished " not in out
     wait_for(lambda: not processes_of(demo_dir), timeout_s=15, what="demo processes to exit")
+    return doc
+
+
+@pytest.mark.e2e
+def test_demo_with_an_instant_trainer_on_a_loaded_machine(demo_dir: Path, cpu_hogs: None) -> None:
+    """Steps that take a millisecond, and every core busy: the run still lasts until the demo
+    kills it, and each step waits for its state (issue 12: the demo raced a fast trainer)."""
+    proc, _took = run_demo(demo_dir, "--trainer-config", "instant-cpu")
+    assert_whole_loop(proc, demo_dir)
+
+
+@pytest.mark.e2e
+def test_demo_with_an_instant_trainer_on_a_quiet_machine(demo_dir: Path) -> None:
+    proc, _took = run_demo(demo_dir, "--trainer-config", "instant-cpu")
+    assert_whole_loop(proc, demo_dir)
+
+
+@pytest.mark.e2e
+def test_demo_ghost_only_stops_its_run_at_the_end(demo_dir: Path) -> None:
+    """Without the kill the run trains until stopped: the demo stops it (recorded as a stop)."""
+    proc, _took = run_demo(demo_dir, "--trainer-config", "instant-cpu", "--fault", "ghost")
+    out = proc.stdout
+    assert proc.returncode == 0, out[-3000:] + proc.stderr[-3000:]
+    doc = json.loads(out[out.rindex("\n{") :])
+    assert [s["step"] for s in doc["steps"]][-3:] == ["stop", "postmortem", "teardown"]
+    assert "stopped on request" in out
+    assert doc["verdict"]["kind"] == "stopped"
+    wait_for(lambda: not processes_of(demo_dir), timeout_s=15, what="demo processes to exit")
+
+
+def _kill_script(run_dir: Path) -> subprocess.CompletedProcess[str]:
+    from orchestrator.demo import _KILL_RUN
+
+    return subprocess.run([sys.executable, "-c", _KILL_RUN, str(run_dir)], capture_output=True,
+                          text=True, timeout=30, check=False)  # fmt: skip
+
+
+def test_the_kill_step_says_when_the_run_already_ended(tmp_path: Path) -> None:
+    """The kill reads the run directory first: an exit status, or a process group that is gone,
+    is "already ended" (exit 3), not a failure to kill."""
+    from orchestrator.demo import KILL_ENDED
+
+    (tmp_path / "pgid").write_text("999999999\n")
+    res = _kill_script(tmp_path)
+    assert (res.returncode, "is gone" in res.stdout) == (KILL_ENDED, True), res
+    (tmp_path / "exit_status").write_text("0\n")
+    res = _kill_script(tmp_path)
+    assert (res.returncode, res.stdout.strip()) == (KILL_ENDED, "exit status 0")
+
+
+def test_the_kill_step_kills_the_recorded_process_group(tmp_path: Path) -> None:
+    """SIGKILL goes to the whole group the wrapper recorded (the command and its tee)."""
+    group = subprocess.Popen(["sh", "-c", "sleep 300 | cat"], start_new_session=True)
+    try:
+        (tmp_path / "pgid").write_text(f"{group.pid}\n")
+        res = _kill_script(tmp_path)
+        assert (res.returncode, res.stdout.strip()) == (0, str(group.pid)), res
+        assert group.wait(timeout=10) == -9
+    finally:
+        group.kill()
+        group.wait()
+
+
+@pytest.mark.e2e
+def test_demo_runs_the_whole_loop_and_leaves_nothing_behind(demo_dir: Path) -> None:
+    """The README's first command as it stands (tiny-cpu trainer)."""
+    proc, took = run_demo(demo_dir)
+    doc = assert_whole_loop(proc, demo_dir)
+    out = proc.stdout
+    assert "verdict crashed" in out
+    report = Path(doc["report_html"])
+    assert report.is_file() and "<html" in report.read_text()[:500].lower()
+    assert f"HTML report: {report}" in out
+    assert doc["kept"] is False
     assert took < 150, f"the demo took {took:.0f} s"
 
 

@@ -59,7 +59,8 @@ def _runs(workdir: Path) -> set[str]:
 
 
 def test_bundled_trainer_happy_path_logs_and_stop(orch, idle, sandbox) -> None:  # type: ignore[no-untyped-def]
-    code, out, err = orch("launch", "ct200", "--name", "happy", "--json")
+    # --forever: the run lasts until the stop below, however fast the machine trains
+    code, out, err = orch("launch", "ct200", "--name", "happy", "--json", "--", "--forever")
     assert code == 0, err
     doc = json.loads(out)
     assert doc["verified"] is True and doc["run_id"].endswith("-happy")
