@@ -53,11 +53,11 @@ def test_init_has_two_pids_and_proxmoxs_cgroup(ct) -> None:  # type: ignore[no-u
     prefix = lxc.cgroup_prefix(ct.state_dir)
     assert lines and all(line.split(":", 2)[2] == f"/{prefix}/lxc/200/ns" for line in lines)
     assert os.readlink(f"/proc/{init}/ns/pid") != os.readlink("/proc/self/ns/pid")
-    out = run_pct(
-        ct.state_dir, "exec", "200", "--", "sh", "-c", "echo $$; hostname; ls /proc/1/exe"
-    )
-    pid, hostname, _ = out.stdout.splitlines()
-    assert int(pid) < 100 and hostname == "ct200"
+    inside = "echo $$; hostname; tr '\\0' ' ' </proc/1/cmdline; echo; ls /proc | grep -c '^[0-9]'"
+    out = run_pct(ct.state_dir, "exec", "200", "--", "sh", "-c", inside)
+    pid, hostname, init_cmd, seen = out.stdout.splitlines()
+    assert hostname == "ct200" and init_cmd.strip() == "/sbin/init"
+    assert int(pid) < init and int(seen) < 50  # its own PIDs: the host's processes are not there
 
 
 def test_a_killed_pct_exec_leaves_its_command_running(ct) -> None:  # type: ignore[no-untyped-def]
