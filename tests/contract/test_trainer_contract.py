@@ -206,6 +206,7 @@ def contract_config(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> P
             "vmid": src["vmid"],
             "workdir": f"{src['workdir']}-{SESSION}-{name}",
             "session": f"{SESSION}-{name}",
+            "python": src.get("python", "python3"),  # an LXC sandbox names the operator's
             "thresholds": dict(THRESHOLDS),
             "poll_interval": 1,
         }

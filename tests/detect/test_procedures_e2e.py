@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
+from orchestrator.config import load_inventory
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -122,9 +123,10 @@ def test_clean_env_dry_run_lists_every_step_and_refuses_to_overwrite(orch, sandb
     code, out, _ = orch("playbook", "run", "clean-env", "ct202")
     assert code == 0
     venv = f"{inside}/.venv-orch"
+    python = load_inventory(sandbox.config_path).container("ct202").python
     for expected in (
         "1. stop the current run",
-        f"python3 -m venv {venv}",
+        f"{python} -m venv {venv}",
         f"{venv}/bin/python -m pip install -r {inside}/requirements.txt",
         f"git -C {inside} stash push --include-untracked",
         f"[orch action] archive {inside}/inductor-cache",
