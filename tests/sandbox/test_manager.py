@@ -243,3 +243,24 @@ def test_switch_scenario_while_an_agent_like_reader_runs(sandbox, sandbox_scenar
     finally:
         assert reader.close() == 0
     assert "NVRM: Xid" in (sandbox.state_dir / "kernel.log").read_text()
+
+
+@pytest.mark.e2e
+def test_process_mode_smoke(tmp_path: Path) -> None:
+    """Process mode (where LXC cannot run) still carries the loop: launch, status, logs, down."""
+    info = manager.up(tmp_path / "p", containers=1, gpus=2, scenario="idle", isolation="process")
+    try:
+        assert info.isolation == "process" and info.init_pid("ct200") is None
+        cfg = str(info.config_path)
+        launched = orch("-c", cfg, "launch", "ct200", "--cmd", "echo smoke-$((6*7)); sleep 30",
+                        "--name", "smoke", "--no-verify", "--json")  # fmt: skip
+        assert launched.returncode == 0, launched.stderr
+        log = info.host_path("ct200", json.loads(launched.stdout)["log_path"])
+        wait_for(lambda: "smoke-42" in log.read_text(), 20, what="the run's line in its log")
+        status = json.loads(orch("-c", cfg, "status", "ct200", "--json").stdout)[0]
+        assert status["reachable"] and status["container"] == "running", status
+        assert orch("-c", cfg, "stop", "ct200", "--grace", "2").returncode == 0
+    finally:
+        report = manager.down(info.state_dir)
+    assert report["containers"] == ["ct200"] and "cgroups_left" not in report
+    assert _marked(info.state_dir) == []
