@@ -20,18 +20,25 @@ import contextlib
 import logging
 import os
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.sandbox import kernel, lxc, process
+from orchestrator.sandbox.control import (
+    kill_tmux_server,
+    run_pct,
+    start_container,
+    start_sshd,
+    stop_container,
+    stop_sshd,
+)
 from orchestrator.sandbox.fakenvml import MissingTool, build_fake_nvml, build_init
 from orchestrator.sandbox.files import python_link, standin_wrapper, write_atomic
+from orchestrator.sandbox.info import SandboxInfo, root_of
 from orchestrator.sandbox.scenario import (
     gpu_roles,
     load_scenario,
@@ -63,147 +70,6 @@ __all__ = [  # the sandbox's API; tests and the reliability suite use these name
 log = logging.getLogger(__name__)
 
 
-@dataclass(frozen=True, slots=True)
-class SandboxInfo:
-    """A running sandbox. Paths are absolute; ``containers`` are names (``ct200``, ...).
-
-    ``isolation`` is ``lxc`` or ``process``; ``fallback`` says in one line why ``up``
-    chose ``process`` when LXC was not asked for explicitly (``None`` otherwise).
-    """
-
-    state_dir: Path
-    config_path: Path
-    port: int
-    sshd_pid: int
-    containers: tuple[str, ...]
-    vmids: tuple[int, ...]
-    gpus: int
-    scenario: str
-    identity_file: Path
-    known_hosts_path: Path
-    cgroup: bool
-    isolation: str = "process"
-    fallback: str | None = None
-    host: str = HOST_NAME
-
-    def container_root(self, vmid: int) -> Path:
-        """The host directory that is the container's ``/`` (LXC: without its mounts)."""
-        return _root(self.state_dir, self.isolation, vmid)
-
-    def workdir(self, container: str | int) -> Path:
-        """The workdir of ``ct200`` (or vmid 200) as a host path (its files, seen from outside)."""
-        return self.container_root(_vmid(container)) / WORKDIR
-
-    def container_workdir(self, container: str | int) -> str:
-        """The workdir as orch and hosts.yaml name it: ``/root/dflash`` inside an LXC container,
-        the host path in process mode."""
-        if self.isolation == "lxc":
-            return "/" + WORKDIR
-        return str(self.workdir(container))
-
-    def host_path(self, container: str | int, path: str | Path) -> Path:
-        """A path inside the container as the host reaches it.
-
-        LXC: below the root file system, except what the container mounts (/usr, /run,
-        /dev, /proc, /sys), reached through ``/proc/<init>/root`` (SandboxError when the
-        container is stopped). Process mode: below the container's directory; a path
-        already there stays.
-        """
-        vmid = _vmid(container)
-        root = self.container_root(vmid)
-        rel = str(path).lstrip("/")
-        if self.isolation != "lxc":
-            return Path(path) if Path(path).is_relative_to(root) else root / rel
-        if rel.split("/", 1)[0] not in lxc.MOUNTED:
-            return root / rel
-        init = lxc.init_pid(self.state_dir, vmid)
-        if init is None:
-            raise SandboxError(f"ct{vmid} is not running")
-        return Path(f"/proc/{init}/root") / rel
-
-    def init_pid(self, container: str | int) -> int | None:
-        """Host PID of the container's init (LXC); None when stopped or in process mode."""
-        if self.isolation != "lxc":
-            return None
-        return lxc.init_pid(self.state_dir, _vmid(container))
-
-    def host_pid(self, container: str | int, pid: int, *, group: bool = False) -> int | None:
-        """The host PID of the process (with ``group``: the process group) the container knows
-        as ``pid``; None when it has none (process mode: ``pid`` itself)."""
-        if self.isolation != "lxc":
-            return pid
-        return lxc.host_pid(self.state_dir, _vmid(container), pid, group=group)
-
-    def kill(
-        self, container: str | int, pid: int, sig: int = signal.SIGKILL, *, group: bool = False
-    ) -> int:
-        """Fault injection: send ``sig`` to the process (group) the container knows as ``pid``
-        (a PID read inside it: a run's ``pgid``, a tmux pane); returns the host id signalled.
-
-        Raises:
-            SandboxError: the container has no such process: a container's PID never
-                reaches ``os.kill`` as a host PID.
-        """
-        host = self.host_pid(container, pid, group=group)
-        if host is None or host <= 1:
-            raise SandboxError(f"{container} has no process {'group ' if group else ''}{pid}")
-        (os.killpg if group else os.kill)(host, sig)
-        return host
-
-    def container_pids(self, container: str | int) -> list[int]:
-        """Host PIDs of every process in the container (LXC: its PID namespace, init included;
-        process mode: those carrying its marker)."""
-        vmid = _vmid(container)
-        if self.isolation != "lxc":
-            return process.marked_processes(self.state_dir, vmid)
-        init = lxc.init_pid(self.state_dir, vmid)
-        return lxc.namespace_pids(init) if init else []
-
-    def env(self) -> dict[str, str]:
-        """Environment that runs the stand-ins locally as the sandbox sshd would (``pct``, ``dmesg``)."""
-        return host_env(self.state_dir)
-
-    def to_dict(self) -> dict[str, Any]:
-        """The ``orch sandbox up --json`` document."""
-        return {
-            "config": str(self.config_path),
-            "state_dir": str(self.state_dir),
-            "isolation": self.isolation,
-            "host": self.host,
-            "port": self.port,
-            "sshd_pid": self.sshd_pid,
-            "containers": list(self.containers),
-            "vmids": list(self.vmids),
-            "gpus": self.gpus,
-            "scenario": self.scenario,
-            "identity_file": str(self.identity_file),
-            "known_hosts": str(self.known_hosts_path),
-            "cgroup": self.cgroup,
-        }
-
-
-def _root(state_dir: Path, isolation: str, vmid: int) -> Path:
-    if isolation == "lxc":
-        return lxc.rootfs(state_dir, vmid)
-    return process.container_root(state_dir, vmid)
-
-
-def _vmid(container: str | int) -> int:
-    try:
-        return container if isinstance(container, int) else int(str(container).removeprefix("ct"))
-    except ValueError:
-        raise UsageError(
-            f"not a sandbox container: {container!r} (use ct200, ct201, ... or a vmid)"
-        ) from None
-
-
-def _local_env(state_dir: Path) -> dict[str, str]:
-    env = dict(os.environ)
-    env.update(host_env(state_dir))
-    env["PATH"] = f"{state_dir / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
-    return env
-
-
 def _check_tools() -> None:
     import shutil
 
@@ -215,94 +81,6 @@ def _check_tools() -> None:
         raise MissingTool(f"sshd ({sshd.SSHD})", "openssh-server")
     if not shutil.which(sshd.SSH_KEYGEN):
         raise MissingTool("ssh-keygen", "openssh-client")
-
-
-# --------------------------------------------------------------------------- pct helpers
-
-
-def run_pct(
-    state_dir: Path | str, *args: str, timeout_s: float = 30.0
-) -> subprocess.CompletedProcess[str]:
-    """Run the sandbox's pct stand-in locally (as the sshd would: its environment, cwd ``~``)."""
-    state_dir = resolve_state_dir(state_dir)
-    return subprocess.run(
-        [str(state_dir / "bin" / "pct"), *args],
-        env=_local_env(state_dir),
-        cwd=os.path.expanduser("~"),  # where an ssh session starts
-        capture_output=True,
-        text=True,
-        timeout=timeout_s,
-        stdin=subprocess.DEVNULL,
-    )
-
-
-def start_container(state_dir: Path | str | None, container: str | int) -> None:
-    """``pct start`` a sandbox container; raises SandboxError with pct's message on failure."""
-    proc = run_pct(resolve_state_dir(state_dir), "start", str(_vmid(container)))
-    if proc.returncode != 0:
-        raise SandboxError(f"pct start {_vmid(container)}: {proc.stderr.strip()}")
-
-
-def stop_container(state_dir: Path | str | None, container: str | int) -> None:
-    """``pct stop``: kills every process of the container (its tmux server included)."""
-    proc = run_pct(resolve_state_dir(state_dir), "stop", str(_vmid(container)))
-    if proc.returncode != 0:
-        raise SandboxError(f"pct stop {_vmid(container)}: {proc.stderr.strip()}")
-
-
-def stop_sshd(state_dir: Path | str | None) -> bool:
-    """Fault injection: kill the sandbox sshd and its open sessions, as when the host goes away.
-
-    Returns False when it was not running. :func:`start_sshd` brings it back on the same port.
-    """
-    from orchestrator.sandbox import sshd
-
-    return sshd.stop_sshd(resolve_state_dir(state_dir) / "sshd")
-
-
-def start_sshd(state_dir: Path | str | None, timeout_s: float = 15.0) -> int:
-    """Start the sandbox sshd again on its old port with its old keys; returns its pid.
-
-    Raises:
-        SshdError: it did not come up within ``timeout_s`` (e.g. the port was taken meanwhile).
-    """
-    from orchestrator.sandbox import sshd
-
-    state_dir = resolve_state_dir(state_dir)
-    state = read_state(state_dir)
-    if sshd.sshd_running(state_dir / "sshd"):
-        return int(state["sshd_pid"])
-    server = sshd.start_sshd(
-        state_dir / "sshd",
-        path_prepend=[str(state_dir / "bin")],
-        env=host_env(state_dir),
-        port=int(state["port"]),
-        timeout_s=timeout_s,
-    )
-    state["sshd_pid"] = server.pid
-    write_state(state_dir, state)
-    return server.pid
-
-
-def kill_tmux_server(state_dir: Path | str | None, container: str | int) -> int | None:
-    """Fault injection: SIGKILL the container's tmux server (every session in it dies silently).
-
-    Returns the killed server's host pid, or None when no server was running.
-    """
-    state_dir = resolve_state_dir(state_dir)
-    vmid = _vmid(container)
-    proc = run_pct(state_dir, "exec", str(vmid), "--", "tmux", "display-message", "-p", "#{pid}")
-    text = proc.stdout.strip()
-    if proc.returncode != 0 or not text.isdigit():
-        return None
-    pid: int | None = int(text)
-    if read_state(state_dir).get("isolation") == "lxc":
-        pid = lxc.host_pid(state_dir, vmid, int(text))
-    if pid is None:
-        return None
-    with contextlib.suppress(ProcessLookupError):
-        os.kill(pid, signal.SIGKILL)
-    return pid
 
 
 # --------------------------------------------------------------------------- up / down / status
@@ -496,7 +274,7 @@ def _up(
             lxc.make_container(state_dir, v, lib_dir)
         else:
             process.make_container(state_dir, v)
-        _pve_conf(state_dir, v, _root(state_dir, mode, v))
+        _pve_conf(state_dir, v, root_of(state_dir, mode, v))
         start_container(state_dir, v)
     cgroup_ok = _cgroup_named(state_dir, mode, vmids[0])
     if mode == "lxc" and not cgroup_ok:
@@ -518,7 +296,7 @@ def _up(
         cgroup=cgroup_ok,
         started_at=time.time(),
         containers=[
-            {"name": f"ct{v}", "vmid": v, "root": str(_root(state_dir, mode, v))} for v in vmids
+            {"name": f"ct{v}", "vmid": v, "root": str(root_of(state_dir, mode, v))} for v in vmids
         ],
     )
     write_state(state_dir, state)
