@@ -2,11 +2,17 @@
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import os
 import shlex
+import signal
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+log = logging.getLogger(__name__)
 
 PACKAGE_DIR = Path(__file__).resolve().parent
 STANDIN_DIR = PACKAGE_DIR / "bin"
@@ -67,3 +73,26 @@ def python_link(directory: Path) -> None:
     tmp.unlink(missing_ok=True)
     tmp.symlink_to(real)
     os.replace(tmp, link)
+
+
+def rmdir_cgroup(path: Path, deadline: float) -> bool:
+    """rmdir the cgroup ``path``, SIGKILLing what is still in it, until monotonic ``deadline``.
+
+    The caller owns the cgroup, so a process left in it is its own: killed, and the rmdir
+    retried while it exits (EBUSY). True when it is gone (or never was).
+    """
+    while True:
+        try:
+            path.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if time.monotonic() >= deadline:
+                log.warning("cgroup %s not removed: %s", path, exc)
+                return False
+        with contextlib.suppress(OSError):
+            for pid in (path / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.05)

@@ -30,14 +30,13 @@ import hashlib
 import logging
 import os
 import shutil
-import signal
 import subprocess
 import sys
 import time
 from collections.abc import Iterable
 from pathlib import Path
 
-from orchestrator.sandbox.files import STANDIN_DIR, sh_wrapper, write_atomic
+from orchestrator.sandbox.files import STANDIN_DIR, rmdir_cgroup, sh_wrapper, write_atomic
 from orchestrator.sandbox.state import SandboxError
 
 log = logging.getLogger(__name__)
@@ -359,23 +358,7 @@ def remove_cgroups(state_dir: Path, timeout_s: float = 5.0) -> list[str]:
         if not top.is_dir():
             continue
         dirs = sorted((Path(d) for d, _, _ in os.walk(top)), key=lambda p: -len(p.parts))
-        for path in dirs:
-            while True:
-                try:
-                    path.rmdir()
-                    break
-                except FileNotFoundError:
-                    break
-                except OSError as exc:
-                    if time.monotonic() >= deadline:
-                        log.warning("cgroup %s not removed: %s", path, exc)
-                        left.append(str(path))
-                        break
-                with contextlib.suppress(OSError):
-                    for pid in (path / "cgroup.procs").read_text().split():
-                        with contextlib.suppress(ProcessLookupError, PermissionError):
-                            os.kill(int(pid), signal.SIGKILL)
-                time.sleep(0.05)
+        left += [str(path) for path in dirs if not rmdir_cgroup(path, deadline)]
     return left
 
 

@@ -15,13 +15,12 @@ import contextlib
 import hashlib
 import logging
 import os
-import signal
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.sandbox.files import python_link, standin_wrapper, write_atomic
+from orchestrator.sandbox.files import python_link, rmdir_cgroup, standin_wrapper, write_atomic
 from orchestrator.sandbox.state import WORKDIR, SandboxError
 
 log = logging.getLogger(__name__)
@@ -86,22 +85,8 @@ def remove_cgroup(leaf: Path, timeout_s: float = 3.0) -> bool:
     that no other sandbox uses it. ``lxc`` itself goes too when empty (the sandbox
     made it). Returns False when the leaf could not be removed.
     """
-    deadline = time.monotonic() + timeout_s
-    while True:
-        try:
-            leaf.rmdir()
-            break
-        except FileNotFoundError:
-            break
-        except OSError as exc:
-            if time.monotonic() >= deadline:
-                log.warning("cgroup %s not removed: %s", leaf, exc)
-                return False
-        with contextlib.suppress(OSError):
-            for pid in (leaf / "cgroup.procs").read_text().split():
-                with contextlib.suppress(ProcessLookupError, PermissionError):
-                    os.kill(int(pid), signal.SIGKILL)
-        time.sleep(0.05)
+    if not rmdir_cgroup(leaf, time.monotonic() + timeout_s):
+        return False
     for path in (leaf.parent, leaf.parent.parent, leaf.parent.parent.parent):  # ns, <vmid>, lxc
         try:
             path.rmdir()

@@ -285,11 +285,16 @@ class Pct:
         env["PATH"] = CLI_PATH
         return self.backend.exec(vmid, keep_env, pos[1:], env)
 
-    def cmd_push(self, args: list[str]) -> int:
-        opts, pos = getopt("push", args, {"perms": True, "user": True, "group": True}, 3)
-        vmid = check_vmid("push", pos[0])
+    @staticmethod
+    def copy_args(cmd: str, args: list[str]) -> tuple[dict[str, str], list[str], int, str | None]:
+        """push/pull's (opts, positionals, vmid, perms); pct prefixes ``--perms`` with a ``0``."""
+        opts, pos = getopt(cmd, args, {"perms": True, "user": True, "group": True}, 3)
         perms = opts.get("perms")
         perms = perms if perms is None or perms.startswith("0") else "0" + perms
+        return opts, pos, check_vmid(cmd, pos[0]), perms
+
+    def cmd_push(self, args: list[str]) -> int:
+        opts, pos, vmid, perms = self.copy_args("push", args)
         with self.config_lock(vmid):
             if not self.backend.running(vmid):
                 die("can only push files to a running CT\n")
@@ -307,10 +312,7 @@ class Pct:
             return worker(task)
 
     def cmd_pull(self, args: list[str]) -> int:
-        opts, pos = getopt("pull", args, {"perms": True, "user": True, "group": True}, 3)
-        vmid = check_vmid("pull", pos[0])
-        perms = opts.get("perms")
-        perms = perms if perms is None or perms.startswith("0") else "0" + perms
+        opts, pos, vmid, perms = self.copy_args("pull", args)
         with self.config_lock(vmid):
             if not self.backend.running(vmid):
                 die("can only pull files from a running VM", 457)
