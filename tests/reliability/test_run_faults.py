@@ -163,12 +163,19 @@ def test_trainer_sigkill_is_crashed_137(fleet, fresh_run, observe, tmp_path):
     fault="trainer SIGKILLed with an OOM-killer line in the host kernel log",
     must="verdict 'oom-killer': the crash is explained by the kernel OOM killer",
 )
-def test_trainer_sigkill_with_oom_line_is_oom_killer(fleet, fresh_run, observe, tmp_path):
+def test_trainer_sigkill_with_oom_line_is_oom_killer(fleet, fresh_run, observe, tmp_path, request):
+    if fleet.info.isolation == "lxc":
+        request.applymarker(pytest.mark.xfail(
+            strict=True,
+            reason="the kernel names the victim by host PID; tying it to the container's run "
+            "(NSpid, task_memcg=/lxc/<vmid>/) is issue 13's kernel-event attribution",
+        ))  # fmt: skip
     db = tmp_path / "orch.db"
     check(fleet, db, "ct200")
     pgid = int((fleet.run_dir("ct200") / "pgid").read_text().split()[0])
+    victim = fleet.info.host_pid("ct200", pgid)  # the kernel names the host PID, as on Proxmox
     fleet.kernel_line(
-        f"Out of memory: Killed process {pgid} (python3) total-vm:53312244kB, "
+        f"Out of memory: Killed process {victim} (python3) total-vm:53312244kB, "
         "anon-rss:31451456kB, file-rss:74816kB, shmem-rss:12296kB, UID:0 pgtables:69068kB "
         "oom_score_adj:0"
     )
