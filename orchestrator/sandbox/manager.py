@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import os
+import shutil
 import signal
 import sys
 import time
@@ -71,8 +72,6 @@ log = logging.getLogger(__name__)
 
 
 def _check_tools() -> None:
-    import shutil
-
     from orchestrator.sandbox import sshd
 
     if not shutil.which("tmux"):
@@ -232,6 +231,24 @@ def up(
     state_dir.mkdir(parents=True, exist_ok=True)
     try:
         return _up(state_dir, containers, gpus, scenario, mode, fallback)
+    except SandboxError as exc:
+        with contextlib.suppress(Exception):
+            down(state_dir)
+        if isolation != "auto" or mode != "lxc" or previous is not None:
+            raise
+        # LXC is installed but its containers do not start here (e.g. a confined host):
+        # a fresh state directory goes on in process mode, saying why
+        shutil.rmtree(state_dir / "containers", ignore_errors=True)
+        shutil.rmtree(state_dir / "lxc", ignore_errors=True)
+        (state_dir / "state.json").unlink(missing_ok=True)
+        why = str(exc).splitlines()[0][:160]
+        fb = f"LXC containers did not start here ({why}): process mode, no namespaces"
+    except BaseException:
+        with contextlib.suppress(Exception):
+            down(state_dir)
+        raise
+    try:
+        return _up(state_dir, containers, gpus, scenario, "process", fb)
     except BaseException:
         with contextlib.suppress(Exception):
             down(state_dir)

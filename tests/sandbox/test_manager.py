@@ -264,3 +264,20 @@ def test_process_mode_smoke(tmp_path: Path) -> None:
         report = manager.down(info.state_dir)
     assert report["containers"] == ["ct200"] and "cgroups_left" not in report
     assert _marked(info.state_dir) == []
+
+
+@pytest.mark.e2e
+def test_auto_falls_back_when_lxc_containers_cannot_start(tmp_path: Path) -> None:
+    """A state directory LXC cannot mount (a comma in its path) starts in process mode under
+    ``auto``, saying why in one line; ``--isolation lxc`` refuses it."""
+    if lxc.unavailable():
+        pytest.skip(f"LXC cannot run here at all: {lxc.unavailable()}")
+    with pytest.raises(manager.SandboxError, match="cannot mount"):
+        manager.up(tmp_path / "a,b", containers=1, gpus=1, isolation="lxc")
+    odd = tmp_path / "c,d"
+    info = manager.up(odd, containers=1, gpus=1, isolation="auto")
+    try:
+        assert info.isolation == "process" and info.fallback, info
+        assert info.fallback.startswith("LXC containers did not start here (LXC mode cannot")
+    finally:
+        manager.down(odd)
