@@ -234,11 +234,18 @@ def test_a_dead_pane_whose_status_tmux_lost_reports_it_from_the_zombie(
     # reaped since it was listed: tmux has the status now, so the panes are listed again
     agent_env.tmux("new-session", "-d", "-s", "train", "bash", "-c", "sleep 0.5; exit 4")
     agent_env.tmux("set-option", "-t", "train", "remain-on-exit", "on")
-    state = wait_for(
-        lambda: (s := reader.state("train", 0)).pane_dead_status is not None and s,
-        timeout_s=15,
-        what="dead pane with a status",
-    )
+
+    def tmux_has_the_status() -> bool:
+        """tmux's own answer, not the reader's (which reads a zombie); when tmux lost the
+        SIGCHLD (the very bug above), another child of the server exiting makes it reap."""
+        res = agent_env.tmux("list-panes", "-t", "=train", "-F", "#{pane_dead_status}")
+        if res.stdout.strip() == "4":
+            return True
+        agent_env.tmux("run-shell", "true")
+        return False
+
+    wait_for(tmux_has_the_status, timeout_s=15, what="tmux to record the dead pane's status")
+    state = reader.state("train", 0)
     assert (state.pane_dead, state.pane_dead_status) == (True, 4)
     line = f"1|||{exited.pid}|%9|{os.getpid()}"
     assert reader._unreaped("train", line, exited.pid, os.getpid())[:3] == (True, 4, None)
