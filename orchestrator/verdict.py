@@ -436,8 +436,8 @@ _KILL_REMEDY = (
 )
 
 
-def _sigkill_unexplained(ev: Evidence, what: str, when: str) -> tuple[str, dict[str, str]]:
-    """Summary, confidence and next check of a SIGKILL no OOM-killer line explains.
+def _sigkill_unexplained(ev: Evidence, what: str, when: str) -> tuple[str, str]:
+    """Summary and next check of a SIGKILL no OOM-killer line explains (its cause is probable).
 
     Read, the host kernel log makes "killed from outside" probable (a rotated log or a
     cgroup kill that names no PID can still hide an OOM kill); unread, the OOM killer stays
@@ -452,19 +452,17 @@ def _sigkill_unexplained(ev: Evidence, what: str, when: str) -> tuple[str, dict[
         return (
             f"{what} was killed by SIGKILL (exit status 137){when}; no OOM-killer line "
             "in the host kernel log names it: killed from outside"
-        ), {
-            "confidence": PROBABLE,
-            "confirm": f"who sent SIGKILL{when}: the host's journal and auth log (journalctl "
-            "--since/--until around it), a scheduler's accounting, other operators' sessions",
-        }
+        ), (
+            f"who sent SIGKILL{when}: the host's journal and auth log (journalctl "
+            "--since/--until around it), a scheduler's accounting, other operators' sessions"
+        )
     return (
         f"{what} was killed by SIGKILL (exit status 137){when}; the host kernel log could "
         "not be read, so the usual cause, the kernel OOM killer, is not confirmed"
-    ), {
-        "confidence": PROBABLE,
-        "confirm": "the host kernel log around the time of death (journalctl -k or dmesg -T "
-        "on the Proxmox host): an 'Out of memory: Killed process' line naming the run",
-    }
+    ), (
+        "the host kernel log around the time of death (journalctl -k or dmesg -T "
+        "on the Proxmox host): an 'Out of memory: Killed process' line naming the run"
+    )
 
 
 def _playbook(pbs: Sequence[Playbook], pid: str | None) -> Playbook | None:
@@ -639,17 +637,17 @@ def decide(
             pb = f.playbook
             remedy = _remedy(pbs, pb)
             summary = f.summary
-            sure: dict[str, str] = {}
+            confirm = ""
             if code == 137 and pb in (None, "oom-killer", "sigkill"):
                 pb, remedy = None, _KILL_REMEDY
-                summary, sure = _sigkill_unexplained(ev, what, when)
+                summary, confirm = _sigkill_unexplained(ev, what, when)
             cause = (
                 f"killed by {signal_name(code)}"
                 if code and signal_name(code)
                 else (f"the command exited with status {code}")
             )
             v = from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
-            return dataclasses.replace(v, **sure) if sure else v
+            return dataclasses.replace(v, confidence=PROBABLE, confirm=confirm) if confirm else v
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if asked and (code == 0 or "finished" in first):
