@@ -2,7 +2,9 @@
 
 Speed: lines/s and MB/s over a synthetic 1M-line training log (every line healthy but the
 last), end to end as ``orch diagnose`` runs it (read the file, match), and the matching
-alone over lines already in memory; the median of ``--repeat`` runs.
+alone over lines already in memory; also the matching alone over DeepSpeed INFO lines (a
+fifth as many), which hold a needle and so take the slow path in both matchers. Medians of
+``--repeat`` runs.
 
 Right: the corpus score of tests/data/logs (tests/detect/corpus.py): top-1 accuracy on
 clear-signature and on hard (truncated or indirect) excerpts, and false matches on
@@ -41,6 +43,12 @@ from tests.detect.corpus import load_corpus, score  # noqa: E402
 BASELINE_REV = "88d45a39ef9e598d362ed177837f267654256a83"
 """main before issue 17 (commit 88d45a3): the matcher and the 19 signature playbooks it had."""
 HEALTHY_LINE = "step={i} loss=2.3104 acc_len=3.21 tok/s=21500 lr=3.0e-04\n"
+INFO_LINE = (
+    "[2024-03-01 04:51:13,576] [INFO] [logging.py:96:log_dist] [Rank 0] step={i}, skipped=0, "
+    "lr=[1e-05], mom=[(0.9, 0.999)]\n"
+)
+"""DeepSpeed's INFO lines: "info" holds "inf", a needle of nan-loss, so every such line takes
+the slow path (the regexes) in both matchers: the worst common case, reported beside."""
 LAST_LINE = "OSError: [Errno 28] No space left on device\n"
 
 
@@ -81,17 +89,19 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
 
 
 def measure(module: ModuleType, pbs: list[Any], path: str, lines: list[str], repeat: int,
-            size: int, corpus: list[Any]) -> dict[str, Any]:  # fmt: skip
-    """One matcher's figures: end to end, matching alone, and its corpus score."""
+            size: int, corpus: list[Any], info: list[str]) -> dict[str, Any]:  # fmt: skip
+    """One matcher's figures: end to end, matching alone, INFO lines, and its corpus score."""
     n = len(lines)
     e2e, matches = timed(lambda: module.match_log(module.iter_log_lines(path), pbs), repeat)
     alone, _ = timed(lambda: module.match_log(lines, pbs), repeat)
+    slow, _ = timed(lambda: module.match_log(info, pbs), repeat)
     sigs = [p for p in pbs if p.kind == "signature"]
     return {
         "seconds": round(e2e, 3),
         "lines_per_s": round(n / e2e),
         "mb_per_s": round(size / e2e / 1e6, 1),
         "match_only_lines_per_s": round(n / alone),
+        "info_lines_per_s": round(len(info) / slow),
         "signature_playbooks": len(sigs),
         "matched": [m.id for m in matches],
         "corpus": score(corpus, lambda ls: [m.id for m in module.match_log(ls, pbs)]),
@@ -114,13 +124,16 @@ def main() -> None:
             fh.write(LAST_LINE)
         size = os.path.getsize(log)
         lines = [HEALTHY_LINE.format(i=i) for i in range(args.lines)] + [LAST_LINE]
+        info = [INFO_LINE.format(i=i) for i in range(max(args.lines // 5, 1))]
         base_dir = Path(tmp) / "baseline"
         base_dir.mkdir()
         baseline = load_baseline(args.baseline, base_dir)
-        new = measure(current, current.load_playbooks(), str(log), lines, args.repeat, size, corpus)
+        new = measure(
+            current, current.load_playbooks(), str(log), lines, args.repeat, size, corpus, info
+        )
         old: dict[str, Any] | None = None
         if not isinstance(baseline, str):
-            old = measure(*baseline, str(log), lines, args.repeat, size, corpus)
+            old = measure(*baseline, str(log), lines, args.repeat, size, corpus, info)
     result: dict[str, Any] = {
         "lines": args.lines + 1,
         "bytes": size,
@@ -141,7 +154,8 @@ def main() -> None:
             c = r["corpus"]
             print(
                 f"  {name:18s} {r['lines_per_s']:>9,} lines/s end to end ({r['mb_per_s']} MB/s), "
-                f"{r['match_only_lines_per_s']:>9,} lines/s matching alone; "
+                f"{r['match_only_lines_per_s']:>9,} lines/s matching alone, "
+                f"{r['info_lines_per_s']:>9,} on DeepSpeed INFO lines; "
                 f"{r['signature_playbooks']} signature playbooks; matched {r['matched']}"
             )
             print(

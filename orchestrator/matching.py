@@ -260,8 +260,9 @@ class LogMatcher:
             for alt in key:
                 index.setdefault(alt, []).append(i)
         self._index = index
-        self._keys = sorted(index)
-        self._quick = re.compile(trie_regex(self._keys)) if self._keys else None
+        keys = sorted(index)
+        self._keys = keys
+        self._quick = re.compile(trie_regex(keys)) if keys else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
 
@@ -292,7 +293,7 @@ class LogMatcher:
         text = line[:MAX_LINE_CHARS].rstrip("\r\n")
         low = text.lower()
         cands = set(self._always)
-        for needle in self._keys:
+        for needle in self._keys:  # exact (keys may overlap); only lines the prefilter let in
             if needle in low:
                 cands.update(self._index[needle])
         hit: list[str] = []
