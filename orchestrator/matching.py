@@ -58,6 +58,7 @@ class Signature:
     within: int = 1
     compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
     needles: tuple[Needles, ...] = field(default=(), repr=False, compare=False)
+    bounded: tuple[frozenset[str], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def is_stack(self) -> bool:
@@ -74,13 +75,15 @@ class Signature:
         (False, ((frozenset({'killed process '}),),))
         """
         compiled = tuple(re.compile(p) for p in patterns)
+        parsed = [_needles(p) for p in patterns]
         return cls(
             patterns=tuple(patterns),
             confidence=confidence,
             confirm=confirm,
             within=within,
             compiled=compiled,
-            needles=tuple(tuple(literal_needles(p)) for p in patterns),
+            needles=tuple(tuple(n) for n, _ in parsed),
+            bounded=tuple(b for _, b in parsed),
         )
 
 
@@ -133,6 +136,16 @@ def literal_needles(pattern: str) -> list[frozenset[str]]:
     >>> [sorted(n) for n in literal_needles(r"exits? (?:with|via) signal")]
     [['exit'], ['via', 'with'], [' signal']]
     """
+    return _needles(pattern)[0]
+
+
+def _needles(pattern: str) -> tuple[list[frozenset[str]], frozenset[str]]:
+    r""":func:`literal_needles`, and those of its literals the pattern always follows with
+    ``\b``: the prefilter may ask for the boundary too ("inf" must not let "info" in).
+
+    >>> _needles(r"(?i)loss[=:] ?(?:nan|inf)\b")[1] == {"nan", "inf"}
+    True
+    """
     try:
         from re import _parser as sre  # type: ignore[attr-defined]
     except ImportError:  # Python 3.10
@@ -148,58 +161,78 @@ def literal_needles(pattern: str) -> list[frozenset[str]]:
         return "".join(chars)
 
     out: list[frozenset[str]] = []
+    bounded: set[str] = set()
     run: list[str] = []
+    items = list(sre.parse(pattern))
 
-    def flush() -> None:
+    def at_boundary(i: int) -> bool:
+        return i < len(items) and items[i] == (c.AT, c.AT_BOUNDARY)
+
+    def flush(next_i: int) -> None:
         if len(run) >= 3:
-            out.append(frozenset({"".join(run).lower()}))
+            word = "".join(run).lower()
+            out.append(frozenset({word}))
+            if at_boundary(next_i):
+                bounded.add(word)
         run.clear()
 
-    def alternation(branch: Any) -> None:
+    def alternation(branch: Any, next_i: int) -> None:
         alts = [literal_seq(b) for b in branch[1]]
         if all(a and len(a) >= 3 for a in alts):
-            out.append(frozenset(a.lower() for a in alts if a))
+            words = frozenset(a.lower() for a in alts if a)
+            out.append(words)
+            if at_boundary(next_i):
+                bounded.update(words)
 
-    for op, av in sre.parse(pattern):
+    for i, (op, av) in enumerate(items):
         if op is c.LITERAL:
             run.append(chr(av))
             continue
-        flush()
+        flush(i)
         if op is c.BRANCH:  # (?:a|b) is inlined by the parser; a whole-pattern a|b too
-            alternation(av)
+            alternation(av, i + 1)
         elif op is c.SUBPATTERN:
             body = list(av[-1])
             if len(body) == 1 and body[0][0] is c.BRANCH:
-                alternation(body[0][1])
+                alternation(body[0][1], i + 1)
             else:
                 lit = literal_seq(body)
                 if lit and len(lit) >= 3:
                     out.append(frozenset({lit.lower()}))
-    flush()
-    return out
+                    if at_boundary(i + 1):
+                        bounded.add(lit.lower())
+    flush(len(items))
+    return out, frozenset(bounded)
 
 
-def trie_regex(words: Iterable[str]) -> str:
+def trie_regex(words: Iterable[str], bounded: frozenset[str] = frozenset()) -> str:
     """One regex matching any of ``words``, factored as a trie (shared prefixes once).
 
     Python's ``re`` tries an alternation's branches one after another; a trie branches on
     one character at each level, so the cost of a search barely grows with the word count.
+    A word in ``bounded`` matches only where a word boundary follows it.
 
     >>> trie_regex(["kill", "killed", "nan"])
     '(?:kill(?:ed)?|nan)'
     >>> re.search(trie_regex(["a.b"]), "axb") is None
     True
+    >>> rx = re.compile(trie_regex(["inf", "nan"], bounded=frozenset({"inf"})))
+    >>> [bool(rx.search(s)) for s in ("[info]", "loss: inf", "nano")]
+    [False, True, True]
     """
     root: dict[str, Any] = {}
     for w in sorted(set(words)):
         node = root
         for ch in w:
             node = node.setdefault(ch, {})
-        node[""] = {}
+        node["" if w not in bounded else "\\b"] = {}
 
     def build(node: dict[str, Any]) -> str:
         ends = "" in node
-        alts = [re.escape(ch) + build(node[ch]) for ch in sorted(k for k in node if k)]
+        alts = [
+            ("\\b" if ch == "\\b" else re.escape(ch)) + build(node[ch])
+            for ch in sorted(k for k in node if k)
+        ]
         if not alts:
             return ""
         body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
@@ -220,6 +253,7 @@ class _Check:
     step: int
     regex: re.Pattern[str]
     needles: Needles
+    bounded: frozenset[str]
 
 
 @dataclass(slots=True)
@@ -247,9 +281,14 @@ class LogMatcher:
             for sig in pb.signatures:
                 # a stack's later steps first, so one line never advances a stack twice
                 for step in reversed(range(len(sig.patterns))):
-                    self._checks.append(_Check(pi, si, step, sig.compiled[step], sig.needles[step]))
+                    self._checks.append(
+                        _Check(
+                            pi, si, step, sig.compiled[step], sig.needles[step], sig.bounded[step]
+                        )
+                    )
                 si += 1
         index: dict[str, list[int]] = {}
+        unbounded: set[str] = set()  # keys some check needs without a word boundary after
         self._always: list[int] = []
         for i, chk in enumerate(self._checks):
             if not chk.needles:
@@ -259,10 +298,13 @@ class LogMatcher:
             key = max(chk.needles, key=lambda alts: (len(alts) > 1, min(map(len, alts))))
             for alt in key:
                 index.setdefault(alt, []).append(i)
+                if alt not in chk.bounded:
+                    unbounded.add(alt)
         self._index = index
         keys = sorted(index)
         self._keys = keys
-        self._quick = re.compile(trie_regex(keys)) if keys else None
+        trie = trie_regex(keys, bounded=frozenset(keys) - unbounded) if keys else None
+        self._quick = re.compile(trie) if trie else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
 
