@@ -29,6 +29,7 @@ from typing import Any
 import yaml
 
 from orchestrator.config_reader import TAG, NodeReader, describe, join_key, show, suggest
+from orchestrator.config_reader import compose as _compose
 from orchestrator.config_schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
@@ -354,28 +355,6 @@ def _read_text(path: Path) -> str:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise ConfigError(shown, line, "", "not UTF-8 text") from exc
-
-
-def _compose(path: str, text: str) -> yaml.Node | None:
-    try:
-        return yaml.compose(text, Loader=yaml.SafeLoader)
-    except yaml.MarkedYAMLError as exc:
-        mark = exc.problem_mark or exc.context_mark
-        parts = [str(p) for p in (exc.context, exc.problem) if p] or ["invalid YAML"]
-        problem = " ".join(", ".join(parts).split())
-        raise ConfigError(
-            path, mark.line + 1 if mark else None, "", f"YAML syntax error: {problem}"
-        ) from exc
-    except yaml.reader.ReaderError as exc:
-        line = text[: exc.position].count("\n") + 1
-        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
-        raise ConfigError(
-            path, line, "", f"YAML syntax error: character {char!r} is not allowed"
-        ) from exc
-    except yaml.YAMLError as exc:
-        raise ConfigError(path, None, "", f"YAML error: {show(str(exc), 120)}") from exc
-    except RecursionError as exc:
-        raise ConfigError(path, None, "", "YAML nested too deeply") from exc
 
 
 def parse_inventory(text: str, path: str = "hosts.yaml", base_dir: Path | None = None) -> Inventory:

@@ -122,6 +122,37 @@ def describe(node: yaml.Node) -> str:
     return f"{kind} {show(str(node.value), 40)!r}"
 
 
+def compose(path: str, text: str) -> yaml.Node | None:
+    """YAML ``text`` as nodes (SafeLoader) that keep their lines; ``None`` for an empty document.
+
+    Raises:
+        ConfigError: a syntax error, as ``path:line: YAML syntax error: ...``.
+
+    >>> compose("x.yaml", "a: [1\\n")
+    Traceback (most recent call last):
+    orchestrator.errors.ConfigError: x.yaml:2: YAML syntax error: while parsing a flow sequence, expected ',' or ']', but got '<stream end>'
+    """
+    try:
+        return yaml.compose(text, Loader=yaml.SafeLoader)
+    except yaml.MarkedYAMLError as exc:
+        mark = exc.problem_mark or exc.context_mark
+        parts = [str(p) for p in (exc.context, exc.problem) if p] or ["invalid YAML"]
+        problem = " ".join(", ".join(parts).split())
+        raise ConfigError(
+            path, mark.line + 1 if mark else None, "", f"YAML syntax error: {problem}"
+        ) from exc
+    except yaml.reader.ReaderError as exc:
+        line = text[: exc.position].count("\n") + 1
+        char = chr(exc.character) if isinstance(exc.character, int) else exc.character
+        raise ConfigError(
+            path, line, "", f"YAML syntax error: character {char!r} is not allowed"
+        ) from exc
+    except yaml.YAMLError as exc:
+        raise ConfigError(path, None, "", f"YAML error: {show(str(exc), 120)}") from exc
+    except RecursionError as exc:
+        raise ConfigError(path, None, "", "YAML nested too deeply") from exc
+
+
 class NodeReader:
     """Walks composed YAML nodes of one file, turning each mistake into a ConfigError."""
 

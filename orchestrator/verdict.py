@@ -27,6 +27,7 @@ from orchestrator.detect.host import OOM_WINDOW_S as OOM_WINDOW_S  # re-exported
 from orchestrator.detect.host import oom_kills_of_run
 from orchestrator.detect.host import run_pids_and_names as history_pids_and_names
 from orchestrator.detect.limits import Limits
+from orchestrator.matching import CERTAIN, PROBABLE
 from orchestrator.model import (
     Finding,
     GpuSample,
@@ -59,7 +60,9 @@ class Verdict:
 
     ``kind`` is a finding kind (``crashed``, ``oom-killer``, ``log-signature``...),
     ``stopped`` or ``healthy``; ``reached`` is False only for ``healthy``. ``died_at``
-    is Unix s.
+    is Unix s. ``confidence`` is ``certain`` or ``probable`` (the usual cause of what the
+    evidence shows, as for a SIGKILL no kernel log explains); ``confirm`` is the next
+    check that would confirm the cause ("" when the evidence already does).
     """
 
     kind: str
@@ -71,6 +74,8 @@ class Verdict:
     evidence: tuple[str, ...] = ()
     remedy: tuple[str, ...] = ()
     reached: bool = True
+    confidence: str = CERTAIN
+    confirm: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -78,6 +83,8 @@ class Verdict:
             "playbook": self.playbook,
             "summary": self.summary,
             "severity": str(self.severity),
+            "confidence": self.confidence,
+            "confirm": self.confirm,
             "died_at": self.died_at,
             "cause": self.cause,
             "evidence": list(self.evidence),
@@ -416,7 +423,9 @@ def judge(
     return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
 
 
-_GENERIC_IDS = frozenset({"oom-killer", "silent-death", "ghost-utilization", "tee-bypass"})
+_GENERIC_IDS = frozenset(
+    {"oom-killer", "sigkill", "silent-death", "ghost-utilization", "tee-bypass"}
+)
 """Playbooks that name an outcome, not a cause found in the log: never a log-signature verdict."""
 _ALIVE_ORDER = ("oom-killer", "xid", "nvml-error", "stall", "log-signature", "ghost-utilization")
 _KILL_REMEDY = (
@@ -425,6 +434,35 @@ _KILL_REMEDY = (
     "Check who: the host's auth/journal logs around the time of death, other operators' sessions.",
     "Relaunch when understood: orch launch TARGET.",
 )
+
+
+def _sigkill_unexplained(ev: Evidence, what: str, when: str) -> tuple[str, str]:
+    """Summary and next check of a SIGKILL no OOM-killer line explains (its cause is probable).
+
+    Read, the host kernel log makes "killed from outside" probable (a rotated log or a
+    cgroup kill that names no PID can still hide an OOM kill); unread, the OOM killer stays
+    the usual cause and the kernel log is what would tell.
+    """
+    probe = ev.probe
+    if (
+        ev.kernel_log_source
+        or ev.kernel_log
+        or (probe and (probe.kernel_log_source or probe.kernel_events))
+    ):
+        return (
+            f"{what} was killed by SIGKILL (exit status 137){when}; no OOM-killer line "
+            "in the host kernel log names it: killed from outside"
+        ), (
+            f"who sent SIGKILL{when}: the host's journal and auth log (journalctl "
+            "--since/--until around it), a scheduler's accounting, other operators' sessions"
+        )
+    return (
+        f"{what} was killed by SIGKILL (exit status 137){when}; the host kernel log could "
+        "not be read, so the usual cause, the kernel OOM killer, is not confirmed"
+    ), (
+        "the host kernel log around the time of death (journalctl -k or dmesg -T "
+        "on the Proxmox host): an 'Out of memory: Killed process' line naming the run"
+    )
 
 
 def _playbook(pbs: Sequence[Playbook], pid: str | None) -> Playbook | None:
@@ -591,24 +629,25 @@ def decide(
                     *([f"exit_status: {code}"] if code is not None else []),
                 ),
                 remedy=sig.remedy,
+                confidence=sig.confidence,
+                confirm=sig.confirm,
             )
         if "crashed" in first:
             f = first["crashed"]
             pb = f.playbook
             remedy = _remedy(pbs, pb)
             summary = f.summary
-            if code == 137 and (pb == "oom-killer" or pb is None):
+            confirm = ""
+            if code == 137 and pb in (None, "oom-killer", "sigkill"):
                 pb, remedy = None, _KILL_REMEDY
-                summary = (
-                    f"{what} was killed by SIGKILL (exit status 137){when}; no OOM-killer line "
-                    "in the host kernel log names it: killed from outside"
-                )
+                summary, confirm = _sigkill_unexplained(ev, what, when)
             cause = (
                 f"killed by {signal_name(code)}"
                 if code and signal_name(code)
                 else (f"the command exited with status {code}")
             )
-            return from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
+            v = from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
+            return dataclasses.replace(v, confidence=PROBABLE, confirm=confirm) if confirm else v
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if asked and (code == 0 or "finished" in first):

@@ -17,14 +17,20 @@ def diagnose(
     logfile: Path = typer.Argument(
         ..., help="Any log file (ours or not); streamed, never loaded whole."
     ),
-    as_json: bool = typer.Option(False, "--json", help='Print {"matches": [...]} best first.'),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='Print {"matches": [...]} best first, each with confidence and confirm.',
+    ),
     playbooks_dir: Path | None = typer.Option(
         None, "--playbooks", help="Playbook directory (default: bundled)."
     ),
 ) -> None:
     """Match a log against the signature playbooks, offline; best match first.
 
-    Exit codes: 0 whether or not something matched (the answer is the output);
+    Each match says how sure it is (certain: the signature names the failure; probable:
+    the usual cause of a generic symptom, such as a bare "Killed") and the next check
+    that would confirm it. Exit codes: 0 whether or not something matched (the answer is the output);
     2 for an unreadable log or a bad playbook file.
     """
     from orchestrator.errors import UsageError
@@ -116,10 +122,16 @@ def playbook_show(
         print_json(pb.to_dict())
         return
     print(f"{pb.id}: {pb.title}  [{pb.kind}, {pb.severity}]")
-    for label, items in (("log", pb.log), ("findings", pb.findings), ("exit codes", pb.exit_codes)):
+    for sig in pb.signatures:
+        what = "  ->  ".join(sig.patterns) if sig.is_stack else sig.patterns[0]
+        span = f"  (stack, within {sig.within} lines)" if sig.is_stack else ""
+        print(f"  match log [{sig.confidence}]: {what}{span}")
+    for label, items in (("findings", pb.findings), ("exit codes", pb.exit_codes)):
         if items:
             print(f"  match {label}: " + "  |  ".join(str(i) for i in items))
     print("\n" + pb.diagnosis.strip())
+    if pb.confirm:
+        print("\nConfirm: " + " ".join(pb.confirm.split()))
     if pb.remedy:
         print("\nRemedy:\n" + "\n".join(f"  - {r}" for r in pb.remedy))
     for i, s in enumerate(pb.steps, 1):
