@@ -45,7 +45,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator import deploy  # noqa: E402
-from orchestrator.config import load_inventory  # noqa: E402
+from orchestrator.config.inventory import load_inventory  # noqa: E402
 from orchestrator.sandbox import manager  # noqa: E402
 from orchestrator.target import Target, agent_argv, parse_snapshot  # noqa: E402
 from orchestrator.transport.connect import close_all  # noqa: E402

@@ -2,7 +2,7 @@
 and procedures (ordered steps), loaded from ``playbooks/*.yaml`` and validated.
 
 This module loads, validates and matches. Carrying a procedure out (``orch playbook
-run``: planning, dry run, ``--yes``) lives in :mod:`orchestrator.procedures`.
+run``: planning, dry run, ``--yes``) lives in :mod:`orchestrator.lifecycle.procedures`.
 
 A bad file is one :class:`~orchestrator.errors.ConfigError` naming ``file:line: key``.
 :func:`match_log` streams any iterable of lines (a 10 GB log is fine) and ranks the
@@ -38,7 +38,7 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 
 KINDS = ("signature", "procedure")
 ACTIONS = ("stop", "launch", "verify", "archive")
-"""Built-in procedure actions (orchestrator.procedures; see docs/playbooks.md)."""
+"""Built-in procedure actions (orchestrator.lifecycle.procedures; see docs/playbooks.md)."""
 SKIP_SUFFIX = "-rules.yaml"
 """Files in the playbook directory named ``*-rules.yaml`` are not playbooks (Prometheus
 alerting rules live beside them, ``playbooks/prometheus-rules.yaml``); every other

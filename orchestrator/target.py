@@ -22,7 +22,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from orchestrator import deploy
-from orchestrator.config import Inventory
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
     AgentProtocolError,

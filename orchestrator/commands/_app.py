@@ -78,6 +78,6 @@ def print_json(data: Any) -> None:
 
 def load_inventory():  # type: ignore[no-untyped-def]
     """The inventory named by ``-c`` / ``$ORCH_CONFIG`` / the lookup order (config.py)."""
-    from orchestrator.config import load_inventory as _load
+    from orchestrator.config.inventory import load_inventory as _load
 
     return _load(state.config)

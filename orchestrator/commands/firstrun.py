@@ -49,7 +49,7 @@ def demo_cmd(
     Exit codes: 0 the loop ran and reached a verdict; 1 a step failed; 2 something
     needed is missing (each item is named with its install command).
     """
-    from orchestrator import demo
+    from orchestrator.firstrun import demo
     from orchestrator.views.demo import RichDemoUI
 
     interactive = sys.stdin.isatty() and not yes and not as_json
@@ -113,8 +113,8 @@ def init_cmd(
     """
     import os
 
-    from orchestrator import init
     from orchestrator.cli import run  # the entry point: its error handling
+    from orchestrator.firstrun import init
 
     given = {"host": host, "address": address, "user": user, "port": port, "vmid": vmid,
              "container": container, "gpus": gpus, "workdir": workdir,
@@ -186,7 +186,7 @@ def doctor_cmd(
     python3 and tmux in it, NVML readable there (this deploys the agent, as any command does).
     Exit codes: 0 every check passed; 1 something failed; 2 TARGET is unknown.
     """
-    from orchestrator import doctor
+    from orchestrator.firstrun import doctor
 
     on_check = None if as_json else (lambda c: print(doctor.render_text([c]), flush=True))
     checks = doctor.run_doctor(state.config, target, on_check=on_check)

@@ -21,7 +21,7 @@ def hosts_cmd(
     Exit codes: 0 listed; 2 hosts.yaml is malformed (one line naming file:line and key).
     Env values whose names look secret are masked in --json output.
     """
-    from orchestrator.config import config_search_paths, inventory_summary
+    from orchestrator.config.inventory import config_search_paths, inventory_summary
 
     summary = inventory_summary(load_inventory())
     if as_json:
@@ -41,7 +41,7 @@ def hosts_cmd(
     hosts = Table("host", "address", "user", title=Text(f"hosts ({summary['config']})"))
     for h in summary["hosts"]:
         hosts.add_row(Text(h["name"]), Text(f"{h['address']}:{h['port']}"), Text(h["user"]))
-    from orchestrator.config_reader import gpu_ranges
+    from orchestrator.config.reader import gpu_ranges
 
     cts = Table("container", "host", "address", "vmid", "session", "gpus")
     cts.add_column("workdir", overflow="fold")

@@ -53,7 +53,7 @@ def launch_cmd(
     unreachable; 4 refused by preflight (live session, busy GPUs, disk, missing
     modules, too few CUDA devices for the config): nothing started.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
     from orchestrator.views.launch import PhaseProgress, launch_summary
 
     inventory = load_inventory()
@@ -110,7 +110,7 @@ def stop_cmd(
     The tmux session and the run directory stay for the postmortem. Exit codes:
     0 stopped or already not running; 3 unreachable.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
 
     doc = launch.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
     if as_json:
@@ -145,7 +145,7 @@ def logs_cmd(
 
     Exit codes: 0 done; 2 no such run; 3 unreachable.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
 
     inventory = load_inventory()
     if not follow:
@@ -172,7 +172,7 @@ def status_cmd(
     """One table of every target, queried concurrently: reachable, container, session, run,
     age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
@@ -192,7 +192,7 @@ def runs_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
 ) -> None:
     """The runs in the container's workdir: running, exited N or vanished, and log sizes."""
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
     from orchestrator.views.launch import runs_table
 
     doc = launch.runs(load_inventory(), target)
@@ -210,7 +210,7 @@ def attach_cmd(
     """Attach to the run's tmux session (ssh -t, pct exec, tmux attach); detach with C-b d."""
     import subprocess
 
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
     from orchestrator.transport.quoting import command_line
 
     argv = launch.attach_argv(load_inventory(), target)

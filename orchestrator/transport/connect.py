@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.config import LOCAL, HostConfig, Inventory
+from orchestrator.config.inventory import LOCAL, HostConfig, Inventory
 from orchestrator.errors import UsageError
 from orchestrator.transport.base import Transport
 from orchestrator.transport.local import LocalTransport

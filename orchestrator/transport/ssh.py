@@ -40,7 +40,7 @@ from typing import Any
 import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.errors import (
     AuthFailed,
     CommandFailed,

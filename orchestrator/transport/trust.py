@@ -13,7 +13,7 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.errors import HostKeyChanged, HostKeyUnknown
 from orchestrator.transport.ssh import (
     Endpoint,

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.model import Finding, HostProbe, Severity, Snapshot
-from orchestrator.views.state import target_state
+from orchestrator.monitor.state import target_state
 
 log = logging.getLogger(__name__)
 
@@ -262,11 +262,11 @@ def select_targets(inventory: Any, names: Sequence[str]) -> list[str]:
 
 def run_check(inventory: Any, opts: CheckOptions) -> CheckReport:
     """Snapshot, judge, alert, remember. Raises ``HistoryError`` when the database is unusable."""
-    from orchestrator import alerts
     from orchestrator.detect.engine import default_playbooks, run_detectors
-    from orchestrator.history import History
+    from orchestrator.monitor import alerts
+    from orchestrator.monitor.history import History
+    from orchestrator.monitor.state import roles_by_gpu
     from orchestrator.target import Host, Target
-    from orchestrator.views.state import roles_by_gpu
 
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
@@ -420,7 +420,7 @@ def _reason(value: object) -> str:
 
 def redact_report(doc: Any, containers: Iterable[Any], extra: set[str] | None = None) -> Any:
     """``doc`` with secret-looking env values (ours and the containers') masked."""
-    from orchestrator import alerts
+    from orchestrator.monitor import alerts
 
     secrets = alerts.environment_secrets([getattr(c, "env", {}) for c in containers])
     return alerts.redact(doc, secrets | (extra or set()))

@@ -1,5 +1,5 @@
 """Rendering for ``orch demo``: one line per step with its duration, the live view, the findings,
-the verdict, and what to do next. Implements :class:`orchestrator.demo.DemoUI`."""
+the verdict, and what to do next. Implements :class:`orchestrator.firstrun.demo.DemoUI`."""
 
 from __future__ import annotations
 

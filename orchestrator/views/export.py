@@ -26,7 +26,7 @@ from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from orchestrator.model import Finding, Snapshot
-from orchestrator.views.state import target_state
+from orchestrator.monitor.state import target_state
 
 log = logging.getLogger(__name__)
 
@@ -215,8 +215,8 @@ class Poller:
     def poll_once(self) -> None:
         """One concurrent round of snapshots, then the detectors; never raises for a target."""
         from orchestrator.detect.engine import run_detectors
+        from orchestrator.monitor.state import roles_by_gpu
         from orchestrator.views.check import _reason, ensure_unreachable_finding, gather
-        from orchestrator.views.state import roles_by_gpu
 
         def job(name: str) -> Callable[[], Snapshot]:
             return lambda: self._target(name).snapshot()

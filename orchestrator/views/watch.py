@@ -36,7 +36,7 @@ from rich.console import Console, Group, RenderableType
 from rich.text import Text
 
 from orchestrator.model import Finding, GpuSample, Severity, Snapshot
-from orchestrator.views.state import roles_by_gpu, target_state
+from orchestrator.monitor.state import roles_by_gpu, target_state
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import deploy
-from orchestrator.config import load_inventory
+from orchestrator.config.inventory import load_inventory
 from orchestrator.sandbox import manager
 from orchestrator.sandbox.kernel import append_kernel_line
 from orchestrator.target import Host, Target

@@ -242,14 +242,15 @@ def orch(
 
 
 def _inventory(path: Path) -> Any:
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
 
     return load_inventory(path)
 
 
 def fault_command(inventory: Any, name: str, faults: list[str]) -> str:
     """The bundled trainer (deployed to ``name``) with ``faults``, into orch's run directory."""
-    from orchestrator import deploy, launch
+    from orchestrator import deploy
+    from orchestrator.lifecycle import launch
     from orchestrator.target import Target
     from orchestrator.transport.quoting import command_line, with_env
 

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import postmortem
 from orchestrator.agent import runs
-from orchestrator.verdict import judge
+from orchestrator.postmortem import collect as postmortem
+from orchestrator.postmortem.verdict import judge
 from orchestrator.views.postmortem import html, markdown
 from tests.helpers import wait_for
 from tests.launch.conftest import LocalAgent

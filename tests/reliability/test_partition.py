@@ -127,7 +127,7 @@ def _sockets() -> int:
     "reachable again after the link returns",
 )
 def test_partition_declared_unreachable(ns_host, fleet, observe):
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.target import Target
     from orchestrator.transport.connect import close_all
 
@@ -160,7 +160,7 @@ def test_partition_declared_unreachable(ns_host, fleet, observe):
     "channel or socket leak (counted before/after)",
 )
 def test_partition_cycles_leak_nothing(ns_host, observe):
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.target import Target
     from orchestrator.transport.pct import PctTransport
     from orchestrator.transport.ssh import SshTransport

@@ -10,7 +10,7 @@ import time
 
 from rich.console import Console
 
-from orchestrator.config import ContainerConfig
+from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Severity, Snapshot
 from orchestrator.views import watch as w
 from tests.helpers import wait_for

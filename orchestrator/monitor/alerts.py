@@ -1,7 +1,7 @@
 """Alerts from ``orch check``: decide what to say (pure), then say it (webhook, command).
 
 Deduplication (:func:`plan`) compares this check's findings with the alert state
-kept in SQLite (:class:`~orchestrator.history.AlertState`):
+kept in SQLite (:class:`~orchestrator.monitor.history.AlertState`):
 
 - a finding not seen before, or whose earlier notification was never delivered: ``new``;
 - a finding whose severity changed: ``changed``;
@@ -35,8 +35,8 @@ from typing import Any
 import tenacity
 
 from orchestrator import secrets as _secrets
-from orchestrator.history import AlertState
 from orchestrator.model import Finding, Severity
+from orchestrator.monitor.history import AlertState
 
 log = logging.getLogger(__name__)
 

@@ -8,8 +8,8 @@ one ``snapshot`` (the GPUs and processes now), and from the Proxmox host
 ``pct status``, the kernel log since the launch and its parsed events
 (:meth:`orchestrator.target.Host.probe`). The bundle (:func:`write_bundle`).
 
-Judgement is pure and lives in :mod:`orchestrator.verdict` (history
-reconstruction, OOM matching, :func:`~orchestrator.verdict.decide` and its
+Judgement is pure and lives in :mod:`orchestrator.postmortem.verdict` (history
+reconstruction, OOM matching, :func:`~orchestrator.postmortem.verdict.decide` and its
 precedence); its public names are re-exported here. Alive with no problem is
 ``healthy`` (nothing to explain; the CLI exits 1).
 
@@ -28,11 +28,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import paths
-from orchestrator.config import Inventory
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
 from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
-from orchestrator.secrets import mask_env, redact, secret_values
-from orchestrator.verdict import (
+from orchestrator.postmortem.verdict import (
     HEALTHY,
     OOM_WINDOW_S,
     STOPPED,
@@ -47,6 +46,7 @@ from orchestrator.verdict import (
     reconstruct_history,
     run_pids_and_names,
 )
+from orchestrator.secrets import mask_env, redact, secret_values
 
 __all__ = [
     "HEALTHY",
@@ -306,7 +306,7 @@ def postmortem(
     write: bool = True,
 ) -> Postmortem:
     """Collect, judge and (by default) write the bundle for ``name``'s run."""
-    from orchestrator.views.state import roles_by_gpu
+    from orchestrator.monitor.state import roles_by_gpu
 
     c = inventory.container(name)
     ev = collect(inventory, name, run_id=run_id)

@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import (
+from orchestrator.config.inventory import (
     ContainerConfig,
     HostConfig,
     Inventory,

@@ -21,8 +21,13 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Inventory, config_search_paths, load_inventory, parse_inventory
-from orchestrator.config_reader import gpu_ranges, parse_gpu_spec
+from orchestrator.config.inventory import (
+    Inventory,
+    config_search_paths,
+    load_inventory,
+    parse_inventory,
+)
+from orchestrator.config.reader import gpu_ranges, parse_gpu_spec
 from orchestrator.errors import ConfigError, Refused, UsageError
 from orchestrator.paths import ensure_private_dir, write_private
 

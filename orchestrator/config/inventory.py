@@ -14,7 +14,7 @@ Scalars that end up as text (names, env values, commands) keep their literal
 spelling: ``FOO: yes`` is the string ``"yes"``, ``VER: 1.10`` is ``"1.10"``.
 
 The field reference (docs/hosts-yaml.md) is generated from config_schema.py:
-``python -m orchestrator.config --markdown > docs/hosts-yaml.md``.
+``python -m orchestrator.config.inventory --markdown > docs/hosts-yaml.md``.
 """
 
 from __future__ import annotations
@@ -28,8 +28,8 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config_reader import TAG, NodeReader, describe, join_key, show, suggest
-from orchestrator.config_schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
+from orchestrator.config.reader import TAG, NodeReader, describe, join_key, show, suggest
+from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
@@ -450,7 +450,7 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--markdown"]:
-        sys.exit("usage: python -m orchestrator.config --markdown")
-    from orchestrator.config_schema import schema_markdown
+        sys.exit("usage: python -m orchestrator.config.inventory --markdown")
+    from orchestrator.config.schema import schema_markdown
 
     sys.stdout.write(schema_markdown())

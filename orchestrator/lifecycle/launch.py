@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import __version__, deploy
-from orchestrator.config import ContainerConfig, Inventory
+from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     AgentError,
     ContainerNotRunning,
@@ -184,7 +184,7 @@ def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> l
 def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...]:
     """``--gpus`` (``0-3,6``) or the container's assignment.
 
-    >>> from orchestrator.config import ContainerConfig
+    >>> from orchestrator.config.inventory import ContainerConfig
     >>> c = ContainerConfig(name="ct", host="h", gpus={"target": (0, 1), "drafter": (5,)})
     >>> resolve_gpus(c, None), resolve_gpus(c, "2-3")
     ((0, 1, 5), (2, 3))
@@ -256,7 +256,7 @@ def trainer_root() -> Path:
     Raises:
         OrchError: the trainer is not installed.
     """
-    root = Path(__file__).resolve().parent.parent / "trainer"
+    root = Path(__file__).resolve().parents[2] / "trainer"
     if not (root / "__main__.py").is_file():
         spec = importlib.util.find_spec("trainer")
         if spec is None or not spec.origin:
@@ -317,7 +317,7 @@ def trainer_config(container: ContainerConfig, trainer_args: Sequence[str] = ())
     container. Launch preflight refuses ``dflash-8gpu`` where torch sees fewer than 8 CUDA
     devices (a CPU-only container with GPUs assigned, like the sandbox's).
 
-    >>> from orchestrator.config import ContainerConfig
+    >>> from orchestrator.config.inventory import ContainerConfig
     >>> ct = ContainerConfig(name="ct", host="h", gpus={"all": (0, 1)})
     >>> trainer_config(ct), trainer_config(ct, ["--config", "tiny-cpu"])
     ('dflash-8gpu', 'tiny-cpu')
@@ -336,7 +336,7 @@ def trainer_command(
     The config is :func:`trainer_config`'s; ``trainer_args`` (``orch launch T -- ARGS``)
     follow ``--run-dir``, each one quoted (a ``--config`` among them replaces orch's).
 
-    >>> from orchestrator.config import ContainerConfig
+    >>> from orchestrator.config.inventory import ContainerConfig
     >>> trainer_command(ContainerConfig(name="ct", host="h", trainer_config="tiny-cpu"), "/b", "/r")
     'env PYTHONPATH=/b python3 -m trainer --config /b/trainer/configs/tiny-cpu.yaml --run-dir /r'
     >>> trainer_command(ContainerConfig(name="ct", host="h"), "/b", "/r",
@@ -791,7 +791,7 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
 
 def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
     """The status columns from one snapshot (pure)."""
-    from orchestrator.views.state import target_state
+    from orchestrator.monitor.state import target_state
 
     sess = snap.session
     run = snap.run

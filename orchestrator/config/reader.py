@@ -19,7 +19,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config_schema import FieldSpec
+from orchestrator.config.schema import FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
 

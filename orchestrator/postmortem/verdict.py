@@ -1,6 +1,6 @@
 """The pure half of ``orch postmortem``: evidence in, history, findings and a verdict out.
 
-No I/O: :mod:`orchestrator.postmortem` collects the :class:`Evidence` (agent, host,
+No I/O: :mod:`orchestrator.postmortem.collect` collects the :class:`Evidence` (agent, host,
 kernel log) and writes the bundle; everything here is a function of that evidence.
 
 The flight recorder is turned back into a snapshot history

@@ -15,7 +15,7 @@ Steps (each reported with its duration through a :class:`DemoUI`):
    trainer's python process, sent through the container's transport; the
    watch continues until the detectors (``run_detectors``) report the
    finding(s) or ``detect_timeout_s`` passes.
-6. **postmortem**: ``orchestrator.postmortem.postmortem`` into
+6. **postmortem**: ``orchestrator.postmortem.collect.postmortem`` into
    ``<state>/postmortem/``: verdict and report.html.
 7. **teardown**: ``manager.down`` (processes only; the files stay so the report
    can be read), unless ``keep``.
@@ -232,7 +232,7 @@ def bundled_trainer_configs() -> list[str]:
     >>> {"tiny-cpu", "instant-cpu"} <= set(bundled_trainer_configs())
     True
     """
-    from orchestrator.launch import trainer_root
+    from orchestrator.lifecycle.launch import trainer_root
 
     return sorted(p.stem for p in (trainer_root() / "configs").glob("*.yaml"))
 
@@ -352,12 +352,12 @@ def _loop(
     at the end), never the machine's speed. A run that ended on its own before the kill is
     said so, and the demo goes on to the postmortem of what happened.
     """
-    from orchestrator import launch
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.detect.engine import run_detectors
+    from orchestrator.lifecycle import launch
+    from orchestrator.monitor.state import roles_by_gpu, stepped
     from orchestrator.sandbox import manager
     from orchestrator.target import Target
-    from orchestrator.views.state import roles_by_gpu, stepped
 
     inv = load_inventory(result.config_path)
     cfg = inv.container(CONTAINER)
@@ -468,7 +468,7 @@ def _loop(
         _stop_run(launch, inv, result, ui)
 
     def judged() -> str:
-        from orchestrator import postmortem
+        from orchestrator.postmortem import collect as postmortem
 
         pm = postmortem.postmortem(inv, CONTAINER, run_id=result.run_id,
                                    out=result.state_dir / "postmortem")  # fmt: skip

@@ -267,7 +267,7 @@ class _Runner:
             self.relaunch_gpus = ",".join(str(g) for g in manifest.gpus)
 
     def verify(self) -> str:
-        from orchestrator import launch as launch_mod
+        from orchestrator.lifecycle import launch as launch_mod
 
         row = launch_mod.status_one(self.inventory, self.name)
         if row.get("error") or row.get("run_state") != "running":
@@ -281,7 +281,7 @@ class _Runner:
         return f"run {row.get('run_id')} is running (session {row.get('session')})"
 
     def do(self, step: PlannedStep) -> str:
-        from orchestrator import launch as launch_mod
+        from orchestrator.lifecycle import launch as launch_mod
 
         if step.action == "stop":
             self.remember_run()
