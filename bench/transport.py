@@ -21,7 +21,8 @@ from pathlib import Path
 
 from orchestrator.config.inventory import HostConfig
 from orchestrator.sandbox.sshd import start_sshd, stop_sshd
-from orchestrator.transport.ssh import SshTransport, resolve
+from orchestrator.transport.ssh import SshTransport
+from orchestrator.transport.ssh_config import resolve
 
 
 def median_ms(fn, runs: int) -> float:  # type: ignore[no-untyped-def]

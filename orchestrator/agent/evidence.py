@@ -2,13 +2,13 @@
 
 Runs inside the container (standard library and the agent package only). Bounded
 by construction: the log and the flight recorder are read from the end
-(:func:`~orchestrator.agent.runs.tail_lines`), never whole, within a byte budget;
-log and pane lines are cut as the snapshot's are (``runs.MAX_LINE_BYTES``), the
+(:func:`~orchestrator.agent.tail_lines`), never whole, within a byte budget;
+log and pane lines are cut as the snapshot's are (``MAX_LINE_BYTES``), the
 pane capture is at most ``--pane-lines`` lines. Prints one JSON document::
 
     {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
      "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
-     "state": <runs.run_state with tmux info>, "tmux_server_running": bool,
+     "state": <run_state with tmux info>, "tmux_server_running": bool,
      "log": {"path", "exists", "size_bytes", "mtime", "tail": [...]},
      "pane": {"lines": [...], "error": str | null},
      "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
@@ -35,7 +35,16 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent import runs
+from orchestrator.agent.answer import EXIT_OK, emit, guard
+from orchestrator.agent.logs import bound_lines, tail_lines
+from orchestrator.agent.rundir import (
+    current_run_id,
+    read_int,
+    read_text,
+    resolve_run_dir,
+    run_state,
+)
+from orchestrator.agent.tmux import RUN_WINDOW, tmux
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200
@@ -53,9 +62,7 @@ def _jsonl_tail(path: Path, n: int, max_bytes: int = METRICS_MAX_BYTES) -> list[
     """The last ``n`` JSON-object lines of ``path`` (unreadable lines skipped; read from the end)."""
     if n <= 0 or max_bytes <= 0:
         return []
-    lines, _size = runs.tail_lines(
-        path, n, max_line_bytes=JSONL_MAX_LINE_BYTES, max_bytes=max_bytes
-    )
+    lines, _size = tail_lines(path, n, max_line_bytes=JSONL_MAX_LINE_BYTES, max_bytes=max_bytes)
     out = []
     for line in lines:
         try:
@@ -79,7 +86,7 @@ def gpu_history(run_dir: Path, n: int) -> list[dict[str, Any]]:
 
 def tmux_server_running() -> bool:
     """Whether a tmux server answers on this socket (``$TMUX_TMPDIR``)."""
-    res = runs.tmux("list-sessions")
+    res = tmux("list-sessions")
     if res.returncode == 0:
         return True
     text = res.stderr.lower()
@@ -88,15 +95,13 @@ def tmux_server_running() -> bool:
 
 def capture_pane(session: str, lines: int) -> tuple[list[str], str | None]:
     """The run pane's screen plus up to ``lines`` of scrollback (trailing blank lines dropped)."""
-    res = runs.tmux(
-        "capture-pane", "-p", "-J", "-t", f"={session}:{runs.RUN_WINDOW}", "-S", f"-{lines}"
-    )
+    res = tmux("capture-pane", "-p", "-J", "-t", f"={session}:{RUN_WINDOW}", "-S", f"-{lines}")
     if res.returncode != 0:
         return [], (res.stderr.strip() or f"tmux exit {res.returncode}")[:300]
     out = res.stdout.splitlines()
     while out and not out[-1].strip():
         out.pop()
-    return runs.bound_lines(out[-lines:]), None
+    return bound_lines(out[-lines:]), None
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -108,7 +113,7 @@ def _stat(path: Path) -> os.stat_result | None:
 
 def collect(args: argparse.Namespace) -> dict[str, Any]:
     """The evidence document for ``args.run_id`` (default: the current run)."""
-    run_dir = runs._run_dir(args.workdir, args.run_id)
+    run_dir = resolve_run_dir(args.workdir, args.run_id)
     now = time.time()
     manifest: dict[str, Any] | None = None
     manifest_error = None
@@ -120,11 +125,11 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         manifest_error = f"manifest.json unreadable: {str(exc)[:200]}"
     session = str((manifest or {}).get("session") or args.session)
-    state = runs.run_state(run_dir, session=session)
+    state = run_state(run_dir, session=session)
     exit_st = _stat(run_dir / "exit_status")
     log = run_dir / "train.log"
     log_st = _stat(log)
-    tail, _ = runs.tail_lines(log, args.log_lines)
+    tail, _ = tail_lines(log, args.log_lines)
     server = tmux_server_running()
     pane: list[str] = []
     pane_error: str | None = "no tmux server running" if not server else None
@@ -134,7 +139,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         pane_error = f"no tmux session {session!r}"
     beat = run_dir / "heartbeat"
     beat_st = _stat(beat)
-    wrapper = (runs._read(run_dir / "wrapper.pid") or "").split()
+    wrapper = (read_text(run_dir / "wrapper.pid") or "").split()
     files = {
         p.name: st.st_size
         for p in sorted(run_dir.iterdir())
@@ -145,7 +150,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "now": now,
         "run_id": run_dir.name,
         "run_dir": str(run_dir),
-        "current": runs.current_run_id(args.workdir),
+        "current": current_run_id(args.workdir),
         "manifest": manifest,
         "manifest_error": manifest_error,
         "exit_status": state["exit_status"],
@@ -164,12 +169,12 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         "gpu_history": gpu_history(run_dir, args.gpu_samples),
         "metrics": _jsonl_tail(run_dir / "metrics.jsonl", args.metric_records),
         "heartbeat": {
-            "text": (runs._read(beat) or "")[:100],
+            "text": (read_text(beat) or "")[:100],
             "age_s": round(now - beat_st.st_mtime, 3),
         }
         if beat_st
         else None,
-        "pgid": runs._read_int(run_dir / "pgid"),
+        "pgid": read_int(run_dir / "pgid"),
         "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
         "files": files,
         "stop_requested": state.get("stop_requested"),
@@ -178,12 +183,12 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _cmd_evidence(args: argparse.Namespace) -> int:
-    runs._emit(collect(args))
-    return runs.EXIT_OK
+    emit(collect(args))
+    return EXIT_OK
 
 
 def register(subparsers: Any) -> None:
-    """Add ``evidence`` to the agent's argparse subparsers (called by ``runs.register``)."""
+    """Add ``evidence`` to the agent's argparse subparsers (called by ``__main__.build_parser``)."""
     p = subparsers.add_parser("evidence", help="a run's postmortem evidence (bounded reads)")
     p.add_argument("--workdir", required=True, help="the container's workdir")
     p.add_argument("--session", default="train", help="tmux session (the manifest's wins)")
@@ -194,4 +199,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pane-lines", type=int, default=DEFAULT_PANE_LINES, help="pane lines")
     p.add_argument("--gpu-samples", type=int, default=DEFAULT_GPU_SAMPLES, help="gpu.jsonl lines")
     p.add_argument("--metric-records", type=int, default=DEFAULT_METRIC_RECORDS)
-    p.set_defaults(func=runs._guard(_cmd_evidence))
+    p.set_defaults(func=guard(_cmd_evidence))

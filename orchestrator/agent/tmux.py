@@ -30,7 +30,9 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.agent.procs import zombie_exit
 from orchestrator.model import SessionState
@@ -220,3 +222,53 @@ class TmuxReader:
             pane_pid=pid,
             pane_tail=tail,
         )
+
+
+HISTORY_LIMIT = 200_000
+"""Lines of scrollback kept in the run's pane (tmux's default is 2000)."""
+
+
+RUN_WINDOW = "run"
+
+
+def tmux(*args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
+    """Run ``tmux ARGS`` (socket from $TMUX_TMPDIR, as every tmux client here)."""
+    return subprocess.run(
+        ["tmux", *args], capture_output=True, text=True, timeout=timeout_s, check=False
+    )
+
+
+def tmux_sequence(*commands: Sequence[str]) -> list[str]:
+    """One tmux argv running ``commands`` in order in the server, stopping at the first error.
+
+    >>> tmux_sequence(["new-session", "-d"], ["set-option", "x", "1"])
+    ['new-session', '-d', ';', 'set-option', 'x', '1']
+    """
+    out: list[str] = []
+    for cmd in commands:
+        out.extend([*([";"] if out else []), *cmd])
+    return out
+
+
+def session_info(name: str) -> dict[str, Any]:
+    """The session's run pane: exists, dead, exit status or signal, pid.
+
+    tmux leaves ``pane_dead_status`` empty when a signal ended the pane, so
+    ``pane_dead_signal`` is read as well.
+    """
+    fmt = "#{window_name}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{pane_pid}"
+    res = tmux("list-panes", "-s", "-t", f"={name}", "-F", fmt)
+    if res.returncode != 0:
+        return {"name": name, "exists": False}
+    rows = [line.split("\t") for line in res.stdout.splitlines() if line.count("\t") == 4]
+    row = next((r for r in rows if r[0] == RUN_WINDOW), rows[0] if rows else None)
+    if row is None:
+        return {"name": name, "exists": False}
+    return {
+        "name": name,
+        "exists": True,
+        "pane_dead": row[1] == "1",
+        "pane_dead_status": int(row[2]) if row[2].lstrip("-").isdigit() else None,
+        "pane_dead_signal": int(row[3]) if row[3].isdigit() and row[3] != "0" else None,
+        "pane_pid": int(row[4]) if row[4].isdigit() else None,
+    }

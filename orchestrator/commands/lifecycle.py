@@ -110,9 +110,9 @@ def stop_cmd(
     The tmux session and the run directory stay for the postmortem. Exit codes:
     0 stopped or already not running; 3 unreachable.
     """
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import stop
 
-    doc = launch.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
+    doc = stop.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
     if as_json:
         print_json(doc)
     elif doc.get("stopped"):
@@ -145,15 +145,15 @@ def logs_cmd(
 
     Exit codes: 0 done; 2 no such run; 3 unreachable.
     """
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import runs
 
     inventory = load_inventory()
     if not follow:
-        doc = launch.logs(inventory, target, lines=lines, run_id=run_id)
+        doc = runs.logs(inventory, target, lines=lines, run_id=run_id)
         for line in doc.get("lines", []):
             sys.stdout.write(line + "\n")
         return
-    for chunk in launch.follow_logs(inventory, target, lines=lines, run_id=run_id):
+    for chunk in runs.follow_logs(inventory, target, lines=lines, run_id=run_id):
         if chunk.get("truncated"):
             err_console.print("[yellow]log truncated; reading from the start[/]")
         for line in chunk.get("lines", []):
@@ -172,14 +172,14 @@ def status_cmd(
     """One table of every target, queried concurrently: reachable, container, session, run,
     age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
     names = list(targets or [n for n in inventory.containers if n != "local"] or ["local"])
     for n in names:
         inventory.container(n)
-    rows = launch.status(inventory, names)
+    rows = runs.status(inventory, names)
     if as_json:
         print_json(rows)
     else:
@@ -192,10 +192,10 @@ def runs_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
 ) -> None:
     """The runs in the container's workdir: running, exited N or vanished, and log sizes."""
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.views.launch import runs_table
 
-    doc = launch.runs(load_inventory(), target)
+    doc = runs.runs(load_inventory(), target)
     if as_json:
         print_json(doc)
     else:
@@ -210,10 +210,10 @@ def attach_cmd(
     """Attach to the run's tmux session (ssh -t, pct exec, tmux attach); detach with C-b d."""
     import subprocess
 
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.transport.quoting import command_line
 
-    argv = launch.attach_argv(load_inventory(), target)
+    argv = runs.attach_argv(load_inventory(), target)
     if print_only:
         print(command_line(argv))
         return 0

@@ -27,7 +27,7 @@ def watch_cmd(
     Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
     pane tail), Esc goes back. Exit code 0 on q or Ctrl-C.
     """
-    from orchestrator.views.watch import watch
+    from orchestrator.views.watch_loop import watch
 
     raise typer.Exit(
         watch(

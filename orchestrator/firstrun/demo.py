@@ -232,7 +232,7 @@ def bundled_trainer_configs() -> list[str]:
     >>> {"tiny-cpu", "instant-cpu"} <= set(bundled_trainer_configs())
     True
     """
-    from orchestrator.lifecycle.launch import trainer_root
+    from orchestrator.lifecycle.bundle import trainer_root
 
     return sorted(p.stem for p in (trainer_root() / "configs").glob("*.yaml"))
 
@@ -354,7 +354,7 @@ def _loop(
     """
     from orchestrator.config.inventory import load_inventory
     from orchestrator.detect.engine import run_detectors
-    from orchestrator.lifecycle import launch
+    from orchestrator.lifecycle import launch, stop
     from orchestrator.monitor.state import roles_by_gpu, stepped
     from orchestrator.sandbox import manager
     from orchestrator.target import Target
@@ -415,7 +415,7 @@ def _loop(
 
     clock.run("watch", f"orch watch {CONTAINER} until the run trains, then {watch_s:g} s", watched)
     if interactive and not ui.ask("Inject the fault now?"):
-        _stop_run(launch, inv, result, ui)
+        _stop_run(stop, inv, result, ui)
         return
     target = Target(inv, CONTAINER)
     stages = expected_kinds(fault)
@@ -465,7 +465,7 @@ def _loop(
         result.findings = findings()
         ui.findings(seen if i + 1 < len(stages) else result.findings)
     if fault == "ghost":
-        _stop_run(launch, inv, result, ui)
+        _stop_run(stop, inv, result, ui)
 
     def judged() -> str:
         from orchestrator.postmortem import collect as postmortem
@@ -483,11 +483,11 @@ def _loop(
     clock.run("postmortem", f"orch postmortem {CONTAINER}", judged)
 
 
-def _stop_run(launch: Any, inv: Any, result: DemoResult, ui: DemoUI) -> None:
+def _stop_run(stop: Any, inv: Any, result: DemoResult, ui: DemoUI) -> None:
     """``orch stop`` the demo's run, which trains until stopped (no kill fault, or declined)."""
     ui.step("stop", "start", f"orch stop {CONTAINER}: the run trains until stopped", None)
     t0 = time.monotonic()
-    doc = launch.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
+    doc = stop.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
     took = time.monotonic() - t0
     result.steps.append(("stop", took))
     how = "stopped on request" if doc.get("stopped") else f"had already ended ({doc.get('state')})"

@@ -168,7 +168,8 @@ def check_state_dir() -> Check:
 
 def check_identity(host: HostConfig) -> Check:
     """The host's identity file exists and is readable; a warning when others can read it."""
-    from orchestrator.transport.ssh import DEFAULT_KEYS, resolve
+    from orchestrator.transport.ssh import DEFAULT_KEYS
+    from orchestrator.transport.ssh_config import resolve
 
     name = f"identity file for {host.name}"
     ep = resolve(host)
@@ -221,7 +222,8 @@ def _key_file_check(name: str, host: HostConfig, path: Path) -> Check:
 
 def check_host_key(host: HostConfig) -> Check:
     """The host's key is recorded in its known_hosts (offline: a changed key shows at ssh)."""
-    from orchestrator.transport.ssh import known_entries, resolve
+    from orchestrator.transport.known_hosts import known_entries
+    from orchestrator.transport.ssh_config import resolve
 
     ep = resolve(host)
     name = f"host key of {host.name}"

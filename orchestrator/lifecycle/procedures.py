@@ -8,12 +8,12 @@ failure:
 
 * argv steps run in the container through ``Target.transport.run`` (no shell);
 * ``stop``: remembers the current run (its manifest: command and GPUs), then
-  ``launch.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept);
+  ``stop.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept);
 * ``launch``: ``launch.launch`` (preflight, deploy, start, verify). A run that was started
   with a custom ``--cmd`` is relaunched with the same command and GPUs; a bundled-trainer
   run (or none) is relaunched the way ``orch launch TARGET`` would (``command:`` from
   hosts.yaml, else the bundled trainer);
-* ``verify``: ``launch.status_one`` must show a live run (the one just launched, if any);
+* ``verify``: ``runs.status_one`` must show a live run (the one just launched, if any);
 * ``archive``: renames ``path`` to ``<path>.orch-<UTC stamp>`` when it exists. Never deletes.
 
 A step declaring ``overwrites: PATH`` would replace an existing path: before anything is
@@ -267,9 +267,9 @@ class _Runner:
             self.relaunch_gpus = ",".join(str(g) for g in manifest.gpus)
 
     def verify(self) -> str:
-        from orchestrator.lifecycle import launch as launch_mod
+        from orchestrator.lifecycle import runs
 
-        row = launch_mod.status_one(self.inventory, self.name)
+        row = runs.status_one(self.inventory, self.name)
         if row.get("error") or row.get("run_state") != "running":
             why = row.get("error") or f"run state {row.get('run_state')!r}"
             raise LaunchFailed(f"{self.name}: not verified: {why}")
@@ -282,10 +282,11 @@ class _Runner:
 
     def do(self, step: PlannedStep) -> str:
         from orchestrator.lifecycle import launch as launch_mod
+        from orchestrator.lifecycle import stop as stop_mod
 
         if step.action == "stop":
             self.remember_run()
-            doc = launch_mod.stop(self.inventory, self.name, target=self.tgt)
+            doc = stop_mod.stop(self.inventory, self.name, target=self.tgt)
             if not doc.get("stopped"):
                 return "nothing was running"
             return f"stopped (signals {', '.join(doc.get('signals') or []) or 'none'}; exit status {doc.get('exit_status')})"

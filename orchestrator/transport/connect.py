@@ -20,7 +20,8 @@ _pool_lock = threading.Lock()
 
 
 def _ssh(host: HostConfig, inventory: Inventory) -> Transport:
-    from orchestrator.transport.ssh import SshTransport, resolve
+    from orchestrator.transport.ssh import SshTransport
+    from orchestrator.transport.ssh_config import resolve
 
     with _pool_lock:
         found = _pool.get(host)

@@ -65,7 +65,7 @@ class RichDemoUI:
         stays :data:`SHOW_AFTER_FOUND_S` longer and ends.
         """
         from orchestrator.target import Target
-        from orchestrator.views.watch import watch
+        from orchestrator.views.watch_loop import watch
 
         stop = threading.Event()
         streams: list[Any] = []

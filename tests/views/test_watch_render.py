@@ -12,7 +12,9 @@ from rich.console import Console
 
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.monitor.state import roles_by_gpu
 from orchestrator.views import watch as w
+from orchestrator.views import watch_loop, watch_model
 from tests.helpers import wait_for
 from tests.views.snapshots import gpus, running
 
@@ -41,14 +43,15 @@ def fake_detect(history, cfg, now):
     return []
 
 
-def model(n: int = 3) -> w.WatchModel:
+def model(n: int = 3) -> watch_model.WatchModel:
     cfg = ContainerConfig(
         name="x", host="sandbox", gpus={"target": (0, 1, 2, 3, 4), "drafter": (5, 6, 7)}
     )
     views = [
-        w.TargetView(f"ct{200 + i}", roles=w.roles_by_gpu(cfg.gpus), config=cfg) for i in range(n)
+        watch_model.TargetView(f"ct{200 + i}", roles=roles_by_gpu(cfg.gpus), config=cfg)
+        for i in range(n)
     ]
-    return w.WatchModel(views, fake_detect)
+    return watch_model.WatchModel(views, fake_detect)
 
 
 def render(renderable, width=80, height=24) -> list[str]:
@@ -126,7 +129,7 @@ def test_detector_failure_is_shown_not_raised():
     def broken(history, cfg, now):
         raise RuntimeError("bug in a detector")
 
-    m = w.WatchModel([w.TargetView("ct200")], broken)
+    m = watch_model.WatchModel([watch_model.TargetView("ct200")], broken)
     m.apply("ct200", running("ct200"))
     assert m.views["ct200"].state == "running"
     assert "ct200: detectors failed: bug in a detector" in m.messages
@@ -144,7 +147,9 @@ def test_pump_reconnects_with_backoff_and_reports_unreachable():
 
     out: queue.Queue = queue.Queue()
     stop = threading.Event()
-    th = threading.Thread(target=w.pump, args=("ct200", open_stream, out, stop), daemon=True)
+    th = threading.Thread(
+        target=watch_loop.pump, args=("ct200", open_stream, out, stop), daemon=True
+    )
     th.start()
     got = []
     wait_for(
