@@ -101,10 +101,20 @@ class ContainerConfig:
 
     def role_of(self, gpu: int) -> str | None:
         """The role of GPU ``gpu`` (``None`` when unassigned)."""
+        return self.roles_by_gpu.get(gpu)
+
+    @property
+    def roles_by_gpu(self) -> dict[int, str]:
+        """``gpus`` inverted: GPU index -> role (the first role naming it), for the detectors.
+
+        >>> ContainerConfig("ct", "h", gpus={"target": (0, 1), "drafter": (2,)}).roles_by_gpu
+        {0: 'target', 1: 'target', 2: 'drafter'}
+        """
+        out: dict[int, str] = {}
         for role, ids in self.gpus.items():
-            if gpu in ids:
-                return role
-        return None
+            for i in ids:
+                out.setdefault(int(i), role)
+        return out
 
 
 @dataclass(frozen=True, slots=True)

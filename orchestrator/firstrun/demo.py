@@ -353,23 +353,22 @@ def _loop(
     said so, and the demo goes on to the postmortem of what happened.
     """
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.detect.engine import run_detectors
     from orchestrator.lifecycle import launch, stop
-    from orchestrator.monitor.state import roles_by_gpu, stepped
+    from orchestrator.monitor.judge import judge
+    from orchestrator.monitor.state import stepped
     from orchestrator.sandbox import manager
     from orchestrator.target import Target
 
     inv = load_inventory(result.config_path)
     cfg = inv.container(CONTAINER)
-    roles = roles_by_gpu(cfg.gpus)
     history: list[Snapshot] = []
     lock = threading.Lock()
     ended: list[str] = []  # how the run ended, when it ended before the demo killed it
 
     def findings() -> list[Finding]:
         with lock:
-            hist = list(history[-120:])
-        return run_detectors(hist, limits=cfg.limits, roles=roles) if hist else []
+            hist = list(history)
+        return list(judge(CONTAINER, cfg, hist).findings) if hist else []
 
     def launched() -> str:
         res = launch.launch(inv, CONTAINER, run_name="demo", on_phase=ui.phase,

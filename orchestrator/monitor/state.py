@@ -14,19 +14,6 @@ from collections.abc import Sequence
 
 from orchestrator.model import Finding, RunState, Snapshot
 
-STATES = (
-    "connecting",
-    "unreachable",
-    "stopped",
-    "idle",
-    "starting",
-    "running",
-    "stalled",
-    "finished",
-    "crashed",
-    "dead",
-)
-
 # Finding kinds that decide the state outright, strongest first.
 _BY_FINDING = (
     ("silent-death", "dead"),
@@ -138,16 +125,3 @@ def stopped_on_request(run: RunState, taken_at: float) -> bool:
         return False
     at = run.exit_status_at if run.exit_status_at is not None else taken_at
     return at >= run.stop_requested_at - 1.0
-
-
-def roles_by_gpu(gpus: dict[str, tuple[int, ...]] | None) -> dict[int, str]:
-    """Invert ``ContainerConfig.gpus`` (role -> indices) to index -> role.
-
-    >>> roles_by_gpu({"target": (0, 1), "drafter": (2,)})
-    {0: 'target', 1: 'target', 2: 'drafter'}
-    """
-    out: dict[int, str] = {}
-    for role, ids in (gpus or {}).items():
-        for i in ids:
-            out.setdefault(int(i), role)
-    return out

@@ -306,9 +306,7 @@ def postmortem(
     write: bool = True,
 ) -> Postmortem:
     """Collect, judge and (by default) write the bundle for ``name``'s run."""
-    from orchestrator.monitor.state import roles_by_gpu
-
     c = inventory.container(name)
     ev = collect(inventory, name, run_id=run_id)
-    pm = judge(ev, limits=c.limits, roles=roles_by_gpu(c.gpus))
+    pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
     return write_bundle(pm, out) if write else pm

@@ -209,17 +209,13 @@ class _PctLineStream(LineStream):
         self._owner, self._inner = owner, inner
 
     @property
-    def stderr_tail(self) -> bytes:
-        return getattr(self._inner, "stderr_tail", b"")
-
-    @property
     def dropped(self) -> bool:
         return bool(getattr(self._inner, "dropped", False))
 
     def readline(self, timeout: float) -> str | None:
         line = self._inner.readline(timeout)
         if line is None:
-            self.exit_status = self._inner.exit_status
+            self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail
             self._owner._raise_for_pct(Result(self.exit_status, b"", self.stderr_tail))
         return line
 
@@ -229,4 +225,4 @@ class _PctLineStream(LineStream):
 
     def close(self) -> None:
         self._inner.close()
-        self.exit_status = self._inner.exit_status
+        self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail

@@ -71,8 +71,10 @@ class RichDemoUI:
         streams: list[Any] = []
 
         def factory(n: str) -> Callable[[], Iterator[Snapshot]]:
+            target = Target(inventory, n)
+
             def open_stream() -> Iterator[Snapshot]:
-                inner = Target(inventory, n).stream(self.interval_s)
+                inner = target.stream_once(self.interval_s)
                 streams.append(inner)
                 for snap in inner:
                     if on_snapshot(snap) and not stop.is_set():

@@ -2,14 +2,13 @@
 
 Three layers, kept apart:
 
-- **pumps** (I/O, one daemon thread per target): iterate ``Target.stream(interval_s)``
-  and put each Snapshot on one queue. ``Target.stream`` reconnects by itself and
-  yields ``Snapshot.unreachable`` markers while down; should it raise, the pump
-  puts a marker too and starts a new stream after an exponential backoff (tenacity).
-- **model** (:class:`WatchModel`, main thread only): per-target history, the
-  detectors' findings, the state word, "unreachable since".
-- **rendering** (pure: model + clock + size -> renderable or text line):
-  :func:`render_dashboard`, :func:`render_detail`, :func:`plain_line`.
+- **observations** (the monitor's :func:`~orchestrator.monitor.observe.pump`, one daemon
+  thread per target): each target's stream, reconnected with the one reconnect policy,
+  ``Snapshot.unreachable`` markers while down, onto one queue.
+- **model** (:class:`~orchestrator.views.watch_model.WatchModel`, main thread only): the
+  monitor's judgement per snapshot plus what only the screen needs.
+- **rendering** (:mod:`orchestrator.views.watch`, pure): model + clock + size -> renderable
+  or text line.
 
 Keys (TTY only): ``q`` quits, up/down or ``j``/``k`` select, Enter opens the
 detail of the selected target, Esc or ``b`` goes back. Ctrl-C quits cleanly too;
@@ -30,51 +29,14 @@ import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
-import tenacity
 from rich.console import Console, RenderableType
 
 from orchestrator.model import Snapshot
-from orchestrator.monitor.state import roles_by_gpu
+from orchestrator.monitor.observe import Connect, pump, select_targets
+from orchestrator.monitor.sweep import playbook_titles
+from orchestrator.target import Target
 from orchestrator.views.watch import plain_line, render_dashboard, render_detail
-from orchestrator.views.watch_model import Detect, TargetView, WatchModel, default_detect
-
-
-def pump(
-    name: str,
-    open_stream: Callable[[], Iterable[Snapshot]],
-    out: queue.Queue[tuple[str, Any]],
-    stop: threading.Event,
-    *,
-    max_backoff_s: float = 15.0,
-) -> None:
-    """Feed ``out`` with ``(name, Snapshot)`` until ``stop`` is set; reconnect with backoff."""
-
-    def attempt() -> None:
-        for snap in open_stream():
-            out.put((name, snap))
-            if stop.is_set():
-                return
-        if not stop.is_set():
-            raise ConnectionError("stream ended")
-
-    def report(rs: tenacity.RetryCallState) -> None:
-        exc = rs.outcome.exception() if rs.outcome else None
-        reason = (str(exc) or type(exc).__name__) if exc else "stream ended"
-        out.put((name, Snapshot.unreachable(name, time.time(), reason.splitlines()[0][:200])))
-
-    def nap(seconds: float) -> None:
-        stop.wait(seconds)  # wakes at once when told to stop
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(Exception),
-        wait=tenacity.wait_exponential(multiplier=0.5, max=max_backoff_s),
-        stop=lambda rs: stop.is_set(),
-        sleep=nap,
-        before_sleep=report,
-        reraise=False,
-    )
-    with contextlib.suppress(tenacity.RetryError):
-        retrying(attempt)
+from orchestrator.views.watch_model import Judge, TargetView, WatchModel
 
 
 @contextlib.contextmanager
@@ -148,17 +110,16 @@ def watch(
     interval_s: float = 2.0,
     plain: bool = False,
     console: Console | None = None,
-    stream_factory: Callable[[str], Callable[[], Iterable[Snapshot]]] | None = None,
-    detect: Detect | None = default_detect,
+    stream_factory: Callable[[str], Connect] | None = None,
+    judge: Judge | None = None,
     stop: threading.Event | None = None,
 ) -> int:
     """Run the dashboard (or plain lines) until ``q``, Ctrl-C or ``stop``; returns 0.
 
-    ``stream_factory(name)`` returns a zero-argument callable opening a snapshot
-    stream (default: ``Target(inventory, name).stream(interval_s)``).
+    ``stream_factory(name)`` returns a zero-argument callable opening ONE connection's
+    snapshot stream (default: ``Target(inventory, name).stream_once(interval_s)``, one Target
+    per name so each connection resumes the log); the monitor's pump reconnects it.
     """
-    from orchestrator.views.check import playbook_titles, select_targets
-
     detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
     names = select_targets(inventory, names)
     if not names:
@@ -169,21 +130,20 @@ def watch(
     stop = stop or threading.Event()
     targets: dict[str, Any] = {}
 
-    def default_factory(name: str) -> Callable[[], Iterable[Snapshot]]:
-        def open_stream() -> Iterable[Snapshot]:
-            from orchestrator.target import Target
+    def default_factory(name: str) -> Connect:
+        t = targets[name] = Target(inventory, name)
 
-            t = targets[name] = Target(inventory, name)
-            return t.stream(interval_s)
+        def connect() -> Iterable[Snapshot]:
+            return t.stream_once(interval_s)
 
-        return open_stream
+        return connect
 
     factory = stream_factory or default_factory
     views = []
     for n in names:
         cfg = inventory.container(n)
-        views.append(TargetView(n, roles=roles_by_gpu(cfg.gpus), config=cfg))
-    model = WatchModel(views, detect)
+        views.append(TargetView(n, roles=cfg.roles_by_gpu, config=cfg))
+    model = WatchModel(views, judge) if judge is not None else WatchModel(views)
     titles = playbook_titles()
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
     for n in names:

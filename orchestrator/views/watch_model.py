@@ -1,5 +1,8 @@
-"""``orch watch``'s model: what is shown about each target, fed one snapshot at a time
-(main thread only): per-target history, the findings, the state word, "unreachable since"."""
+"""``orch watch``'s model: what is shown about each target, fed one snapshot at a time (main
+thread only). The judgement (history window, findings, state word) is the monitor's
+(:func:`orchestrator.monitor.judge.judge`); this keeps what only the screen needs: the
+newest readings, "unreachable since", the tokens/s sparkline and the log tail.
+"""
 
 from __future__ import annotations
 
@@ -9,23 +12,29 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Snapshot
-from orchestrator.monitor.state import roles_by_gpu, target_state
+from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
+from orchestrator.monitor.state import target_state
 
 log = logging.getLogger(__name__)
 
-Detect = Callable[[Sequence[Snapshot], Any, float], Sequence[Finding]]
+Judge = Callable[[str, ContainerConfig, Sequence[Snapshot]], Judgement]
+"""``judge(name, config, history) -> Judgement``: the monitor's, or a stand-in in tests."""
 
 
 @dataclass
 class TargetView:
-    """Everything shown about one target. Mutated by :class:`WatchModel` only."""
+    """Everything shown about one target. Mutated by :class:`WatchModel` only.
+
+    ``config`` defaults to a bare container of that name (default limits, no GPU roles).
+    """
 
     name: str
     roles: dict[int, str] = field(default_factory=dict)
-    config: Any = None
+    config: ContainerConfig | None = None
     history: collections.deque[Snapshot] = field(
-        default_factory=lambda: collections.deque(maxlen=150)
+        default_factory=lambda: collections.deque(maxlen=DETECT_WINDOW)
     )
     current: Snapshot | None = None
     last_good: Snapshot | None = None
@@ -52,13 +61,17 @@ class TargetView:
         """The snapshot to draw readings from: the newest one that has data."""
         return self.last_good
 
+    @property
+    def container(self) -> ContainerConfig:
+        return self.config or ContainerConfig(name=self.name, host="local")
+
 
 class WatchModel:
     """The state of every watched target, fed one snapshot at a time (main thread)."""
 
-    def __init__(self, views: Iterable[TargetView], detect: Detect | None = None) -> None:
+    def __init__(self, views: Iterable[TargetView], judge: Judge = judge) -> None:
         self.views: dict[str, TargetView] = {v.name: v for v in views}
-        self.detect = detect
+        self.judge = judge
         self.messages: collections.deque[str] = collections.deque(maxlen=3)
 
     def apply(self, name: str, snap: Snapshot) -> bool:
@@ -80,28 +93,13 @@ class WatchModel:
                 v.tokens_per_s.append(snap.metrics.tokens_per_s)
         elif v.unreachable_since is None:
             v.unreachable_since = snap.taken_at
-        findings: Sequence[Finding] = ()
-        if self.detect is not None:
-            try:
-                findings = self.detect(list(v.history), v.config, snap.taken_at)
-            except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
-                log.debug("detectors failed for %s", name, exc_info=True)
-                self.messages.append(f"{name}: detectors failed: {exc}")
-        v.findings = tuple(findings)
-        grace = v.config.limits.startup_grace_s if v.config is not None else 120.0
-        v.state = target_state(snap, v.findings, startup_grace_s=grace)
+        try:
+            j = self.judge(name, v.container, list(v.history))
+            v.findings, v.state = j.findings, j.state
+        except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
+            log.debug("detectors failed for %s", name, exc_info=True)
+            self.messages.append(f"{name}: detectors failed: {exc}")
+            v.findings = tuple(with_unreachable(name, snap, []))
+            grace = v.container.limits.startup_grace_s
+            v.state = target_state(snap, v.findings, startup_grace_s=grace)
         return v.signature() != before
-
-
-def default_detect(history: Sequence[Snapshot], cfg: Any, now: float) -> Sequence[Finding]:
-    from orchestrator.detect.engine import run_detectors
-
-    if cfg is None:
-        return run_detectors(history, limits=_default_limits(), now=now)
-    return run_detectors(history, limits=cfg.limits, roles=roles_by_gpu(cfg.gpus), now=now)
-
-
-def _default_limits() -> Any:
-    from orchestrator.detect.limits import Limits
-
-    return Limits()

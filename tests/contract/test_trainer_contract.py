@@ -44,6 +44,7 @@ import yaml
 from orchestrator.agent.metrics import MetricParser
 from orchestrator.cli import run as orch_run
 from orchestrator.model import Finding, Snapshot
+from orchestrator.monitor import observe
 from orchestrator.playbooks import load_playbooks, match_log
 from tests.helpers import wait_for
 
@@ -284,7 +285,7 @@ class Observer:
         c = self.target.container
         stepped = False
         try:
-            for snap in self.target.stream(1.0):
+            for snap in observe.stream(self.target, 1.0):
                 self.history.append(snap)
                 stepped = stepped or (snap.metrics is not None and snap.metrics.step is not None)
                 for f in run_detectors(self.history, limits=c.limits, now=snap.taken_at):
