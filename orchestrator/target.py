@@ -151,10 +151,10 @@ _BOOT = (
     "import os, sys; d = sys.argv.pop(1)\n"
     "if sys.version_info < (3, 10):\n"
     "    sys.stderr.write('orch agent: python %d.%d is too old\\n' % sys.version_info[:2]); sys.exit(97)\n"
-    "if not os.path.isfile(os.path.join(d, '.orch-bundle')):\n"
+    "if not os.path.isfile(os.path.join(d, '__MARKER__')):\n"
     "    sys.stderr.write('orch agent bundle missing: %s\\n' % d); sys.exit(97)\n"
     "sys.path.insert(0, d); from orchestrator.agent.__main__ import main; sys.exit(main())"
-)
+).replace("__MARKER__", deploy.MARKER)
 _NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
 
 

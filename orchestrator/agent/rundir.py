@@ -16,9 +16,7 @@ from __future__ import annotations
 
 import json
 import re
-import secrets
 import subprocess
-import time
 from pathlib import Path
 from typing import Any
 
@@ -209,11 +207,6 @@ def git_rev(workdir: Path) -> str | None:
     except (OSError, subprocess.TimeoutExpired):
         return None
     return res.stdout.strip() or None if res.returncode == 0 else None
-
-
-def new_run_id(name: str | None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{name}" if name else f"{stamp}-{secrets.token_hex(2)}"
 
 
 def resolve_run_dir(workdir: str, run_id: str | None) -> Path:

@@ -58,7 +58,6 @@ from orchestrator.agent.rundir import (
     current_run_id,
     git_rev,
     list_runs,
-    new_run_id,
     read_int,
     reserve,
     resolve_run_dir,
@@ -68,7 +67,10 @@ from orchestrator.agent.rundir import (
     wrapper_pid,
 )
 from orchestrator.agent.tmux import HISTORY_LIMIT, RUN_WINDOW, session_info, tmux, tmux_sequence
+from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.model import RunManifest
+from orchestrator.paths import atomic_write
+from orchestrator.secrets import mask_env
 
 GO_TIMEOUT_S = 30.0
 """Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
@@ -76,9 +78,6 @@ GO_TIMEOUT_S = 30.0
 
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-"""Same rule as the operator's ``orchestrator.secrets`` (the agent cannot import it)."""
-MASK = "***"
 
 # Seed 000: an `exec` in the start script bypassed tee and no log was ever written.
 # Nothing below may put `exec` in front of the pipeline; tests/launch check the log exists.
@@ -165,43 +164,6 @@ WRAPPER = WRAPPER.replace("__RESERVE__", STATUS_RESERVE).replace("__TEE_ERR__", 
 # --- pure helpers ----------------------------------------------------------------------------
 
 
-def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with secret-looking values replaced by ``***`` (for the manifest).
-
-    The agent cannot import the operator's ``orchestrator.secrets``; this applies its rule.
-
-    >>> mask_env({"HF_TOKEN": "hf_abc", "WANDB_API_KEY": "k", "LR": "3e-4"})
-    {'HF_TOKEN': '***', 'WANDB_API_KEY': '***', 'LR': '3e-4'}
-    """
-    return {k: (MASK if any(w in k.upper() for w in SECRET_WORDS) else v) for k, v in env.items()}
-
-
-def parse_gpus(text: str) -> tuple[int, ...]:
-    """GPU indices from ``0-3,6`` (ranges inclusive); empty text gives ``()``.
-
-    >>> parse_gpus("0-3,6")
-    (0, 1, 2, 3, 6)
-    >>> parse_gpus("")
-    ()
-    >>> parse_gpus("3-1")
-    Traceback (most recent call last):
-    ...
-    ValueError: bad GPU range '3-1' (start after end)
-    """
-    out: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad GPU list item {part!r} (use e.g. 0-3,6)")
-        start, end = int(lo), int(hi) if sep else int(lo)
-        if start > end:
-            raise ValueError(f"bad GPU range {part!r} (start after end)")
-        out.extend(range(start, end + 1))
-    return tuple(sorted(set(out)))
-
-
 def parse_env(items: Sequence[str]) -> dict[str, str]:
     """``K=V`` items to a dict; the value is kept byte for byte.
 
@@ -236,14 +198,6 @@ def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
 
 
 # --- files -----------------------------------------------------------------------------------
-
-
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (readers never see half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
 
 
 # --- processes and tmux ----------------------------------------------------------------------
@@ -356,8 +310,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     if not NAME_RE.match(run_id) or run_id == "current":
         raise RunError(EXIT_USAGE, "bad-run-id", f"bad run id {run_id!r} (letters, digits, ._-)")
     try:
-        env = run_env(parse_env(args.env or []), parse_gpus(args.gpus or ""))
-        gpus = parse_gpus(args.gpus or "")
+        gpus = tuple(parse_gpu_spec(args.gpus)) if args.gpus else ()
+        env = run_env(parse_env(args.env or []), gpus)
     except ValueError as exc:
         raise RunError(EXIT_USAGE, "bad-argument", str(exc)) from None
     root = runs_root(workdir)
@@ -412,7 +366,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
     )
     atomic_write(run_dir / "manifest.json", json.dumps(manifest.to_dict(), indent=2) + "\n")
     atomic_write(run_dir / "command", args.cmd + "\n")
-    atomic_write(run_dir / "wrapper.sh", WRAPPER, mode=0o755)
+    atomic_write(run_dir / "wrapper.sh", WRAPPER, 0o755)
     reserve(run_dir / TEE_ERR)
     reserve(run_dir / STATUS_RESERVE)
     atomic_write(root / "current", run_id + "\n")

@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, out_console, print_json, state
+from orchestrator.commands._app import app, out_console, print_json, report_error, state
 
 
 @app.command("demo")
@@ -113,7 +113,8 @@ def init_cmd(
     """
     import os
 
-    from orchestrator.cli import run  # the entry point: its error handling
+    from orchestrator.commands.foundation import trust_host
+    from orchestrator.errors import OrchError
     from orchestrator.firstrun import init
 
     given = {"host": host, "address": address, "user": user, "port": port, "vmid": vmid,
@@ -157,7 +158,11 @@ def init_cmd(
             default=True,
         )
     if trust:
-        code = run([*config_flag, "trust", answers.host])
+        try:
+            code = trust_host(written.inventory, answers.host)
+        except OrchError as exc:
+            report_error(exc)
+            code = exc.exit_code
         if code != 0:
             print(
                 f"the file is written; once {answers.host} is reachable run: {shown} trust {answers.host}"

@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.model import Finding, Snapshot
 
@@ -145,7 +146,7 @@ class DemoUI(Protocol):
 
     def watch(
         self,
-        inventory: Any,
+        inventory: Inventory,
         name: str,
         *,
         seconds: float,
@@ -482,7 +483,7 @@ def _loop(
     clock.run("postmortem", f"orch postmortem {CONTAINER}", judged)
 
 
-def _stop_run(stop: Any, inv: Any, result: DemoResult, ui: DemoUI) -> None:
+def _stop_run(stop: Any, inv: Inventory, result: DemoResult, ui: DemoUI) -> None:
     """``orch stop`` the demo's run, which trains until stopped (no kill fault, or declined)."""
     ui.step("stop", "start", f"orch stop {CONTAINER}: the run trains until stopped", None)
     t0 = time.monotonic()

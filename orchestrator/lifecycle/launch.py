@@ -32,6 +32,7 @@ from orchestrator.errors import (
     Refused,
     UsageError,
 )
+from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.lifecycle.bundle import (
     check_trainer_args,
     configured_command,
@@ -114,12 +115,10 @@ def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...
     >>> resolve_gpus(c, None), resolve_gpus(c, "2-3")
     ((0, 1, 5), (2, 3))
     """
-    from orchestrator.agent.runs import parse_gpus
-
     if text is None or text == "":
         return container.gpu_indices
     try:
-        return parse_gpus(text)
+        return tuple(parse_gpu_spec(text))
     except ValueError as exc:
         raise UsageError(f"--gpus: {exc}") from None
 
@@ -132,16 +131,6 @@ def parse_env_options(items: Sequence[str]) -> dict[str, str]:
         return parse_env(items)
     except ValueError as exc:
         raise UsageError(f"--env: {exc}") from None
-
-
-def new_run_id(name: str | None, now: float | None = None) -> str:
-    """``YYYYmmdd-HHMMSS[-NAME]`` (UTC).
-
-    >>> new_run_id("lr3e4", now=0)
-    '19700101-000000-lr3e4'
-    """
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(time.time() if now is None else now))
-    return f"{stamp}-{name}" if name else stamp
 
 
 def diagnose(lines: Sequence[str], exit_status: int | None) -> str | None:

@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
 from orchestrator.playbooks import Playbook
 
@@ -217,7 +218,7 @@ def bundled_trainer_args(command: str, run_dir: str) -> tuple[str, ...] | None:
 class _Runner:
     """State carried between the steps of one procedure run."""
 
-    inventory: Any
+    inventory: Inventory
     name: str
     force: bool
     echo: Callable[[str], None]
@@ -320,7 +321,7 @@ class _Runner:
 
 def run_procedure(
     steps: Sequence[PlannedStep],
-    inventory: Any,
+    inventory: Inventory,
     target: str,
     *,
     force: bool = False,

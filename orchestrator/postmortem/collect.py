@@ -30,6 +30,7 @@ from typing import Any
 from orchestrator import paths
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
+from orchestrator.formats import parse_pct_status
 from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
 from orchestrator.postmortem.verdict import (
     HEALTHY,
@@ -46,7 +47,7 @@ from orchestrator.postmortem.verdict import (
     reconstruct_history,
     run_pids_and_names,
 )
-from orchestrator.secrets import mask_env, redact, secret_values
+from orchestrator.secrets import mask_env, redact, redact_tree, secret_values
 
 __all__ = [
     "HEALTHY",
@@ -64,7 +65,6 @@ __all__ = [
     "our_oom_kills",
     "postmortem",
     "reconstruct_history",
-    "redact_tree",
     "run_pids_and_names",
     "write_bundle",
 ]
@@ -123,7 +123,7 @@ def collect(
     if not c.is_local:
         host_tp = host_transport(inventory, c.host)
         ok, pct_text = _host_run(host_tp, ["pct", "status", str(c.vmid)])
-        status = pct_text.split(":", 1)[1].strip() if ok and ":" in pct_text else "unknown"
+        status = parse_pct_status(pct_text) if ok else "unknown"
         if not ok:
             errors.append(f"pct status {c.vmid}: {pct_text.strip()[:200]}")
     doc: dict[str, Any] = {}
@@ -162,21 +162,6 @@ def collect(
         kernel, source = _kernel_log(host_tp, since)
     return _evidence(name, doc, manifest, final, status, pct_text, probe, kernel, source,
                      secrets, errors)  # fmt: skip
-
-
-def redact_tree(value: Any, secrets: Sequence[str]) -> Any:
-    """``value`` (JSON-like) with every string redacted.
-
-    >>> redact_tree({"a": ["x hf_abcd y", 3]}, ["hf_abcd"])
-    {'a': ['x *** y', 3]}
-    """
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, dict):
-        return {k: redact_tree(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_tree(v, secrets) for v in value]
-    return value
 
 
 def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:

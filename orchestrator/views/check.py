@@ -78,6 +78,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
 def redact_report(doc: Any, containers: Iterable[Any], extra: set[str] | None = None) -> Any:
     """``doc`` with secret-looking env values (ours and the containers') masked."""
     from orchestrator.monitor import alerts
+    from orchestrator.secrets import redact_tree
 
     secrets = alerts.environment_secrets([getattr(c, "env", {}) for c in containers])
-    return alerts.redact(doc, secrets | (extra or set()))
+    return redact_tree(doc, secrets | (extra or set()))

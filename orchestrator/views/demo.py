@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.model import Finding, Snapshot
 from orchestrator.views.launch import PhaseProgress
 
@@ -53,7 +54,7 @@ class RichDemoUI:
 
     def watch(
         self,
-        inventory: Any,
+        inventory: Inventory,
         name: str,
         *,
         seconds: float,

@@ -31,6 +31,7 @@ from typing import Any
 
 from rich.console import Console, RenderableType
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.model import Snapshot
 from orchestrator.monitor.observe import Connect, pump, select_targets
 from orchestrator.monitor.sweep import playbook_titles
@@ -104,7 +105,7 @@ class _RingHandler(logging.Handler):
 
 
 def watch(
-    inventory: Any,
+    inventory: Inventory,
     names: Sequence[str],
     *,
     interval_s: float = 2.0,
