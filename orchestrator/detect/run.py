@@ -313,6 +313,8 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
                 gpus=gpus,
                 since=at,
                 evidence=evidence,
+                exit_status=status,
+                signal=sig,
             )
         ]
 
