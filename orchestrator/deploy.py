@@ -1,9 +1,10 @@
 """Ship the agent into a container: build a bundle, send it once per content hash, verify it.
 
-The bundle holds ``orchestrator/__init__.py``, ``orchestrator/model.py``, the
-``orchestrator/agent`` package and a copy of the operator's installed pure-Python
-``pynvml`` (the agent runs ``tmux`` itself, without libtmux), so the container
-needs neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
+The bundle holds the operator's stdlib-only modules the agent shares (:data:`SHARED`:
+``model.py``, ``formats.py``, ``secrets.py``, ``paths.py``), the ``orchestrator/agent``
+package and copies of the operator's installed pure-Python ``pynvml`` and ``libtmux`` (the
+session's lifecycle; each observation runs ``tmux`` itself), so the container needs
+neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
 (``PYTHONPATH`` for the agent). :func:`make_bundle` builds any other bundle the
 same way (the launch's trainer bundle lands in ``.orch/trainer-<hash>/``).
 
@@ -38,6 +39,8 @@ MARKER = ".orch-bundle"
 ``__MARKER__``, replaced with this constant."""
 SHARED = ("__init__.py", "model.py", "formats.py", "secrets.py", "paths.py")
 """The operator's stdlib-only modules the agent imports too (``orchestrator/<name>``)."""
+LIBTMUX_SKIP = ("test", "pytest_plugin.py")
+"""libtmux's test helpers: the agent never imports them."""
 
 # Runs under whatever python the container has, so it is Python-2-safe syntax.
 _CHECK = r"""
@@ -185,6 +188,7 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
     files.update(package_files(here / "agent", "orchestrator/agent"))
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()
+    files.update(package_files(_installed("libtmux").parent, "libtmux", skip=LIBTMUX_SKIP))
     bundle = make_bundle(files)
     if include_pynvml:
         with _cache_lock:

@@ -44,7 +44,7 @@ from orchestrator.agent.rundir import (
     resolve_run_dir,
     run_state,
 )
-from orchestrator.agent.tmux import RUN_WINDOW, tmux
+from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200
@@ -84,24 +84,10 @@ def gpu_history(run_dir: Path, n: int) -> list[dict[str, Any]]:
     return newest
 
 
-def tmux_server_running() -> bool:
-    """Whether a tmux server answers on this socket (``$TMUX_TMPDIR``)."""
-    res = tmux("list-sessions")
-    if res.returncode == 0:
-        return True
-    text = res.stderr.lower()
-    return not ("no server running" in text or "error connecting" in text)
-
-
 def capture_pane(session: str, lines: int) -> tuple[list[str], str | None]:
     """The run pane's screen plus up to ``lines`` of scrollback (trailing blank lines dropped)."""
-    res = tmux("capture-pane", "-p", "-J", "-t", f"={session}:{RUN_WINDOW}", "-S", f"-{lines}")
-    if res.returncode != 0:
-        return [], (res.stderr.strip() or f"tmux exit {res.returncode}")[:300]
-    out = res.stdout.splitlines()
-    while out and not out[-1].strip():
-        out.pop()
-    return bound_lines(out[-lines:]), None
+    out, error = TmuxReader().capture(f"={session}:{RUN_WINDOW}", lines)
+    return (bound_lines(out[-lines:]), None) if error is None else ([], error)
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -130,7 +116,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     log = run_dir / "train.log"
     log_st = _stat(log)
     tail, _ = tail_lines(log, args.log_lines)
-    server = tmux_server_running()
+    server = TmuxReader().server_running()
     pane: list[str] = []
     pane_error: str | None = "no tmux server running" if not server else None
     if server and (state.get("tmux") or {}).get("exists"):

@@ -23,7 +23,7 @@ from typing import Any
 from orchestrator.agent.answer import EXIT_FAILED, RunError
 from orchestrator.agent.logs import tail_lines
 from orchestrator.agent.procs import group_members, proc_stat
-from orchestrator.agent.tmux import session_info
+from orchestrator.agent.tmux import TmuxReader
 
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
@@ -178,9 +178,9 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> di
     except (OSError, ValueError):
         doc["started_at"] = doc["command"] = None
     if session:
-        info = session_info(session)
+        info = TmuxReader().state(session, 0).to_dict()
         rec = wrapper_pid(run_dir)
-        info["is_this_run"] = bool(rec and info.get("exists") and info.get("pane_pid") == rec[0])
+        info["is_this_run"] = bool(rec and info["exists"] and info["pane_pid"] == rec[0])
         doc["tmux"] = info
     return doc
 

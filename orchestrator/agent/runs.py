@@ -32,6 +32,7 @@ import contextlib
 import json
 import os
 import re
+import shlex
 import signal
 import sys
 import time
@@ -39,6 +40,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.agent import tmux
 from orchestrator.agent.answer import (
     EXIT_FAILED,
     EXIT_OK,
@@ -66,7 +68,6 @@ from orchestrator.agent.rundir import (
     wrapper_alive,
     wrapper_pid,
 )
-from orchestrator.agent.tmux import HISTORY_LIMIT, RUN_WINDOW, session_info, tmux, tmux_sequence
 from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.model import RunManifest
 from orchestrator.paths import atomic_write
@@ -292,10 +293,10 @@ def _default_by() -> str:
 def _archive_session(session: str, run_dir: Path | None) -> None:
     """Keep the old pane's last screen in its run directory, then remove the session."""
     if run_dir is not None and run_dir.is_dir():
-        res = tmux("capture-pane", "-p", "-J", "-S", "-", "-E", "-", "-t", f"={session}:")
-        if res.returncode == 0:
-            atomic_write(run_dir / "pane.txt", res.stdout)
-    tmux("kill-session", "-t", f"={session}")
+        screen = tmux.capture_history(session)
+        if screen is not None:
+            atomic_write(run_dir / "pane.txt", "".join(f"{line}\n" for line in screen))
+    tmux.kill_session(session)
 
 
 # --- launch ----------------------------------------------------------------------------------
@@ -325,12 +326,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             run_dir=str(run_dir),
         )
 
-    old = session_info(args.session)
+    old = tmux.TmuxReader().state(args.session, 0)
     replaced: dict[str, Any] | None = None
-    if old["exists"]:
+    if old.exists:
         old_id = current_run_id(workdir)
         old_dir = root / old_id if old_id else None
-        live = not old.get("pane_dead")
+        live = not old.pane_dead
         if live and not args.force:
             raise RunError(
                 EXIT_REFUSED,
@@ -342,8 +343,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             )
         if live and old_dir is not None and old_dir.is_dir():
             replaced = stop_run(old_dir, args.grace, by=f"launch --force of {run_id}")
-        _archive_session(args.session, old_dir)
-        if tmux("has-session", "-t", f"={args.session}").returncode == 0:
+        try:
+            _archive_session(args.session, old_dir)
+            stuck = tmux.session_exists(args.session)
+        except tmux.TmuxTimeout as exc:
+            raise RunError(EXIT_FAILED, "tmux-wedged", str(exc)) from None
+        if stuck:
             raise RunError(
                 EXIT_FAILED,
                 "session-stuck",
@@ -378,30 +383,23 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         "ORCH_AGENT_PYTHON": sys.executable or "python3",
         "ORCH_RECORD_INTERVAL_S": str(args.record_interval),
     }
-    e_args = [a for k, v in {**env, **internal}.items() for a in ("-e", f"{k}={v}")]
-    sess = f"={args.session}:"
-    res = tmux(*tmux_sequence(
-        ["new-session", "-d", "-s", args.session, "-n", "orch-boot", "-x", "250", "-y", "50",
-         "-c", str(workdir), "sleep 30"],
-        ["set-option", "-t", sess, "history-limit", str(HISTORY_LIMIT)],
-        ["new-window", "-d", "-t", sess, "-n", RUN_WINDOW, "-c", str(workdir), *e_args,
-         "bash", str(run_dir / "wrapper.sh")],
-        ["set-option", "-w", "-t", sess + RUN_WINDOW, "remain-on-exit", "on"],
-        ["kill-window", "-t", sess + "orch-boot"],
-    ))  # fmt: skip
-    if res.returncode != 0:
-        tmux("kill-session", "-t", f"={args.session}")
+    try:
+        pane = tmux.start_session(args.session, str(workdir),
+                                  shlex.join(["bash", str(run_dir / "wrapper.sh")]),
+                                  {**env, **internal})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - libtmux's errors, a wedged server: all one answer
+        with contextlib.suppress(Exception):
+            tmux.kill_session(args.session)
         raise RunError(
             EXIT_FAILED,
             "tmux-failed",
-            f"tmux could not start the session: {res.stderr.strip() or res.returncode}",
+            f"tmux could not start the session: {str(exc).strip() or type(exc).__name__}",
             run_dir=str(run_dir),
-        )
-    target = f"={args.session}:{RUN_WINDOW}"
-    remain = tmux("show-options", "-w", "-v", "-t", target, "remain-on-exit").stdout.strip()
-    hist = tmux("display-message", "-p", "-t", target, "#{history_limit}").stdout.strip()
-    if remain != "on" or hist != str(HISTORY_LIMIT):
-        tmux("kill-session", "-t", f"={args.session}")
+        ) from None
+    remain, hist = pane.remain_on_exit, pane.history_limit
+    if remain != "on" or hist != str(tmux.HISTORY_LIMIT):
+        with contextlib.suppress(Exception):
+            tmux.kill_session(args.session)
         raise RunError(
             EXIT_FAILED,
             "tmux-options",
@@ -409,8 +407,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             f"history-limit={hist!r}); nothing was started",
             run_dir=str(run_dir),
         )
-    pane_pid = tmux("display-message", "-p", "-t", target, "#{pane_pid}").stdout.strip()
-    st = proc_stat(int(pane_pid)) if pane_pid.isdigit() else None
+    pane_pid = pane.pane_pid
+    st = proc_stat(pane_pid) if pane_pid is not None else None
     if st is None:
         raise RunError(
             EXIT_FAILED,

@@ -130,7 +130,6 @@ class Observer:
         self.procs = ProcSampler()
         self.tmux = TmuxReader(cfg.socket_name, cfg.socket_path)
         self.gpus.preload()  # imports are process start-up cost, not per-observation cost
-        self.tmux.preload()
         self.metrics = MetricParser(cfg.log_patterns)
         self.run_id: str | None = None
         self.offset: int | None = None
