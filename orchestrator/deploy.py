@@ -37,7 +37,7 @@ MIN_PYTHON = (3, 10)
 MARKER = ".orch-bundle"
 """The file a verified bundle directory holds (its hash); every script below names it through
 ``__MARKER__``, replaced with this constant."""
-SHARED = ("__init__.py", "model.py", "formats.py", "secrets.py", "paths.py")
+SHARED = ("__init__.py", "model.py", "answers.py", "formats.py", "secrets.py", "paths.py")
 """The operator's stdlib-only modules the agent imports too (``orchestrator/<name>``)."""
 LIBTMUX_SKIP = ("test", "pytest_plugin.py")
 """libtmux's test helpers: the agent never imports them."""

@@ -18,7 +18,7 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator import deploy
 from orchestrator.config.inventory import Inventory
@@ -35,6 +35,7 @@ from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
 from orchestrator.transport.base import LineStream, Result, Transport
 
 log = logging.getLogger(__name__)
+W = TypeVar("W")
 
 MAX_DOC_BYTES = 8 << 20
 
@@ -82,6 +83,24 @@ def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     if not isinstance(doc, dict):
         raise AgentProtocolError(target, f"expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def read_answer(target: str, doc: dict[str, Any], cls: type[W]) -> W:
+    """An agent command's JSON document as its answer type (``from_dict``: unknown keys are
+    ignored); ``AgentProtocolError`` when it is not one.
+
+    >>> from orchestrator.answers import StopAnswer
+    >>> read_answer("ct", {"stopped": False, "run_id": "r", "state": "exited"}, StopAnswer).state
+    'exited'
+    >>> read_answer("ct", {"stopped": "x"}, StopAnswer)
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: stopped: expected true/false, got 'x'
+    """
+    try:
+        return cls.from_dict(doc)  # type: ignore[attr-defined, no-any-return]
+    except (SchemaError, TypeError, ValueError) as exc:
+        raise AgentProtocolError(target, str(exc)[:300]) from None
 
 
 def too_large(limit: int = MAX_DOC_BYTES) -> str:

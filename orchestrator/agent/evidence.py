@@ -2,13 +2,14 @@
 
 Runs inside the container (standard library and the agent package only). Bounded
 by construction: the log and the flight recorder are read from the end
-(:func:`~orchestrator.agent.tail_lines`), never whole, within a byte budget;
-log and pane lines are cut as the snapshot's are (``MAX_LINE_BYTES``), the
-pane capture is at most ``--pane-lines`` lines. Prints one JSON document::
+(:func:`~orchestrator.agent.logs.tail_lines`), never whole, within a byte budget;
+log and pane lines are cut as the snapshot's are (``logs.MAX_LINE_BYTES``), the
+pane capture is at most ``--pane-lines`` lines. Prints one JSON document
+(:class:`~orchestrator.answers.EvidenceAnswer`)::
 
     {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
      "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
-     "state": <run_state with tmux info>, "tmux_server_running": bool,
+     "state": <RunStatus with tmux info>, "tmux_server_running": bool,
      "log": {"path", "exists", "size_bytes", "mtime", "tail": [...]},
      "pane": {"lines": [...], "error": str | null},
      "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
@@ -45,6 +46,7 @@ from orchestrator.agent.rundir import (
     run_state,
 )
 from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
+from orchestrator.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200
@@ -97,7 +99,7 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
-def collect(args: argparse.Namespace) -> dict[str, Any]:
+def collect(args: argparse.Namespace) -> EvidenceAnswer:
     """The evidence document for ``args.run_id`` (default: the current run)."""
     run_dir = resolve_run_dir(args.workdir, args.run_id)
     now = time.time()
@@ -119,7 +121,7 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     server = TmuxReader().server_running()
     pane: list[str] = []
     pane_error: str | None = "no tmux server running" if not server else None
-    if server and (state.get("tmux") or {}).get("exists"):
+    if server and state.tmux is not None and state.tmux.exists:
         pane, pane_error = capture_pane(session, args.pane_lines)
     elif server:
         pane_error = f"no tmux session {session!r}"
@@ -131,45 +133,41 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
         for p in sorted(run_dir.iterdir())
         if (st := _stat(p)) is not None and p.is_file()
     }
-    return {
-        "ok": True,
-        "now": now,
-        "run_id": run_dir.name,
-        "run_dir": str(run_dir),
-        "current": current_run_id(args.workdir),
-        "manifest": manifest,
-        "manifest_error": manifest_error,
-        "exit_status": state["exit_status"],
-        "exit_status_at": exit_st.st_mtime if exit_st else None,
-        "state": state,
-        "session": session,
-        "tmux_server_running": server,
-        "log": {
-            "path": str(log),
-            "exists": log_st is not None,
-            "size_bytes": log_st.st_size if log_st else None,
-            "mtime": log_st.st_mtime if log_st else None,
-            "tail": tail,
-        },
-        "pane": {"lines": pane, "error": pane_error},
-        "gpu_history": gpu_history(run_dir, args.gpu_samples),
-        "metrics": _jsonl_tail(run_dir / "metrics.jsonl", args.metric_records),
-        "heartbeat": {
-            "text": (read_text(beat) or "")[:100],
-            "age_s": round(now - beat_st.st_mtime, 3),
-        }
-        if beat_st
-        else None,
-        "pgid": read_int(run_dir / "pgid"),
-        "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
-        "files": files,
-        "stop_requested": state.get("stop_requested"),
-        "tee": {"error": state.get("tee_error"), "status": state.get("tee_status")},
-    }
+    log_tail = LogTail(
+        path=str(log),
+        exists=log_st is not None,
+        size_bytes=log_st.st_size if log_st else None,
+        mtime=log_st.st_mtime if log_st else None,
+        tail=tuple(tail),
+    )
+    beat_text = (read_text(beat) or "")[:100]
+    return EvidenceAnswer(
+        now=now,
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        state=state,
+        log=log_tail,
+        pane=PaneCapture(tuple(pane), pane_error),
+        current=current_run_id(args.workdir),
+        manifest=manifest,
+        manifest_error=manifest_error,
+        exit_status=state.exit_status,
+        exit_status_at=exit_st.st_mtime if exit_st else None,
+        session=session,
+        tmux_server_running=server,
+        gpu_history=tuple(gpu_history(run_dir, args.gpu_samples)),
+        metrics=tuple(_jsonl_tail(run_dir / "metrics.jsonl", args.metric_records)),
+        heartbeat=Heartbeat(beat_text, round(now - beat_st.st_mtime, 3)) if beat_st else None,
+        pgid=read_int(run_dir / "pgid"),
+        wrapper_pid=int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
+        files=files,
+        stop_requested=state.stop_requested,
+        tee=TeeReport(state.tee_error, state.tee_status),
+    )
 
 
 def _cmd_evidence(args: argparse.Namespace) -> int:
-    emit(collect(args))
+    emit(collect(args).to_dict())
     return EXIT_OK
 
 

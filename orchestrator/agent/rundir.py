@@ -18,12 +18,13 @@ import json
 import re
 import subprocess
 from pathlib import Path
-from typing import Any
 
 from orchestrator.agent.answer import EXIT_FAILED, RunError
 from orchestrator.agent.logs import tail_lines
 from orchestrator.agent.procs import group_members, proc_stat
 from orchestrator.agent.tmux import TmuxReader
+from orchestrator.answers import RunStatus, StopRequest, run_phase
+from orchestrator.model import SchemaError
 
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
@@ -83,10 +84,10 @@ def read_int(path: Path) -> int | None:
         return None
 
 
-def parse_stop_request(text: str | None) -> dict[str, Any] | None:
+def parse_stop_request(text: str | None) -> StopRequest | None:
     """The ``stop_requested`` file's document, or ``None`` when absent or unreadable.
 
-    >>> parse_stop_request('{"at": 5.0, "signal": "SIGINT", "by": "orch stop by me@pc"}')["at"]
+    >>> parse_stop_request('{"at": 5.0, "signal": "SIGINT", "by": "orch stop by me@pc"}').at
     5.0
     >>> parse_stop_request("garbage") is None, parse_stop_request('{"at": "x"}') is None
     (True, True)
@@ -99,10 +100,14 @@ def parse_stop_request(text: str | None) -> dict[str, Any] | None:
         return None
     if not isinstance(doc, dict) or not isinstance(doc.get("at"), (int, float)):
         return None
-    return doc
+    try:
+        return StopRequest.from_dict(doc)
+    except SchemaError:
+        return StopRequest(at=float(doc["at"]))
 
 
-def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
+def read_stop_request(run_dir: Path) -> StopRequest | None:
+    """The run's ``stop_requested`` (``None``: nobody asked, or the file is unreadable)."""
     return parse_stop_request(read_text(run_dir / STOP_REQUEST))
 
 
@@ -129,23 +134,18 @@ def current_run_id(workdir: str | Path) -> str | None:
     return read_text(runs_root(workdir) / "current") or None
 
 
-def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> dict[str, Any]:
-    """What one run directory says: running / exited N / vanished, and why we think so.
+def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> RunStatus:
+    """What one run directory says: running / exited N / vanished (:func:`run_phase`), and why.
 
     ``exited``: the wrapper wrote ``exit_status``; ``running``: no exit status
     and the wrapper or the command is alive; ``vanished``: neither (the
     container or the tmux server died, SIGKILL): the silent death of seed 000.
+    ``tail`` log lines are included; ``session`` adds that tmux session's state.
     """
     exit_status = read_int(run_dir / "exit_status")
     alive = wrapper_alive(run_dir)
     pgid = read_int(run_dir / "pgid")
     members = group_members(pgid) if pgid and exit_status is None else []
-    if exit_status is not None:
-        state = "exited"
-    elif alive or members:
-        state = "running"
-    else:
-        state = "vanished"
     log = run_dir / "train.log"
     lines, size = tail_lines(log, tail) if tail else ([], None)
     if size is None:
@@ -153,45 +153,53 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> di
             size = log.stat().st_size
         except FileNotFoundError:
             size = None
-    doc: dict[str, Any] = {
-        "run_id": run_dir.name,
-        "run_dir": str(run_dir),
-        "state": state,
-        "exit_status": exit_status,
-        "wrapper_alive": alive,
-        "started": (run_dir / "go").exists(),
-        "command_alive": bool(members),
-        "command_pids": members,
-        "log_path": str(log),
-        "log_exists": log.exists(),
-        "log_size_bytes": size,
-        "log_tail": lines,
-        "stop_requested": read_stop_request(run_dir),
-        "tee_error": read_tee_error(run_dir),
-        "tee_status": read_int(run_dir / "tee_status"),
-    }
     try:
         manifest = json.loads((run_dir / "manifest.json").read_text())
-        doc["started_at"] = manifest.get("started_at")
-        doc["command"] = manifest.get("command")
-        doc["session"] = manifest.get("session")
     except (OSError, ValueError):
-        doc["started_at"] = doc["command"] = None
+        manifest = None
+    if not isinstance(manifest, dict):
+        manifest = {}
+    started_at = manifest.get("started_at")
+    tmux_state, this_run = None, None
     if session:
-        info = TmuxReader().state(session, 0).to_dict()
+        tmux_state = TmuxReader().state(session, 0)
         rec = wrapper_pid(run_dir)
-        info["is_this_run"] = bool(rec and info["exists"] and info["pane_pid"] == rec[0])
-        doc["tmux"] = info
-    return doc
+        this_run = bool(rec and tmux_state.exists and tmux_state.pane_pid == rec[0])
+    return RunStatus(
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        state=run_phase(exit_status, alive or bool(members)),
+        exit_status=exit_status,
+        wrapper_alive=alive,
+        started=(run_dir / "go").exists(),
+        command_alive=bool(members),
+        command_pids=tuple(members),
+        log_path=str(log),
+        log_exists=log.exists(),
+        log_size_bytes=size,
+        log_tail=tuple(lines),
+        stop_requested=read_stop_request(run_dir),
+        tee_error=read_tee_error(run_dir),
+        tee_status=read_int(run_dir / "tee_status"),
+        started_at=float(started_at) if isinstance(started_at, (int, float)) else None,
+        command=_text(manifest.get("command")),
+        session=_text(manifest.get("session")),
+        tmux=tmux_state,
+        tmux_is_this_run=this_run,
+    )
 
 
-def list_runs(workdir: str | Path) -> list[dict[str, Any]]:
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def list_runs(workdir: str | Path) -> list[RunStatus]:
     """Every run directory under ``<workdir>/runs``, oldest first."""
     root = runs_root(workdir)
     if not root.is_dir():
         return []
     out = [run_state(d) for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    out.sort(key=lambda r: (r.get("started_at") or 0.0, r["run_id"]))
+    out.sort(key=lambda r: (r.started_at or 0.0, r.run_id))
     return out
 
 

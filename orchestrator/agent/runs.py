@@ -37,6 +37,7 @@ import signal
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -68,6 +69,7 @@ from orchestrator.agent.rundir import (
     wrapper_alive,
     wrapper_pid,
 )
+from orchestrator.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
 from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.model import RunManifest
 from orchestrator.paths import atomic_write
@@ -230,7 +232,7 @@ def _signal_run(run_dir: Path, sig: int) -> list[int]:
 
 def stop_run(
     run_dir: Path, grace_s: float, poll_s: float = 0.1, by: str | None = None
-) -> dict[str, Any]:
+) -> StopAnswer:
     """SIGINT, then SIGTERM at half of ``grace_s``, then SIGKILL at ``grace_s``; idempotent.
 
     A running run first gets ``stop_requested`` (time, first signal, ``by``: who
@@ -240,20 +242,12 @@ def stop_run(
     stay. Waits up to 10 s more for the wrapper to write ``exit_status``.
     """
     before = run_state(run_dir)
-    if before["state"] != "running":
-        return {
-            "stopped": False,
-            "run_id": run_dir.name,
-            "state": before["state"],
-            "exit_status": before["exit_status"],
-            "signals": [],
-            "elapsed_s": 0.0,
-            "stop_requested": before["stop_requested"],
-        }
+    if before.state != "running":
+        return StopAnswer(False, run_dir.name, before.state, before.exit_status,
+                          stop_requested=before.stop_requested)  # fmt: skip
     plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
-    request = {"at": time.time(), "signal": plan[0][1].name, "by": by or _default_by(),
-               "grace_s": grace_s}  # fmt: skip
-    atomic_write(run_dir / STOP_REQUEST, json.dumps(request) + "\n")
+    request = StopRequest(time.time(), plan[0][1].name, by or _default_by(), grace_s)
+    atomic_write(run_dir / STOP_REQUEST, json.dumps(request.to_dict()) + "\n")
     t0 = time.monotonic()
     sent: list[str] = []
     alive = True
@@ -274,15 +268,8 @@ def stop_run(
             break
         time.sleep(poll_s)
     after = run_state(run_dir)
-    return {
-        "stopped": True,
-        "run_id": run_dir.name,
-        "state": after["state"],
-        "exit_status": after["exit_status"],
-        "signals": sent,
-        "elapsed_s": round(time.monotonic() - t0, 3),
-        "stop_requested": request,
-    }
+    return StopAnswer(True, run_dir.name, after.state, after.exit_status, tuple(sent),
+                      round(time.monotonic() - t0, 3), request)  # fmt: skip
 
 
 def _default_by() -> str:
@@ -302,7 +289,7 @@ def _archive_session(session: str, run_dir: Path | None) -> None:
 # --- launch ----------------------------------------------------------------------------------
 
 
-def launch(args: argparse.Namespace) -> dict[str, Any]:
+def launch(args: argparse.Namespace) -> LaunchAnswer:
     """Create the run directory, start the session, say go, watch it for ``--settle`` s."""
     workdir = Path(args.workdir)
     if not _SESSION_RE.match(args.session):
@@ -327,7 +314,7 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         )
 
     old = tmux.TmuxReader().state(args.session, 0)
-    replaced: dict[str, Any] | None = None
+    replaced: StopAnswer | None = None
     if old.exists:
         old_id = current_run_id(workdir)
         old_dir = root / old_id if old_id else None
@@ -421,65 +408,55 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
 
     state = run_state(run_dir, tail=20, session=args.session)
     deadline = time.monotonic() + args.settle
-    while time.monotonic() < deadline and state["state"] == "running":
+    while time.monotonic() < deadline and state.state == "running":
         time.sleep(0.05)
         state = run_state(run_dir, tail=20, session=args.session)
-    return {
-        "ok": True,
-        "run_id": run_id,
-        "run_dir": str(run_dir),
-        "session": args.session,
-        "log_path": str(run_dir / "train.log"),
-        "manifest": manifest.to_dict(),
-        "replaced": replaced,
-        "history_limit": int(hist),
-        "state": state,
-    }
+    return LaunchAnswer(run_id=run_id, run_dir=str(run_dir), session=args.session,
+                        log_path=str(run_dir / "train.log"), manifest=manifest, state=state,
+                        history_limit=int(hist), replaced=replaced)  # fmt: skip
 
 
 # --- commands --------------------------------------------------------------------------------
 
 
-def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[dict[str, Any]]:
+def _chunk(run_dir: Path, got: dict[str, Any]) -> LogAnswer:
+    """:func:`~orchestrator.agent.logs.read_from`'s chunk as the answer."""
+    return LogAnswer(run_dir.name, tuple(got["lines"]), got["offset"], got["size"],
+                     got["truncated"])  # fmt: skip
+
+
+def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[LogAnswer]:
     """Chunks of new complete lines from ``offset``; ends one read after the run exits."""
     while True:
-        finished = run_state(run_dir)["state"] != "running"
-        chunk = read_from(path, offset)
-        offset = chunk["offset"]
-        if chunk["lines"] or chunk["truncated"]:
+        finished = run_state(run_dir).state != "running"
+        chunk = _chunk(run_dir, read_from(path, offset))
+        offset = chunk.offset
+        if chunk.lines or chunk.truncated:
             yield chunk
-        if finished and not chunk["lines"]:
-            yield {**chunk, "lines": [], "end": True, "state": run_state(run_dir)}
+        if finished and not chunk.lines:
+            yield replace(chunk, lines=(), end=True, state=run_state(run_dir))
             return
-        if not chunk["lines"]:
+        if not chunk.lines:
             time.sleep(interval_s)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    emit(launch(args))
+    emit(launch(args).to_dict())
     return EXIT_OK
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    emit(stop_run(resolve_run_dir(args.workdir, args.run_id), args.grace, by=args.by))
+    emit(stop_run(resolve_run_dir(args.workdir, args.run_id), args.grace, by=args.by).to_dict())
     return EXIT_OK
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
     if args.run_id or args.current:
-        emit(
-            run_state(
-                resolve_run_dir(args.workdir, args.run_id), tail=args.tail, session=args.session
-            )
-        )
+        run_dir = resolve_run_dir(args.workdir, args.run_id)
+        emit(run_state(run_dir, tail=args.tail, session=args.session).to_dict())
     else:
-        emit(
-            {
-                "workdir": args.workdir,
-                "current": current_run_id(args.workdir),
-                "runs": list_runs(args.workdir),
-            }
-        )
+        runs = tuple(list_runs(args.workdir))
+        emit(RunsAnswer(args.workdir, current_run_id(args.workdir), runs).to_dict())
     return EXIT_OK
 
 
@@ -490,22 +467,14 @@ def _cmd_logs(args: argparse.Namespace) -> int:
         offset = args.offset
         if offset is None:
             lines, offset = tail_lines(log, args.lines)
-            emit({"lines": lines, "offset": offset, "run_id": run_dir.name})
+            emit(LogAnswer(run_dir.name, tuple(lines), offset).to_dict())
         for chunk in follow(log, offset, args.interval, run_dir):
-            emit({**chunk, "run_id": run_dir.name})
+            emit(chunk.to_dict())
     elif args.offset is not None:
-        emit({**read_from(log, args.offset, args.max_bytes), "run_id": run_dir.name})
+        emit(_chunk(run_dir, read_from(log, args.offset, args.max_bytes)).to_dict())
     else:
         lines, size = tail_lines(log, args.lines)
-        emit(
-            {
-                "lines": lines,
-                "offset": size,
-                "size": size,
-                "run_id": run_dir.name,
-                "log_exists": log.exists(),
-            }
-        )
+        emit(LogAnswer(run_dir.name, tuple(lines), size, size, log_exists=log.exists()).to_dict())
     return EXIT_OK
 
 

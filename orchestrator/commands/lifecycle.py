@@ -82,7 +82,7 @@ def launch_cmd(
                     "exit_status": exc.exit_status,
                     "log_tail": exc.log_tail,
                     "diagnosis": exc.diagnosis,
-                    "state": exc.state,
+                    "state": exc.state.to_dict(),
                 }
             )
             raise typer.Exit(exc.exit_code) from None
@@ -114,18 +114,18 @@ def stop_cmd(
 
     doc = stop.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
     if as_json:
-        print_json(doc)
-    elif doc.get("stopped"):
+        print_json(doc.to_dict())
+    elif doc.stopped:
         out_console.print(
-            f"stopped run {doc['run_id']} with {', '.join(doc['signals']) or 'no signal'} "
-            f"in {doc['elapsed_s']:.1f} s: exit status {doc['exit_status']}",
+            f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
+            f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}",
             highlight=False,
         )
     else:
-        code = doc.get("exit_status")
-        state = f"exited {code}" if code is not None else doc.get("state")
+        code = doc.exit_status
+        state = f"exited {code}" if code is not None else doc.state
         out_console.print(
-            f"run {doc['run_id']} is not running ({state}); nothing to stop", highlight=False
+            f"run {doc.run_id} is not running ({state}); nothing to stop", highlight=False
         )
 
 
@@ -150,17 +150,17 @@ def logs_cmd(
     inventory = load_inventory()
     if not follow:
         doc = runs.logs(inventory, target, lines=lines, run_id=run_id)
-        for line in doc.get("lines", []):
+        for line in doc.lines:
             sys.stdout.write(line + "\n")
         return
     for chunk in runs.follow_logs(inventory, target, lines=lines, run_id=run_id):
-        if chunk.get("truncated"):
+        if chunk.truncated:
             err_console.print("[yellow]log truncated; reading from the start[/]")
-        for line in chunk.get("lines", []):
+        for line in chunk.lines:
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        if chunk.get("end"):
-            code = (chunk.get("state") or {}).get("exit_status")
+        if chunk.end:
+            code = chunk.state.exit_status if chunk.state is not None else None
             err_console.print(f"[dim]run ended: exit status {code}[/]", highlight=False)
 
 
@@ -197,7 +197,7 @@ def runs_cmd(
 
     doc = runs.runs(load_inventory(), target)
     if as_json:
-        print_json(doc)
+        print_json(doc.to_dict())
     else:
         out_console.print(runs_table(doc))
 

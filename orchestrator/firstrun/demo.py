@@ -490,5 +490,5 @@ def _stop_run(stop: Any, inv: Inventory, result: DemoResult, ui: DemoUI) -> None
     doc = stop.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
     took = time.monotonic() - t0
     result.steps.append(("stop", took))
-    how = "stopped on request" if doc.get("stopped") else f"had already ended ({doc.get('state')})"
+    how = "stopped on request" if doc.stopped else f"had already ended ({doc.state})"
     ui.step("stop", "ok", f"run {result.run_id} {how}", took)

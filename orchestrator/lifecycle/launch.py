@@ -21,10 +21,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 from orchestrator import __version__, deploy
+from orchestrator.answers import LaunchAnswer, RunStatus, StopAnswer
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     LaunchFailed,
@@ -44,7 +45,7 @@ from orchestrator.lifecycle.preflight import PreflightRefused, busy_gpus, prefli
 from orchestrator.lifecycle.runs import run_args
 from orchestrator.lifecycle.stop import operator, stop
 from orchestrator.secrets import redact, secret_values
-from orchestrator.target import Target
+from orchestrator.target import Target, read_answer
 
 log = logging.getLogger(__name__)
 
@@ -62,7 +63,7 @@ class RunDied(LaunchFailed):
     def __init__(
         self,
         message: str,
-        state: dict[str, Any],
+        state: RunStatus,
         exit_status: int | None,
         log_tail: list[str],
         diagnosis: str | None,
@@ -85,8 +86,8 @@ class LaunchResult:
     gpus: tuple[int, ...]
     verified: bool | None
     elapsed_s: float
-    state: dict[str, Any] = field(default_factory=dict)
-    replaced: dict[str, Any] | None = None
+    state: RunStatus | None = None
+    replaced: StopAnswer | None = None
     phases: tuple[dict[str, Any], ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
@@ -101,8 +102,8 @@ class LaunchResult:
             "gpus": list(self.gpus),
             "verified": self.verified,
             "elapsed_s": round(self.elapsed_s, 3),
-            "state": self.state,
-            "replaced": self.replaced,
+            "state": self.state.to_dict() if self.state is not None else {},
+            "replaced": self.replaced.to_dict() if self.replaced is not None else None,
             "phases": list(self.phases),
         }
 
@@ -263,11 +264,12 @@ def launch(
         if doc.get("error") in ("session-live", "run-exists"):
             raise Refused(f"{name}: {msg}")
         raise LaunchFailed(f"{name}: could not start the run: {msg}")
-    replaced = replaced or doc.get("replaced")
+    answer = read_answer(name, doc, LaunchAnswer)
+    replaced = replaced or answer.replaced
     phase("start", "ok", f"run {run_id} in tmux session {c.session!r}")
-    state = doc.get("state") or {}
+    state = answer.state
     result = dict(
-        target=name, run_id=run_id, run_dir=doc["run_dir"], log_path=doc["log_path"],
+        target=name, run_id=run_id, run_dir=answer.run_dir, log_path=answer.log_path,
         session=c.session, command=redact(command, secrets), gpus=assigned, replaced=replaced,
     )  # fmt: skip
     if not verify:
@@ -282,7 +284,7 @@ def launch(
     except LaunchFailed as exc:
         phase("verify", "fail", str(exc).splitlines()[0])
         raise
-    phase("verify", "ok", f"alive, log growing ({state.get('log_size_bytes')} bytes)")
+    phase("verify", "ok", f"alive, log growing ({state.log_size_bytes} bytes)")
     return LaunchResult(**result, verified=True, elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
                         state=state, phases=tuple(phases))  # fmt: skip
 
@@ -294,13 +296,13 @@ def _gpu_text(gpus: Sequence[int]) -> str:
 def verify_run(
     target: Target,
     run_id: str,
-    first: dict[str, Any],
+    first: RunStatus,
     *,
     timeout_s: float,
     started: float,
     secrets: Sequence[str] = (),
     on_phase: PhaseCallback = _noop,
-) -> dict[str, Any]:
+) -> RunStatus:
     """Poll the run until it proves itself or dies; return its last state.
 
     Proven: alive (wrapper and command), its session pane alive, the log grew
@@ -315,13 +317,11 @@ def verify_run(
     deadline = time.monotonic() + timeout_s
     alive_since = time.monotonic()
     while True:
-        st = state.get("state")
-        if st in ("exited", "vanished"):
+        if state.state in ("exited", "vanished"):
             raise _died(target.name, state, secrets)
-        tmux = state.get("tmux") or {}
-        pane_ok = tmux.get("exists") and not tmux.get("pane_dead")
-        grew = (state.get("log_size_bytes") or 0) > 0
-        if (st == "running" and state.get("command_alive") and pane_ok and grew
+        pane_ok = state.tmux is not None and state.tmux.exists and not state.tmux.pane_dead
+        grew = (state.log_size_bytes or 0) > 0
+        if (state.state == "running" and state.command_alive and pane_ok and grew
                 and time.monotonic() - alive_since >= VERIFY_MIN_ALIVE_S):  # fmt: skip
             return state
         if time.monotonic() >= deadline:
@@ -332,21 +332,21 @@ def verify_run(
                 f"or orch stop {target.name})"
             )
         time.sleep(VERIFY_POLL_S)
-        state = target.agent(["runs", *run_args(c), "--run-id", run_id, "--tail", "30"], timeout=30)
+        doc = target.agent(["runs", *run_args(c), "--run-id", run_id, "--tail", "30"], timeout=30)
+        state = read_answer(target.name, doc, RunStatus)
 
 
-def _died(name: str, state: dict[str, Any], secrets: Sequence[str]) -> RunDied:
-    code = state.get("exit_status")
-    tmux = state.get("tmux") or {}
-    if code is None and tmux.get("pane_dead_signal"):
-        code = 128 + int(tmux["pane_dead_signal"])
-    lines = [redact(str(x), secrets) for x in state.get("log_tail") or []]
+def _died(name: str, state: RunStatus, secrets: Sequence[str]) -> RunDied:
+    code = state.exit_status
+    if code is None and state.tmux is not None and state.tmux.pane_dead_signal:
+        code = 128 + state.tmux.pane_dead_signal
+    lines = [redact(str(x), secrets) for x in state.log_tail]
     how = f"exit status {code}" if code is not None else "no exit status (vanished)"
     diagnosis = diagnose(lines, code)
     tail = "\n".join(f"    | {x}" for x in lines[-15:]) or "    (the log is empty)"
     text = (
-        f"{name}: run {state.get('run_id')} died during startup: {how}\n"
-        f"  last log lines ({state.get('log_path')}):\n{tail}"
+        f"{name}: run {state.run_id} died during startup: {how}\n"
+        f"  last log lines ({state.log_path}):\n{tail}"
         + (f"\n  diagnosis: {diagnosis}" if diagnosis else "")
         + f"\n  the session and run directory are kept: orch logs {name}, orch postmortem {name}"
     )

@@ -288,9 +288,9 @@ class _Runner:
         if step.action == "stop":
             self.remember_run()
             doc = stop_mod.stop(self.inventory, self.name, target=self.tgt)
-            if not doc.get("stopped"):
+            if not doc.stopped:
                 return "nothing was running"
-            return f"stopped (signals {', '.join(doc.get('signals') or []) or 'none'}; exit status {doc.get('exit_status')})"
+            return f"stopped (signals {', '.join(doc.signals) or 'none'}; exit status {doc.exit_status})"
         if step.action == "launch":
             res = launch_mod.launch(
                 self.inventory,

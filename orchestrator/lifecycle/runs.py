@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from orchestrator.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     OrchError,
@@ -15,14 +16,17 @@ from orchestrator.errors import (
 )
 from orchestrator.lifecycle.preflight import container_status
 from orchestrator.model import Snapshot
-from orchestrator.target import Target, agent_argv, parse_document
+from orchestrator.target import Target, agent_argv, parse_document, read_answer
 from orchestrator.transport.quoting import command_line, with_env
 
 
-def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> dict[str, Any]:
+def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> RunsAnswer:
     """Every run in the container's workdir with its state and log size."""
     tgt = target or Target(inventory, name)
-    return tgt.agent(["runs", *run_args(tgt.container)], timeout=30)
+    doc = tgt.agent(["runs", *run_args(tgt.container)], timeout=30)
+    if doc.get("ok") is False:
+        raise UsageError(f"{name}: {doc.get('message')}")
+    return read_answer(name, doc, RunsAnswer)
 
 
 def logs(
@@ -32,7 +36,7 @@ def logs(
     lines: int = 50,
     run_id: str | None = None,
     target: Target | None = None,
-) -> dict[str, Any]:
+) -> LogAnswer:
     """The last ``lines`` lines of a run's log (read from the end, never the whole file)."""
     tgt = target or Target(inventory, name)
     args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines)]
@@ -41,7 +45,7 @@ def logs(
     doc = tgt.agent(args, timeout=30)
     if doc.get("ok") is False:
         raise UsageError(f"{name}: {doc.get('message')}")
-    return doc
+    return read_answer(name, doc, LogAnswer)
 
 
 def follow_logs(
@@ -52,7 +56,7 @@ def follow_logs(
     run_id: str | None = None,
     target: Target | None = None,
     interval_s: float = 0.5,
-) -> Iterator[dict[str, Any]]:
+) -> Iterator[LogAnswer]:
     """Chunks of new log lines over one long-lived agent command, by byte offset; ends after exit."""
     tgt = target or Target(inventory, name)
     args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines), "-f",
@@ -65,7 +69,7 @@ def follow_logs(
             doc = parse_document(tgt.name, line)
             if doc.get("ok") is False:
                 raise UsageError(f"{name}: {doc.get('message')}")
-            yield doc
+            yield read_answer(name, doc, LogAnswer)
 
 
 def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
@@ -99,14 +103,11 @@ def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
     gpus = [g for g in snap.gpus if not container.gpu_indices or g.index in container.gpu_indices]
     used = sum(g.memory_used_mib or 0.0 for g in gpus)
     total = sum(g.memory_total_mib or 0.0 for g in gpus)
-    if run is None:
-        run_state = None
-    elif run.exit_status is not None:
-        run_state = f"exited {run.exit_status}"
-    elif sess and sess.exists and sess.pane_dead is False:
-        run_state = "running"
-    else:
-        run_state = "vanished"
+    run_state = None
+    if run is not None:  # the run directory's word (answers.run_phase), from what the snapshot saw
+        live = bool(sess and sess.exists and sess.pane_dead is False)
+        run_state = run_phase(run.exit_status, live)
+        run_state = f"exited {run.exit_status}" if run_state == "exited" else run_state
     return {
         "session": None if sess is None else ("live" if sess.exists and sess.pane_dead is False
                                               else "dead pane" if sess.exists else "none"),

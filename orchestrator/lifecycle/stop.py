@@ -3,13 +3,12 @@ run directory stay (the agent's ``stop`` does the signalling)."""
 
 from __future__ import annotations
 
-from typing import Any
-
+from orchestrator.answers import StopAnswer
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
 )
-from orchestrator.target import Target
+from orchestrator.target import Target, read_answer
 
 
 def operator() -> str:
@@ -32,7 +31,7 @@ def stop(
     run_id: str | None = None,
     target: Target | None = None,
     by: str | None = None,
-) -> dict[str, Any]:
+) -> StopAnswer:
     """SIGINT, SIGTERM at half the grace, SIGKILL at ``grace_s``; idempotent. Session and run stay.
 
     The agent first writes ``stop_requested`` in the run directory (time, signal,
@@ -46,4 +45,4 @@ def stop(
     doc = tgt.agent(args, timeout=grace_s + 30.0)
     if doc.get("ok") is False:
         raise AgentError(f"{name}: stop: {doc.get('message')}")
-    return doc
+    return read_answer(name, doc, StopAnswer)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import paths
+from orchestrator.answers import EvidenceAnswer
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
 from orchestrator.formats import parse_pct_status
@@ -48,6 +49,7 @@ from orchestrator.postmortem.verdict import (
     run_pids_and_names,
 )
 from orchestrator.secrets import mask_env, redact, redact_tree, secret_values
+from orchestrator.target import read_answer
 
 __all__ = [
     "HEALTHY",
@@ -126,7 +128,7 @@ def collect(
         status = parse_pct_status(pct_text) if ok else "unknown"
         if not ok:
             errors.append(f"pct status {c.vmid}: {pct_text.strip()[:200]}")
-    doc: dict[str, Any] = {}
+    answer: EvidenceAnswer | None = None
     final: Snapshot | None = None
     if status == "running":
         args = ["evidence", "--workdir", c.workdir, "--session", c.session,
@@ -138,7 +140,8 @@ def collect(
             if doc.get("error") == "no-run" and run_id:
                 raise UsageError(f"{name}: {doc.get('message')}; see orch runs {name}")
             errors.append(f"evidence: {doc.get('message') or doc.get('error')}")
-            doc = {}
+        else:
+            answer = read_answer(name, doc, EvidenceAnswer)
         try:
             final = tgt.snapshot(timeout=60.0)
         except AgentError as exc:
@@ -148,7 +151,7 @@ def collect(
             f"container {c.vmid} is {status}: its files cannot be read until it runs "
             f"(pct start {c.vmid})"
         )
-    manifest = _manifest(doc.get("manifest"), secrets, errors)
+    manifest = _manifest(answer.manifest if answer else None, secrets, errors)
     started = manifest.started_at if manifest else None
     probe: HostProbe | None = None
     kernel: list[str] = []
@@ -160,7 +163,7 @@ def collect(
         except (AgentError, OSError) as exc:
             errors.append(f"host probe: {exc}")
         kernel, source = _kernel_log(host_tp, since)
-    return _evidence(name, doc, manifest, final, status, pct_text, probe, kernel, source,
+    return _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
                      secrets, errors)  # fmt: skip
 
 
@@ -182,7 +185,7 @@ _AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_
 
 def _evidence(
     name: str,
-    doc: dict[str, Any],
+    answer: EvidenceAnswer | None,
     manifest: RunManifest | None,
     final: Snapshot | None,
     status: str | None,
@@ -193,44 +196,45 @@ def _evidence(
     secrets: Sequence[str],
     errors: list[str],
 ) -> Evidence:
-    state = doc.get("state") or {}
-    logd = doc.get("log") or {}
-    pids = {int(p) for p in state.get("command_pids") or () if isinstance(p, int)}
-    pids |= {int(doc[k]) for k in ("pgid", "wrapper_pid") if isinstance(doc.get(k), int)}
-    raw_stop = doc.get("stop_requested")
-    stop: dict[str, Any] = raw_stop if isinstance(raw_stop, dict) else {}
-    stop_at = stop.get("at") if isinstance(stop.get("at"), (int, float)) else None
-    tee = doc.get("tee")
-    tee_error = tee.get("error") if isinstance(tee, dict) else state.get("tee_error")
+    if answer is None:
+        return Evidence(target=name, collected_at=time.time(), manifest=manifest,
+                        container_status=status, pct_status_text=pct_text,
+                        kernel_log=tuple(redact(x, secrets) for x in kernel),
+                        kernel_log_source=source, probe=probe, final=final,
+                        errors=tuple(redact(e, secrets) for e in errors))  # fmt: skip
+    state, log_tail, stop = answer.state, answer.log, answer.stop_requested
+    pids = {*state.command_pids, *(p for p in (answer.pgid, answer.wrapper_pid) if p is not None)}
+    tee_error = answer.tee.error
+    doc = answer.to_dict()
     return Evidence(
         target=name,
-        collected_at=float(doc.get("now") or time.time()),
-        run_id=doc.get("run_id"),
-        run_dir=doc.get("run_dir"),
+        collected_at=answer.now,
+        run_id=answer.run_id,
+        run_dir=answer.run_dir,
         manifest=manifest,
         container_status=status,
         pct_status_text=pct_text,
-        exit_status=doc.get("exit_status"),
-        exit_status_at=doc.get("exit_status_at"),
-        run_state=state.get("state"),
-        log_tail=tuple(redact(str(x), secrets) for x in logd.get("tail") or ()),
-        log_exists=bool(logd.get("exists")),
-        log_mtime=logd.get("mtime"),
-        log_size_bytes=logd.get("size_bytes"),
-        pane=tuple(redact(str(x), secrets) for x in (doc.get("pane") or {}).get("lines") or ()),
-        gpu_history=tuple(r for r in doc.get("gpu_history") or () if isinstance(r, dict)),
-        metrics=tuple(r for r in doc.get("metrics") or () if isinstance(r, dict)),
+        exit_status=answer.exit_status,
+        exit_status_at=answer.exit_status_at,
+        run_state=state.state,
+        log_tail=tuple(redact(x, secrets) for x in log_tail.tail),
+        log_exists=log_tail.exists,
+        log_mtime=log_tail.mtime,
+        log_size_bytes=log_tail.size_bytes,
+        pane=tuple(redact(x, secrets) for x in answer.pane.lines),
+        gpu_history=answer.gpu_history,
+        metrics=answer.metrics,
         kernel_log=tuple(redact(x, secrets) for x in kernel),
         kernel_log_source=source,
         probe=probe,
         final=final,
         run_pids=tuple(sorted(pids)),
-        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets) if doc else {},
+        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets),
         errors=tuple(redact(e, secrets) for e in errors),
-        stop_requested_at=float(stop_at) if stop_at is not None else None,
-        stop_requested_by=redact(str(stop["by"]), secrets) if stop_at and stop.get("by") else None,
-        stop_signal=str(stop["signal"]) if stop_at and stop.get("signal") else None,
-        tee_error=redact(str(tee_error), secrets)[:2000] if tee_error else None,
+        stop_requested_at=stop.at if stop else None,
+        stop_requested_by=redact(stop.by, secrets) if stop and stop.by else None,
+        stop_signal=stop.signal if stop else None,
+        tee_error=redact(tee_error, secrets)[:2000] if tee_error else None,
     )
 
 

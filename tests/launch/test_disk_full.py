@@ -55,7 +55,7 @@ def test_full_disk_keeps_tee_error_and_exit_status(
     wait_for(lambda: rundir.read_int(run_dir / "exit_status") is not None, 20, what="exit_status")
     assert rundir.read_int(run_dir / "exit_status") == 3
     assert not (run_dir / rundir.STATUS_RESERVE).exists()
-    state = rundir.run_state(run_dir)
+    state = rundir.run_state(run_dir).to_dict()
     assert state["state"] == "exited" and state["exit_status"] == 3, state
     assert state["tee_error"] and "No space left on device" in state["tee_error"], state
     assert "train.log" in state["tee_error"]

@@ -21,7 +21,7 @@ def launch(agent: LocalAgent, cmd: str, *extra: str, session: str = "train") -> 
 
 
 def state(agent: LocalAgent, run_id: str, session: str = "train") -> dict:
-    return rundir.run_state(agent.workdir / "runs" / run_id, tail=20, session=None) | {
+    return rundir.run_state(agent.workdir / "runs" / run_id, tail=20, session=None).to_dict() | {
         "tmux": session_info(agent, session)
     }
 
@@ -67,14 +67,14 @@ def test_sigkill_leaves_137(local_agent: LocalAgent) -> None:
     assert rc == 0, doc
     run_dir = local_agent.workdir / "runs" / "k1"
     wait_for(lambda: "ready" in (run_dir / "train.log").read_text(), 10, what="ready line")
-    pids = rundir.run_state(run_dir)["command_pids"]
+    pids = rundir.run_state(run_dir).command_pids
     python = [p for p in pids if b"time.sleep" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(python) == 1, pids
     os.kill(python[0], signal.SIGKILL)
     assert wait_for(lambda: exit_status(local_agent, "k1"), 10, what="exit_status") == 137
     info = wait_for(lambda: (i := session_info(local_agent, "train"))["status"] and i, 5)
     assert info["status"] == "137"
-    assert rundir.run_state(run_dir)["state"] == "exited"
+    assert rundir.run_state(run_dir).state == "exited"
 
 
 def test_wrapper_killed_by_signal_reads_pane_dead_signal(local_agent: LocalAgent) -> None:
@@ -164,7 +164,7 @@ def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> N
     assert request == {**doc["stop_requested"]}
     assert request["signal"] == "SIGINT" and request["by"] == "orch stop by alice@laptop"
     assert request["at"] <= (run_dir / "exit_status").stat().st_mtime
-    assert rundir.run_state(run_dir)["stop_requested"] == request
+    assert rundir.run_state(run_dir).to_dict()["stop_requested"] == request
     # The session and the run directory stay for the postmortem.
     assert session_info(local_agent, "train")["exists"]
     rc, again = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
@@ -200,7 +200,7 @@ def test_live_session_refused_then_force_keeps_old_run(local_agent: LocalAgent) 
     rc, doc = launch(local_agent, "echo new", "--run-id", "new")
     assert rc == answer.EXIT_REFUSED and doc["error"] == "session-live", doc
     assert not (local_agent.workdir / "runs" / "new").exists()
-    assert rundir.run_state(old_dir)["state"] == "running"
+    assert rundir.run_state(old_dir).state == "running"
 
     rc, doc = launch(local_agent, "echo new; sleep 30", "--run-id", "new", "--force")
     assert rc == 0, doc
