@@ -65,9 +65,11 @@ def postmortem_cmd(
     3 host or container unreachable; 4 --out exists and is not empty.
     """
     from orchestrator.postmortem import collect as postmortem
+    from orchestrator.views import postmortem as view
     from orchestrator.views.postmortem import print_verdict
 
-    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out)
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out,
+                               report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
     if as_json:
         print_json(pm.to_dict())
     else:

@@ -157,6 +157,10 @@ class DemoUI(Protocol):
 
     def verdict(self, pm: Any) -> None: ...
 
+    def report(self, pm: Any) -> tuple[str, str]:
+        """(report.md, report.html) of a postmortem, for its bundle."""
+        ...
+
     def ask(self, question: str) -> bool: ...
 
     def done(self, result: DemoResult) -> None: ...
@@ -471,7 +475,7 @@ def _loop(
         from orchestrator.postmortem import collect as postmortem
 
         pm = postmortem.postmortem(inv, CONTAINER, run_id=result.run_id,
-                                   out=result.state_dir / "postmortem")  # fmt: skip
+                                   out=result.state_dir / "postmortem", report=ui.report)  # fmt: skip
         result.verdict = pm.verdict
         html = Path(pm.bundle or result.state_dir / "postmortem") / "report.html"
         result.report_html = html if html.exists() else None

@@ -23,7 +23,7 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -247,15 +247,14 @@ def default_bundle_dir(ev: Evidence, now: float | None = None) -> Path:
     return paths.state_dir() / "postmortems" / f"{ev.target}-{ev.run_id or 'none'}-{stamp}"
 
 
-def _render(pm: Postmortem) -> tuple[str, str]:
-    """(report.md, report.html), rendered by :mod:`orchestrator.views.postmortem`."""
-    from orchestrator.views import postmortem as view
-
-    return view.markdown(pm), view.html(pm)
+Report = Callable[[Postmortem], tuple[str, str]]
+"""``report(pm) -> (report.md, report.html)``: the view's rendering, handed in by the caller
+(``orchestrator.views.postmortem``; this layer never imports the views)."""
 
 
-def write_bundle(pm: Postmortem, out: Path | str | None = None) -> Postmortem:
-    """Write the raw files, findings.json, report.md and report.html; 0700 dir, 0600 files.
+def write_bundle(pm: Postmortem, out: Path | str | None = None, *, report: Report) -> Postmortem:
+    """Write the raw files, findings.json, report.md and report.html (``report``'s); 0700 dir,
+    0600 files.
 
     Raises:
         Refused: ``out`` exists and is not empty (a bundle is never overwritten; exit 4).
@@ -280,7 +279,7 @@ def write_bundle(pm: Postmortem, out: Path | str | None = None) -> Postmortem:
     }
     if ev.metrics:
         files["metrics.jsonl"] = "".join(json.dumps(r) + "\n" for r in ev.metrics)
-    files["report.md"], files["report.html"] = _render(pm)
+    files["report.md"], files["report.html"] = report(pm)
     for fname, text in files.items():
         paths.write_private(target / fname, text)
     return pm
@@ -293,9 +292,15 @@ def postmortem(
     run_id: str | None = None,
     out: Path | str | None = None,
     write: bool = True,
+    report: Report | None = None,
 ) -> Postmortem:
-    """Collect, judge and (by default) write the bundle for ``name``'s run."""
+    """Collect, judge and (by default) write the bundle, with ``report``'s rendering, for
+    ``name``'s run."""
     c = inventory.container(name)
     ev = collect(inventory, name, run_id=run_id)
     pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
-    return write_bundle(pm, out) if write else pm
+    if not write:
+        return pm
+    if report is None:
+        raise ValueError("postmortem(write=True) needs report=, the view's rendering")
+    return write_bundle(pm, out, report=report)

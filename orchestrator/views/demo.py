@@ -108,6 +108,11 @@ class RichDemoUI:
                                  gpus, f": {f.summary}")  # fmt: skip
             self.console.print(line, highlight=False, soft_wrap=True)
 
+    def report(self, pm: Any) -> tuple[str, str]:
+        from orchestrator.views.postmortem import html, markdown
+
+        return markdown(pm), html(pm)
+
     def verdict(self, pm: Any) -> None:
         from orchestrator.views.postmortem import print_verdict
 
