@@ -51,7 +51,16 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MARKS = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
 REMOTE_TIMEOUT_S = 15.0
 FACTS_TIMEOUT_S = 90.0
-PACKAGES = ("paramiko", "nvidia-ml-py", "typer", "rich", "PyYAML", "tenacity", "prometheus-client")
+PACKAGES = (
+    "paramiko",
+    "nvidia-ml-py",
+    "typer",
+    "rich",
+    "PyYAML",
+    "tenacity",
+    "prometheus-client",
+    "libtmux",
+)
 """Distributions orch imports on the operator side (nvidia-ml-py is imported as pynvml)."""
 
 
