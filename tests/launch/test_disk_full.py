@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import rundir
+from orchestrator.answers import EvidenceAnswer
 from orchestrator.postmortem import collect as postmortem
 from orchestrator.postmortem.verdict import judge
 from orchestrator.views.postmortem import html, markdown
@@ -73,7 +74,8 @@ def test_full_disk_keeps_tee_error_and_exit_status(
 
     rc, ev_doc = local_agent("evidence", "--workdir", str(local_agent.workdir), "--run-id", "full1")
     assert rc == 0 and ev_doc["tee"]["error"] == state["tee_error"], ev_doc["tee"]
-    ev = postmortem._evidence("local", ev_doc, None, None, "running", "", None, [], None, (), [])
+    answer = EvidenceAnswer.from_dict(ev_doc)
+    ev = postmortem._evidence("local", answer, None, None, "running", "", None, [], None, (), [])
     assert ev.tee_error == state["tee_error"] and ev.exit_status == 3
     pm = judge(ev)
     assert pm.verdict.playbook == "disk-full", pm.verdict
