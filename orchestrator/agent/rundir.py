@@ -15,6 +15,7 @@ Runs inside the container (standard library and the agent package only).
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 from pathlib import Path
@@ -26,6 +27,9 @@ from orchestrator.agent.tmux import TmuxReader
 from orchestrator.answers import RunStatus, StopRequest, run_phase
 from orchestrator.model import SchemaError
 
+RUNS, CURRENT = "runs", "current"
+"""``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""
+MANIFEST, LOG, EXIT_STATUS, HEARTBEAT = "manifest.json", "train.log", "exit_status", "heartbeat"
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
 
@@ -127,11 +131,46 @@ def wrapper_alive(run_dir: Path) -> bool:
 
 
 def runs_root(workdir: str | Path) -> Path:
-    return Path(workdir) / "runs"
+    return Path(workdir) / RUNS
+
+
+def parse_run_id(text: str) -> str | None:
+    """The run id ``runs/current`` holds, ``None`` when empty or not a plain name (it must not
+    lead out of ``runs/``).
+
+    >>> parse_run_id("20260101-000000-lr\\n"), parse_run_id("../x"), parse_run_id("")
+    ('20260101-000000-lr', None, None)
+    """
+    run_id = text.strip()
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        return None
+    return run_id
 
 
 def current_run_id(workdir: str | Path) -> str | None:
-    return read_text(runs_root(workdir) / "current") or None
+    return parse_run_id(read_text(runs_root(workdir) / CURRENT) or "")
+
+
+def read_small(path: str, limit: int = 65536) -> tuple[bytes | None, float | None]:
+    """(content, mtime) of a small file; ``(None, None)`` when it does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            mtime = os.fstat(fh.fileno()).st_mtime
+            return fh.read(limit), mtime
+    except OSError:
+        return None, None
+
+
+def parse_exit_status(text: str) -> int | None:
+    """The wrapper's exit status file: an integer, maybe with a note after it.
+
+    >>> parse_exit_status("137\\n"), parse_exit_status("exit=2 signal=none"), parse_exit_status("")
+    (137, 2, None)
+    """
+    for token in text.replace("=", " ").split():
+        if token.lstrip("-").isdigit():
+            return int(token)
+    return None
 
 
 def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> RunStatus:
@@ -142,11 +181,11 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> Ru
     container or the tmux server died, SIGKILL): the silent death of seed 000.
     ``tail`` log lines are included; ``session`` adds that tmux session's state.
     """
-    exit_status = read_int(run_dir / "exit_status")
+    exit_status = parse_exit_status(read_text(run_dir / EXIT_STATUS) or "")
     alive = wrapper_alive(run_dir)
     pgid = read_int(run_dir / "pgid")
     members = group_members(pgid) if pgid and exit_status is None else []
-    log = run_dir / "train.log"
+    log = run_dir / LOG
     lines, size = tail_lines(log, tail) if tail else ([], None)
     if size is None:
         try:
@@ -154,7 +193,7 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> Ru
         except FileNotFoundError:
             size = None
     try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
+        manifest = json.loads((run_dir / MANIFEST).read_text())
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict):

@@ -370,3 +370,22 @@ def capture_history(session: str, *, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> 
         return list(w.active_pane.cmd("capture-pane", "-p", "-J", "-S", "-", "-E", "-").stdout)
 
     return _within(timeout_s, work)
+
+
+def parse_tmux_version(text: str) -> str | None:
+    """``tmux 3.3a`` -> ``3.3a``.
+
+    >>> parse_tmux_version("tmux 3.3a\\n"), parse_tmux_version("")
+    ('3.3a', None)
+    """
+    parts = text.split()
+    return parts[1] if len(parts) >= 2 and parts[0] == "tmux" else None
+
+
+def tmux_version() -> str | None:
+    """The installed tmux's version (``tmux -V``), ``None`` when there is none or it hangs."""
+    try:
+        out = subprocess.run(["tmux", "-V"], capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_tmux_version(out.stdout.decode("utf-8", "replace"))
