@@ -410,7 +410,9 @@ class Finding(Wire):
 
     ``kind`` is a stable kebab-case name (``ghost-utilization``) shared by the CLI
     filter, the Prometheus label, the playbook id and the test-case folders.
-    ``since`` is the ``taken_at`` of the first sample that showed it.
+    ``since`` is the ``taken_at`` of the first sample that showed it. ``exit_status`` and
+    ``signal`` (``SIGKILL``) are set on a run's end (``crashed``, ``finished``) for code to
+    read: the summary and evidence are for people.
     """
 
     kind: str
@@ -421,6 +423,8 @@ class Finding(Wire):
     since: float | None = None
     evidence: tuple[str, ...] = ()
     playbook: str | None = None
+    exit_status: int | None = None
+    signal: str | None = None
 
     @property
     def key(self) -> tuple[str, str, tuple[int, ...]]:

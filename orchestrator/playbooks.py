@@ -3,9 +3,9 @@ and procedures (ordered steps), loaded from ``playbooks/*.yaml`` and validated.
 
 This module loads and validates; matching a log is :mod:`orchestrator.matching` (its
 names are re-exported here). Carrying out a procedure (``orch playbook run``: planning,
-dry run, ``--yes``) lives in :mod:`orchestrator.procedures`.
+dry run, ``--yes``) lives in :mod:`orchestrator.lifecycle.procedures`.
 
-A file is read as YAML nodes through :class:`orchestrator.config_reader.NodeReader`, the
+A file is read as YAML nodes through :class:`orchestrator.config.reader.NodeReader`, the
 same reader as hosts.yaml, so a bad file is one :class:`~orchestrator.errors.ConfigError`
 naming ``file:line: key``. :func:`match_log` streams any iterable of lines (a 10 GB log is
 fine) and ranks the matching signature playbooks best first. The schema is in
@@ -34,7 +34,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config_reader import NodeReader, compose, join_key, suggest
+from orchestrator.config.reader import NodeReader, compose, join_key, suggest
 from orchestrator.errors import ConfigError
 from orchestrator.matching import (
     CERTAIN,
@@ -62,7 +62,7 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 
 KINDS = ("signature", "procedure")
 ACTIONS = ("stop", "launch", "verify", "archive")
-"""Built-in procedure actions (orchestrator.procedures; see docs/playbooks.md)."""
+"""Built-in procedure actions (orchestrator.lifecycle.procedures; see docs/playbooks.md)."""
 SKIP_SUFFIX = "-rules.yaml"
 """Files in the playbook directory named ``*-rules.yaml`` are not playbooks (Prometheus
 alerting rules live beside them, ``playbooks/prometheus-rules.yaml``); every other

@@ -70,10 +70,12 @@ def postmortem_cmd(
     (nothing to explain; the bundle is still written); 2 unknown target or run;
     3 host or container unreachable; 4 --out exists and is not empty.
     """
-    from orchestrator import postmortem
+    from orchestrator.postmortem import collect as postmortem
+    from orchestrator.views import postmortem as view
     from orchestrator.views.postmortem import print_verdict
 
-    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out)
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out,
+                               report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
     if as_json:
         print_json(pm.to_dict())
     else:
@@ -165,13 +167,13 @@ def playbook_run(
     steps stay done); 2 unknown id or target, or not a procedure; 3 unreachable;
     4 refused (an existing path without --force, or the relaunch preflight refused).
     """
-    from orchestrator.playbooks import get_playbook, load_playbooks
-    from orchestrator.procedures import (
+    from orchestrator.lifecycle.procedures import (
         format_plan,
         plan_procedure,
         procedure_context,
         run_procedure,
     )
+    from orchestrator.playbooks import get_playbook, load_playbooks
 
     pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
     inventory = load_inventory()

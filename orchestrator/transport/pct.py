@@ -23,6 +23,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
+from orchestrator.formats import parse_pct_status
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line, with_env
 
@@ -54,18 +55,6 @@ def pct_failure(stderr: str, vmid: int) -> str | None:
     ):
         return "not-found"
     return None
-
-
-def parse_status(stdout: str) -> str:
-    """The state word of ``pct status VMID`` output.
-
-    >>> parse_status("status: running\\n"), parse_status("status: stopped")
-    ('running', 'stopped')
-    >>> parse_status("garbage")
-    'unknown'
-    """
-    match = re.search(r"^status:\s*(\S+)", stdout, re.M)
-    return match.group(1) if match else "unknown"
 
 
 class PctTransport(Transport):
@@ -154,7 +143,7 @@ class PctTransport(Transport):
             raise CommandFailed(
                 self.host.name, f"pct status {self.vmid}", result.exit_status, result.err
             )
-        return parse_status(result.out)
+        return parse_pct_status(result.out)
 
     def _push_lock(self) -> threading.Lock:
         with _push_locks_guard:
@@ -209,17 +198,13 @@ class _PctLineStream(LineStream):
         self._owner, self._inner = owner, inner
 
     @property
-    def stderr_tail(self) -> bytes:
-        return getattr(self._inner, "stderr_tail", b"")
-
-    @property
     def dropped(self) -> bool:
         return bool(getattr(self._inner, "dropped", False))
 
     def readline(self, timeout: float) -> str | None:
         line = self._inner.readline(timeout)
         if line is None:
-            self.exit_status = self._inner.exit_status
+            self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail
             self._owner._raise_for_pct(Result(self.exit_status, b"", self.stderr_tail))
         return line
 
@@ -229,4 +214,4 @@ class _PctLineStream(LineStream):
 
     def close(self) -> None:
         self._inner.close()
-        self.exit_status = self._inner.exit_status
+        self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail

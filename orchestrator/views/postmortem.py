@@ -1,6 +1,6 @@
 """Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
-``orchestrator.postmortem.write_bundle`` writes :func:`markdown` and :func:`html`
+``orchestrator.postmortem.collect.write_bundle`` writes :func:`markdown` and :func:`html`
 (self-contained HTML, inline SVG timeline of per-GPU utilization and memory and
 tokens/s, the death marked).
 """

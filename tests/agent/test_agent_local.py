@@ -17,6 +17,7 @@ from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
 from orchestrator.agent.procs import alive, zombie_exit
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.errors import AgentError, AgentProtocolError
+from orchestrator.monitor import observe
 from orchestrator.target import Target
 from tests.agent.conftest import SCENARIOS, AgentEnv
 from tests.helpers import wait_for
@@ -158,7 +159,7 @@ def test_stream_outlives_the_traced_process_and_leaves_no_agent(agent_env: Agent
     cmd = f"echo step=1 loss=2.0 >> {log}; sleep 3; echo 'step=2 loss=1.5' >> {log}; exit 3"
     agent_env.tmux("new-session", "-d", "-s", "train", "-x", "80", "-y", "20", "bash", "-c", cmd)
     agent_env.tmux("set-option", "-t", "train", "remain-on-exit", "on")
-    stream = target.stream(0.3)
+    stream = observe.stream(target, 0.3)
     seen = []
     deadline = time.monotonic() + 30
     after_death = 0
@@ -410,7 +411,7 @@ def test_stream_turns_bad_lines_into_findings_and_goes_on(agent_env: AgentEnv) -
         b"print(json.dumps({'schema_version': 1, 'target': 'local', 'taken_at': time.time()}), flush=True)\n"
     )
     target = Target(agent_env.inventory(), "local", bundle=_garbage_bundle(program))
-    stream = target.stream(0.2)
+    stream = observe.stream(target, 0.2)
     got = [next(stream) for _ in range(3)]
     stream.close()
     assert got[0].errors[0].startswith("agent-protocol-error: not JSON")
@@ -420,7 +421,7 @@ def test_stream_turns_bad_lines_into_findings_and_goes_on(agent_env: AgentEnv) -
 
 def test_unreachable_markers_while_the_agent_cannot_start(agent_env: AgentEnv) -> None:
     target = Target(agent_env.inventory(python="python3-nonexistent"), "local")
-    stream = target.stream(0.2, backoff_cap_s=0.2)
+    stream = observe.stream(target, 0.2, backoff_cap_s=0.2)
     got = [next(stream) for _ in range(2)]
     stream.close()
     assert all(not s.reachable for s in got)
@@ -481,7 +482,7 @@ def test_a_hung_gpu_times_out_alone_and_recovers_at_the_next_snapshot(
     target = Target(agent_env.inventory(), "local")
     target.gpu_deadline_s = 1.0
     target.bundle_dir()
-    stream = target.stream(0.5)
+    stream = observe.stream(target, 0.5)
     hung: list = []
     try:
         for snap in stream:

@@ -11,7 +11,7 @@ what orch's monitor says about it (``orch check --json``, ``orch postmortem --js
 
 The ``crash`` run goes through launch's pass-through (``orch launch f-crash -- --steps 400
 --fault crash@4 ...``: the default command plus extra trainer arguments). The others use
-``--cmd`` with the deployed trainer bundle (``launch.trainer_bundle()`` through
+``--cmd`` with the deployed trainer bundle (``bundle.trainer_bundle()`` through
 ``deploy.ensure_agent``) and ``--run-dir "$ORCH_RUN_DIR"`` (the wrapper's variable), so the
 trainer's heartbeat and metrics.jsonl land in orch's run directory as with the default command;
 ``--cmd`` skips preflight's torch import, which on a loaded 2-core box costs tens of seconds a
@@ -44,6 +44,7 @@ import yaml
 from orchestrator.agent.metrics import MetricParser
 from orchestrator.cli import run as orch_run
 from orchestrator.model import Finding, Snapshot
+from orchestrator.monitor import observe
 from orchestrator.playbooks import load_playbooks, match_log
 from tests.helpers import wait_for
 
@@ -242,21 +243,22 @@ def orch(
 
 
 def _inventory(path: Path) -> Any:
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
 
     return load_inventory(path)
 
 
 def fault_command(inventory: Any, name: str, faults: list[str]) -> str:
     """The bundled trainer (deployed to ``name``) with ``faults``, into orch's run directory."""
-    from orchestrator import deploy, launch
+    from orchestrator import deploy
+    from orchestrator.lifecycle import bundle
     from orchestrator.target import Target
     from orchestrator.transport.quoting import command_line, with_env
 
     tgt = Target(inventory, name)
     c = tgt.container
     bundle_dir = deploy.ensure_agent(tgt.transport, c.workdir, c.python,
-                                     bundle=launch.trainer_bundle())  # fmt: skip
+                                     bundle=bundle.trainer_bundle())  # fmt: skip
     argv = [c.python, "-m", "trainer", "--config", f"{bundle_dir}/trainer/configs/tiny-cpu.yaml",
             "--steps", str(FAULT_STEPS), "--set", "train.log_every=1"]  # fmt: skip
     for f in faults:
@@ -283,7 +285,7 @@ class Observer:
         c = self.target.container
         stepped = False
         try:
-            for snap in self.target.stream(1.0):
+            for snap in observe.stream(self.target, 1.0):
                 self.history.append(snap)
                 stepped = stepped or (snap.metrics is not None and snap.metrics.step is not None)
                 for f in run_detectors(self.history, limits=c.limits, now=snap.taken_at):

@@ -13,6 +13,7 @@ from orchestrator.cli import run as orch
 from orchestrator.detect.engine import run_detectors
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.lifecycle.procedures import plan_procedure
 from orchestrator.model import (
     GpuSample,
     Metrics,
@@ -30,7 +31,6 @@ from orchestrator.playbooks import (
     match_log,
     parse_playbook,
 )
-from orchestrator.procedures import plan_procedure
 from tests.detect.corpus import FAMILIES, Case, load_corpus, score
 
 LOGS = Path(__file__).parent.parent / "data" / "logs"

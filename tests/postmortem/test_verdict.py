@@ -12,7 +12,7 @@ from orchestrator.model import (
     RunManifest,
     Severity,
 )
-from orchestrator.verdict import HEALTHY, STOPPED, Evidence, judge
+from orchestrator.postmortem.verdict import HEALTHY, STOPPED, Evidence, judge
 
 T0 = 1_700_000_000.0
 FX = (
@@ -160,7 +160,8 @@ def test_an_oom_kill_during_the_grace_is_still_the_oom_killer() -> None:
 
 
 def test_postmortem_reexports_the_pure_names() -> None:
-    from orchestrator import postmortem, verdict
+    from orchestrator.postmortem import collect as postmortem
+    from orchestrator.postmortem import verdict
 
     for name in ("HEALTHY", "STOPPED", "Evidence", "Postmortem", "Verdict", "judge", "decide"):
         assert getattr(postmortem, name) is getattr(verdict, name)

@@ -12,20 +12,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.detect.base import ended_on_request
 from orchestrator.model import Finding, RunState, Snapshot
-
-STATES = (
-    "connecting",
-    "unreachable",
-    "stopped",
-    "idle",
-    "starting",
-    "running",
-    "stalled",
-    "finished",
-    "crashed",
-    "dead",
-)
 
 # Finding kinds that decide the state outright, strongest first.
 _BY_FINDING = (
@@ -125,8 +113,8 @@ def stepped(snap: Snapshot) -> bool:
 
 
 def stopped_on_request(run: RunState, taken_at: float) -> bool:
-    """The run exited after ``orch stop`` asked it to (the exit-status detector's rule:
-    exited no earlier than 1 s before the request), whatever its exit status.
+    """The run exited after ``orch stop`` asked it to (:func:`~orchestrator.detect.base.ended_on_request`;
+    an exit of unknown time counts at ``taken_at``), whatever its exit status.
 
     >>> stopped_on_request(RunState("r", "/r", exit_status=130, stop_requested_at=10.0), 12.0)
     True
@@ -134,20 +122,7 @@ def stopped_on_request(run: RunState, taken_at: float) -> bool:
     ...                             stop_requested_at=10.0), 12.0)
     False
     """
-    if run.exit_status is None or run.stop_requested_at is None:
+    if run.exit_status is None:
         return False
     at = run.exit_status_at if run.exit_status_at is not None else taken_at
-    return at >= run.stop_requested_at - 1.0
-
-
-def roles_by_gpu(gpus: dict[str, tuple[int, ...]] | None) -> dict[int, str]:
-    """Invert ``ContainerConfig.gpus`` (role -> indices) to index -> role.
-
-    >>> roles_by_gpu({"target": (0, 1), "drafter": (2,)})
-    {0: 'target', 1: 'target', 2: 'drafter'}
-    """
-    out: dict[int, str] = {}
-    for role, ids in (gpus or {}).items():
-        for i in ids:
-            out.setdefault(int(i), role)
-    return out
+    return ended_on_request(run.stop_requested_at, at)

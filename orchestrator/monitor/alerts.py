@@ -1,7 +1,7 @@
 """Alerts from ``orch check``: decide what to say (pure), then say it (webhook, command).
 
 Deduplication (:func:`plan`) compares this check's findings with the alert state
-kept in SQLite (:class:`~orchestrator.history.AlertState`):
+kept in SQLite (:class:`~orchestrator.monitor.history.AlertState`):
 
 - a finding not seen before, or whose earlier notification was never delivered: ``new``;
 - a finding whose severity changed: ``changed``;
@@ -35,8 +35,8 @@ from typing import Any
 import tenacity
 
 from orchestrator import secrets as _secrets
-from orchestrator.history import AlertState
 from orchestrator.model import Finding, Severity
+from orchestrator.monitor.history import AlertState
 
 log = logging.getLogger(__name__)
 
@@ -220,22 +220,6 @@ def settle(
 # --- secrets -----------------------------------------------------------------------------
 
 
-def redact(value: Any, secrets: Iterable[str]) -> Any:
-    """``value`` (str, list, dict, nested) with every secret replaced (:func:`orchestrator.secrets.redact`).
-
-    >>> redact({"text": "token hf_abcd in log", "n": [1, "hf_abcd"]}, {"hf_abcd"})
-    {'text': 'token *** in log', 'n': [1, '***']}
-    """
-    values = list(secrets)
-    if isinstance(value, str):
-        return _secrets.redact(value, values)
-    if isinstance(value, dict):
-        return {k: redact(x, values) for k, x in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact(x, values) for x in value]
-    return value
-
-
 def environment_secrets(extra: Iterable[Mapping[str, str]] = ()) -> set[str]:
     """Secret-looking values from this process's environment and ``extra`` (container env)."""
     out = set(_secrets.secret_values(dict(os.environ)))
@@ -273,7 +257,7 @@ def payload(
         "status": status,
         "notifications": [n.to_dict() for n in notes],
     }
-    return redact(body, secrets)  # type: ignore[no-any-return]
+    return _secrets.redact_tree(body, secrets)  # type: ignore[no-any-return]
 
 
 class HookFailed(RuntimeError):

@@ -8,8 +8,8 @@ one ``snapshot`` (the GPUs and processes now), and from the Proxmox host
 ``pct status``, the kernel log since the launch and its parsed events
 (:meth:`orchestrator.target.Host.probe`). The bundle (:func:`write_bundle`).
 
-Judgement is pure and lives in :mod:`orchestrator.verdict` (history
-reconstruction, OOM matching, :func:`~orchestrator.verdict.decide` and its
+Judgement is pure and lives in :mod:`orchestrator.postmortem.verdict` (history
+reconstruction, OOM matching, :func:`~orchestrator.postmortem.verdict.decide` and its
 precedence); its public names are re-exported here. Alive with no problem is
 ``healthy`` (nothing to explain; the CLI exits 1).
 
@@ -23,16 +23,17 @@ import dataclasses
 import json
 import logging
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator import paths
-from orchestrator.config import Inventory
+from orchestrator.answers import EvidenceAnswer
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
+from orchestrator.formats import parse_pct_status
 from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
-from orchestrator.secrets import mask_env, redact, secret_values
-from orchestrator.verdict import (
+from orchestrator.postmortem.verdict import (
     HEALTHY,
     OOM_WINDOW_S,
     STOPPED,
@@ -47,6 +48,8 @@ from orchestrator.verdict import (
     reconstruct_history,
     run_pids_and_names,
 )
+from orchestrator.secrets import mask_env, redact, redact_tree, secret_values
+from orchestrator.target import read_answer
 
 __all__ = [
     "HEALTHY",
@@ -64,7 +67,6 @@ __all__ = [
     "our_oom_kills",
     "postmortem",
     "reconstruct_history",
-    "redact_tree",
     "run_pids_and_names",
     "write_bundle",
 ]
@@ -123,10 +125,10 @@ def collect(
     if not c.is_local:
         host_tp = host_transport(inventory, c.host)
         ok, pct_text = _host_run(host_tp, ["pct", "status", str(c.vmid)])
-        status = pct_text.split(":", 1)[1].strip() if ok and ":" in pct_text else "unknown"
+        status = parse_pct_status(pct_text) if ok else "unknown"
         if not ok:
             errors.append(f"pct status {c.vmid}: {pct_text.strip()[:200]}")
-    doc: dict[str, Any] = {}
+    answer: EvidenceAnswer | None = None
     final: Snapshot | None = None
     if status == "running":
         args = ["evidence", "--workdir", c.workdir, "--session", c.session,
@@ -138,7 +140,8 @@ def collect(
             if doc.get("error") == "no-run" and run_id:
                 raise UsageError(f"{name}: {doc.get('message')}; see orch runs {name}")
             errors.append(f"evidence: {doc.get('message') or doc.get('error')}")
-            doc = {}
+        else:
+            answer = read_answer(name, doc, EvidenceAnswer)
         try:
             final = tgt.snapshot(timeout=60.0)
         except AgentError as exc:
@@ -148,7 +151,7 @@ def collect(
             f"container {c.vmid} is {status}: its files cannot be read until it runs "
             f"(pct start {c.vmid})"
         )
-    manifest = _manifest(doc.get("manifest"), secrets, errors)
+    manifest = _manifest(answer.manifest if answer else None, secrets, errors)
     started = manifest.started_at if manifest else None
     probe: HostProbe | None = None
     kernel: list[str] = []
@@ -160,23 +163,8 @@ def collect(
         except (AgentError, OSError) as exc:
             errors.append(f"host probe: {exc}")
         kernel, source = _kernel_log(host_tp, since)
-    return _evidence(name, doc, manifest, final, status, pct_text, probe, kernel, source,
+    return _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
                      secrets, errors)  # fmt: skip
-
-
-def redact_tree(value: Any, secrets: Sequence[str]) -> Any:
-    """``value`` (JSON-like) with every string redacted.
-
-    >>> redact_tree({"a": ["x hf_abcd y", 3]}, ["hf_abcd"])
-    {'a': ['x *** y', 3]}
-    """
-    if isinstance(value, str):
-        return redact(value, secrets)
-    if isinstance(value, dict):
-        return {k: redact_tree(v, secrets) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [redact_tree(v, secrets) for v in value]
-    return value
 
 
 def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:
@@ -197,7 +185,7 @@ _AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_
 
 def _evidence(
     name: str,
-    doc: dict[str, Any],
+    answer: EvidenceAnswer | None,
     manifest: RunManifest | None,
     final: Snapshot | None,
     status: str | None,
@@ -208,44 +196,45 @@ def _evidence(
     secrets: Sequence[str],
     errors: list[str],
 ) -> Evidence:
-    state = doc.get("state") or {}
-    logd = doc.get("log") or {}
-    pids = {int(p) for p in state.get("command_pids") or () if isinstance(p, int)}
-    pids |= {int(doc[k]) for k in ("pgid", "wrapper_pid") if isinstance(doc.get(k), int)}
-    raw_stop = doc.get("stop_requested")
-    stop: dict[str, Any] = raw_stop if isinstance(raw_stop, dict) else {}
-    stop_at = stop.get("at") if isinstance(stop.get("at"), (int, float)) else None
-    tee = doc.get("tee")
-    tee_error = tee.get("error") if isinstance(tee, dict) else state.get("tee_error")
+    if answer is None:
+        return Evidence(target=name, collected_at=time.time(), manifest=manifest,
+                        container_status=status, pct_status_text=pct_text,
+                        kernel_log=tuple(redact(x, secrets) for x in kernel),
+                        kernel_log_source=source, probe=probe, final=final,
+                        errors=tuple(redact(e, secrets) for e in errors))  # fmt: skip
+    state, log_tail, stop = answer.state, answer.log, answer.stop_requested
+    pids = {*state.command_pids, *(p for p in (answer.pgid, answer.wrapper_pid) if p is not None)}
+    tee_error = answer.tee.error
+    doc = answer.to_dict()
     return Evidence(
         target=name,
-        collected_at=float(doc.get("now") or time.time()),
-        run_id=doc.get("run_id"),
-        run_dir=doc.get("run_dir"),
+        collected_at=answer.now,
+        run_id=answer.run_id,
+        run_dir=answer.run_dir,
         manifest=manifest,
         container_status=status,
         pct_status_text=pct_text,
-        exit_status=doc.get("exit_status"),
-        exit_status_at=doc.get("exit_status_at"),
-        run_state=state.get("state"),
-        log_tail=tuple(redact(str(x), secrets) for x in logd.get("tail") or ()),
-        log_exists=bool(logd.get("exists")),
-        log_mtime=logd.get("mtime"),
-        log_size_bytes=logd.get("size_bytes"),
-        pane=tuple(redact(str(x), secrets) for x in (doc.get("pane") or {}).get("lines") or ()),
-        gpu_history=tuple(r for r in doc.get("gpu_history") or () if isinstance(r, dict)),
-        metrics=tuple(r for r in doc.get("metrics") or () if isinstance(r, dict)),
+        exit_status=answer.exit_status,
+        exit_status_at=answer.exit_status_at,
+        run_state=state.state,
+        log_tail=tuple(redact(x, secrets) for x in log_tail.tail),
+        log_exists=log_tail.exists,
+        log_mtime=log_tail.mtime,
+        log_size_bytes=log_tail.size_bytes,
+        pane=tuple(redact(x, secrets) for x in answer.pane.lines),
+        gpu_history=answer.gpu_history,
+        metrics=answer.metrics,
         kernel_log=tuple(redact(x, secrets) for x in kernel),
         kernel_log_source=source,
         probe=probe,
         final=final,
         run_pids=tuple(sorted(pids)),
-        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets) if doc else {},
+        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets),
         errors=tuple(redact(e, secrets) for e in errors),
-        stop_requested_at=float(stop_at) if stop_at is not None else None,
-        stop_requested_by=redact(str(stop["by"]), secrets) if stop_at and stop.get("by") else None,
-        stop_signal=str(stop["signal"]) if stop_at and stop.get("signal") else None,
-        tee_error=redact(str(tee_error), secrets)[:2000] if tee_error else None,
+        stop_requested_at=stop.at if stop else None,
+        stop_requested_by=redact(stop.by, secrets) if stop and stop.by else None,
+        stop_signal=stop.signal if stop else None,
+        tee_error=redact(tee_error, secrets)[:2000] if tee_error else None,
     )
 
 
@@ -258,15 +247,14 @@ def default_bundle_dir(ev: Evidence, now: float | None = None) -> Path:
     return paths.state_dir() / "postmortems" / f"{ev.target}-{ev.run_id or 'none'}-{stamp}"
 
 
-def _render(pm: Postmortem) -> tuple[str, str]:
-    """(report.md, report.html), rendered by :mod:`orchestrator.views.postmortem`."""
-    from orchestrator.views import postmortem as view
-
-    return view.markdown(pm), view.html(pm)
+Report = Callable[[Postmortem], tuple[str, str]]
+"""``report(pm) -> (report.md, report.html)``: the view's rendering, handed in by the caller
+(``orchestrator.views.postmortem``; this layer never imports the views)."""
 
 
-def write_bundle(pm: Postmortem, out: Path | str | None = None) -> Postmortem:
-    """Write the raw files, findings.json, report.md and report.html; 0700 dir, 0600 files.
+def write_bundle(pm: Postmortem, out: Path | str | None = None, *, report: Report) -> Postmortem:
+    """Write the raw files, findings.json, report.md and report.html (``report``'s); 0700 dir,
+    0600 files.
 
     Raises:
         Refused: ``out`` exists and is not empty (a bundle is never overwritten; exit 4).
@@ -291,7 +279,7 @@ def write_bundle(pm: Postmortem, out: Path | str | None = None) -> Postmortem:
     }
     if ev.metrics:
         files["metrics.jsonl"] = "".join(json.dumps(r) + "\n" for r in ev.metrics)
-    files["report.md"], files["report.html"] = _render(pm)
+    files["report.md"], files["report.html"] = report(pm)
     for fname, text in files.items():
         paths.write_private(target / fname, text)
     return pm
@@ -304,11 +292,15 @@ def postmortem(
     run_id: str | None = None,
     out: Path | str | None = None,
     write: bool = True,
+    report: Report | None = None,
 ) -> Postmortem:
-    """Collect, judge and (by default) write the bundle for ``name``'s run."""
-    from orchestrator.views.state import roles_by_gpu
-
+    """Collect, judge and (by default) write the bundle, with ``report``'s rendering, for
+    ``name``'s run."""
     c = inventory.container(name)
     ev = collect(inventory, name, run_id=run_id)
-    pm = judge(ev, limits=c.limits, roles=roles_by_gpu(c.gpus))
-    return write_bundle(pm, out) if write else pm
+    pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
+    if not write:
+        return pm
+    if report is None:
+        raise ValueError("postmortem(write=True) needs report=, the view's rendering")
+    return write_bundle(pm, out, report=report)

@@ -1,6 +1,6 @@
 """``orch init``: a starter hosts.yaml from flags or answers, validated before and after writing.
 
-Pure parts (:func:`parse_gpus`, :func:`render`, :func:`check_answer`) apart from the
+Pure parts (:func:`parse_gpu_roles`, :func:`render`, :func:`check_answer`) apart from the
 one that touches the disk (:func:`write_config`). Questions are asked by a
 ``prompt`` callable the CLI passes in (typer's), so this module never reads a
 terminal itself.
@@ -21,9 +21,14 @@ from dataclasses import dataclass, fields, replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import Inventory, config_search_paths, load_inventory, parse_inventory
-from orchestrator.config_reader import gpu_ranges, parse_gpu_spec
+from orchestrator.config.inventory import (
+    Inventory,
+    config_search_paths,
+    load_inventory,
+    parse_inventory,
+)
 from orchestrator.errors import ConfigError, Refused, UsageError
+from orchestrator.formats import gpu_ranges, parse_gpu_spec
 from orchestrator.paths import ensure_private_dir, write_private
 
 DEFAULT_ROLE = "target"
@@ -35,7 +40,7 @@ _YAML_WORDS = {"yes", "no", "true", "false", "on", "off", "null", "y", "n", "~"}
 class Answers:
     """What ``orch init`` writes. ``address`` ``None``: the host name (resolved by DNS or
     ``~/.ssh/config``); ``container`` ``None``: ``lxc<vmid>``; ``gpus`` a spec for
-    :func:`parse_gpus` (empty: every GPU, no roles)."""
+    :func:`parse_gpu_roles` (empty: every GPU, no roles)."""
 
     host: str = "pve1"
     address: str | None = None
@@ -76,20 +81,20 @@ QUESTIONS = (
 )
 
 
-def parse_gpus(text: str) -> dict[str, list[int]]:
+def parse_gpu_roles(text: str) -> dict[str, list[int]]:
     """GPU roles from a spec: ``"0-7"`` (role ``target``), ``"target=0-4 drafter=5-7"``,
     or ``""``/``"all"`` (no roles: every GPU). Raises ``ValueError`` saying why.
 
-    >>> parse_gpus("0-7")
+    >>> parse_gpu_roles("0-7")
     {'target': [0, 1, 2, 3, 4, 5, 6, 7]}
-    >>> parse_gpus("target=0-4 drafter=5-7")
+    >>> parse_gpu_roles("target=0-4 drafter=5-7")
     {'target': [0, 1, 2, 3, 4], 'drafter': [5, 6, 7]}
-    >>> parse_gpus("all"), parse_gpus(" ")
+    >>> parse_gpu_roles("all"), parse_gpu_roles(" ")
     ({}, {})
-    >>> parse_gpus("target=0-4 drafter=4")
+    >>> parse_gpu_roles("target=0-4 drafter=4")
     Traceback (most recent call last):
     ValueError: GPU 4 is in two roles
-    >>> parse_gpus("=3")
+    >>> parse_gpu_roles("=3")
     Traceback (most recent call last):
     ValueError: '=3': a role needs a name, as in target=0-4
     """
@@ -167,7 +172,7 @@ def render(a: Answers) -> str:
         f"    workdir: {_scalar(a.workdir)}",
         "    session: train",
     ]
-    roles = parse_gpus(a.gpus)
+    roles = parse_gpu_roles(a.gpus)
     if roles:
         lines.append("    gpus:")
         lines += [f"      {_scalar(r)}: {_scalar(gpu_ranges(ids))}" for r, ids in roles.items()]
@@ -228,7 +233,7 @@ def answers_from(given: Mapping[str, Any]) -> Answers:
     values = {k: v for k, v in given.items() if k in known and v is not None}
     a = Answers(**values)
     try:
-        parse_gpus(a.gpus)
+        parse_gpu_roles(a.gpus)
         validate(a)
     except ValueError as exc:
         raise UsageError(f"orch init: {exc}") from None
@@ -257,7 +262,7 @@ def ask(
 
         def convert(raw: str, field: str = q.field, base: Answers = current) -> Answers:
             if field == "gpus":
-                parse_gpus(raw)
+                parse_gpu_roles(raw)
             return check_answer(base, field, raw)
 
         answers = prompt(q.text, default, convert)

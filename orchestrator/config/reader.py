@@ -19,59 +19,16 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config_schema import FieldSpec
+from orchestrator.config.schema import FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
+from orchestrator.formats import MAX_GPU_INDEX, parse_gpu_spec
 
-MAX_GPU_INDEX = 1023
-"""GPU indices above this are refused, so a range like ``0-999999999`` cannot eat memory."""
 TAG = "tag:yaml.org,2002:"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 _MODULE = re.compile(r"[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*")
-_GPU_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
 _NUMBER = re.compile(r"[-+]?(\d+\.?\d*|\.\d+)([eE][-+]?\d+)?")
 _SCALARTAGS = {TAG + t for t in ("str", "int", "float", "bool", "null", "timestamp")}
-
-
-def parse_gpu_spec(text: str) -> list[int]:
-    """GPU indices from ``"0-4"``, ``"5"`` or ``"0-2,6"``; raises ``ValueError`` saying why.
-
-    >>> parse_gpu_spec("0-4"), parse_gpu_spec("0-2, 6")
-    ([0, 1, 2, 3, 4], [0, 1, 2, 6])
-    >>> parse_gpu_spec("4-2")
-    Traceback (most recent call last):
-    ValueError: range '4-2' runs backwards
-    >>> parse_gpu_spec("0-5000")
-    Traceback (most recent call last):
-    ValueError: GPU index 5000 is above 1023
-    """
-    out: list[int] = []
-    for part in text.split(","):
-        m = _GPU_RANGE.fullmatch(part)
-        if not m:
-            raise ValueError(f"{part.strip()!r} is not a GPU index or range like '0-4'")
-        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
-        if hi < lo:
-            raise ValueError(f"range {part.strip()!r} runs backwards")
-        if hi > MAX_GPU_INDEX:
-            raise ValueError(f"GPU index {hi} is above {MAX_GPU_INDEX}")
-        out.extend(range(lo, hi + 1))
-    return out
-
-
-def gpu_ranges(ids: tuple[int, ...] | list[int]) -> str:
-    """GPU indices written compactly, the inverse of :func:`parse_gpu_spec`.
-
-    >>> gpu_ranges([0, 1, 2, 3, 4]), gpu_ranges([5, 7, 8]), gpu_ranges([])
-    ('0-4', '5,7-8', '')
-    """
-    parts: list[str] = []
-    for i in sorted(set(ids)):
-        if parts and parts[-1].split("-")[-1] == str(i - 1):
-            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
-        else:
-            parts.append(str(i))
-    return ",".join(parts)
 
 
 def check_session_name(name: str) -> str | None:

@@ -1,6 +1,6 @@
 """The pure half of ``orch postmortem``: evidence in, history, findings and a verdict out.
 
-No I/O: :mod:`orchestrator.postmortem` collects the :class:`Evidence` (agent, host,
+No I/O: :mod:`orchestrator.postmortem.collect` collects the :class:`Evidence` (agent, host,
 kernel log) and writes the bundle; everything here is a function of that evidence.
 
 The flight recorder is turned back into a snapshot history
@@ -22,7 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.detect.base import fmt_time, signal_name
+from orchestrator.detect.base import ended_on_request, fmt_time, signal_name
 from orchestrator.detect.host import OOM_WINDOW_S as OOM_WINDOW_S  # re-exported
 from orchestrator.detect.host import oom_kills_of_run
 from orchestrator.detect.host import run_pids_and_names as history_pids_and_names
@@ -50,8 +50,6 @@ HEALTHY = "healthy"
 STOPPED = "stopped"
 """Verdict kind of a run that ended after ``orch stop`` asked it to (not a finding kind: the
 detectors call it ``finished``, severity info, so nobody is paged for an operator's stop)."""
-STOP_SLACK_S = 1.0
-"""An exit this much before the stop request still counts as the stop's (mtime granularity)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -501,10 +499,7 @@ def stop_was_requested(ev: Evidence) -> bool:
     >>> stop_was_requested(Evidence("ct200", 10.0, stop_requested_at=5.0, exit_status_at=2.0))
     False
     """
-    at = ev.stop_requested_at
-    if at is None:
-        return False
-    return ev.exit_status_at is None or ev.exit_status_at >= at - STOP_SLACK_S
+    return ended_on_request(ev.stop_requested_at, ev.exit_status_at)
 
 
 def _stopped_verdict(

@@ -15,7 +15,7 @@ Steps (each reported with its duration through a :class:`DemoUI`):
    trainer's python process, sent through the container's transport; the
    watch continues until the detectors (``run_detectors``) report the
    finding(s) or ``detect_timeout_s`` passes.
-6. **postmortem**: ``orchestrator.postmortem.postmortem`` into
+6. **postmortem**: ``orchestrator.postmortem.collect.postmortem`` into
    ``<state>/postmortem/``: verdict and report.html.
 7. **teardown**: ``manager.down`` (processes only; the files stay so the report
    can be read), unless ``keep``.
@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.model import Finding, Snapshot
 
@@ -145,7 +146,7 @@ class DemoUI(Protocol):
 
     def watch(
         self,
-        inventory: Any,
+        inventory: Inventory,
         name: str,
         *,
         seconds: float,
@@ -155,6 +156,10 @@ class DemoUI(Protocol):
     def findings(self, findings: Sequence[Finding]) -> None: ...
 
     def verdict(self, pm: Any) -> None: ...
+
+    def report(self, pm: Any) -> tuple[str, str]:
+        """(report.md, report.html) of a postmortem, for its bundle."""
+        ...
 
     def ask(self, question: str) -> bool: ...
 
@@ -232,7 +237,7 @@ def bundled_trainer_configs() -> list[str]:
     >>> {"tiny-cpu", "instant-cpu"} <= set(bundled_trainer_configs())
     True
     """
-    from orchestrator.launch import trainer_root
+    from orchestrator.lifecycle.bundle import trainer_root
 
     return sorted(p.stem for p in (trainer_root() / "configs").glob("*.yaml"))
 
@@ -352,24 +357,23 @@ def _loop(
     at the end), never the machine's speed. A run that ended on its own before the kill is
     said so, and the demo goes on to the postmortem of what happened.
     """
-    from orchestrator import launch
-    from orchestrator.config import load_inventory
-    from orchestrator.detect.engine import run_detectors
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.lifecycle import launch, stop
+    from orchestrator.monitor.judge import judge
+    from orchestrator.monitor.state import stepped
     from orchestrator.sandbox import manager
     from orchestrator.target import Target
-    from orchestrator.views.state import roles_by_gpu, stepped
 
     inv = load_inventory(result.config_path)
     cfg = inv.container(CONTAINER)
-    roles = roles_by_gpu(cfg.gpus)
     history: list[Snapshot] = []
     lock = threading.Lock()
     ended: list[str] = []  # how the run ended, when it ended before the demo killed it
 
     def findings() -> list[Finding]:
         with lock:
-            hist = list(history[-120:])
-        return run_detectors(hist, limits=cfg.limits, roles=roles) if hist else []
+            hist = list(history)
+        return list(judge(CONTAINER, cfg, hist).findings) if hist else []
 
     def launched() -> str:
         res = launch.launch(inv, CONTAINER, run_name="demo", on_phase=ui.phase,
@@ -415,7 +419,7 @@ def _loop(
 
     clock.run("watch", f"orch watch {CONTAINER} until the run trains, then {watch_s:g} s", watched)
     if interactive and not ui.ask("Inject the fault now?"):
-        _stop_run(launch, inv, result, ui)
+        _stop_run(stop, inv, result, ui)
         return
     target = Target(inv, CONTAINER)
     stages = expected_kinds(fault)
@@ -465,13 +469,13 @@ def _loop(
         result.findings = findings()
         ui.findings(seen if i + 1 < len(stages) else result.findings)
     if fault == "ghost":
-        _stop_run(launch, inv, result, ui)
+        _stop_run(stop, inv, result, ui)
 
     def judged() -> str:
-        from orchestrator import postmortem
+        from orchestrator.postmortem import collect as postmortem
 
         pm = postmortem.postmortem(inv, CONTAINER, run_id=result.run_id,
-                                   out=result.state_dir / "postmortem")  # fmt: skip
+                                   out=result.state_dir / "postmortem", report=ui.report)  # fmt: skip
         result.verdict = pm.verdict
         html = Path(pm.bundle or result.state_dir / "postmortem") / "report.html"
         result.report_html = html if html.exists() else None
@@ -483,12 +487,12 @@ def _loop(
     clock.run("postmortem", f"orch postmortem {CONTAINER}", judged)
 
 
-def _stop_run(launch: Any, inv: Any, result: DemoResult, ui: DemoUI) -> None:
+def _stop_run(stop: Any, inv: Inventory, result: DemoResult, ui: DemoUI) -> None:
     """``orch stop`` the demo's run, which trains until stopped (no kill fault, or declined)."""
     ui.step("stop", "start", f"orch stop {CONTAINER}: the run trains until stopped", None)
     t0 = time.monotonic()
-    doc = launch.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
+    doc = stop.stop(inv, CONTAINER, run_id=result.run_id, grace_s=20.0, by="orch demo")
     took = time.monotonic() - t0
     result.steps.append(("stop", took))
-    how = "stopped on request" if doc.get("stopped") else f"had already ended ({doc.get('state')})"
+    how = "stopped on request" if doc.stopped else f"had already ended ({doc.state})"
     ui.step("stop", "ok", f"run {result.run_id} {how}", took)

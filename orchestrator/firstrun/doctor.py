@@ -26,7 +26,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from orchestrator.config import (
+from orchestrator.config.inventory import (
     ContainerConfig,
     HostConfig,
     Inventory,
@@ -51,7 +51,16 @@ OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
 MARKS = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
 REMOTE_TIMEOUT_S = 15.0
 FACTS_TIMEOUT_S = 90.0
-PACKAGES = ("paramiko", "nvidia-ml-py", "typer", "rich", "PyYAML", "tenacity", "prometheus-client")
+PACKAGES = (
+    "paramiko",
+    "nvidia-ml-py",
+    "typer",
+    "rich",
+    "PyYAML",
+    "tenacity",
+    "prometheus-client",
+    "libtmux",
+)
 """Distributions orch imports on the operator side (nvidia-ml-py is imported as pynvml)."""
 
 
@@ -168,7 +177,8 @@ def check_state_dir() -> Check:
 
 def check_identity(host: HostConfig) -> Check:
     """The host's identity file exists and is readable; a warning when others can read it."""
-    from orchestrator.transport.ssh import DEFAULT_KEYS, resolve
+    from orchestrator.transport.ssh import DEFAULT_KEYS
+    from orchestrator.transport.ssh_config import resolve
 
     name = f"identity file for {host.name}"
     ep = resolve(host)
@@ -221,7 +231,8 @@ def _key_file_check(name: str, host: HostConfig, path: Path) -> Check:
 
 def check_host_key(host: HostConfig) -> Check:
     """The host's key is recorded in its known_hosts (offline: a changed key shows at ssh)."""
-    from orchestrator.transport.ssh import known_entries, resolve
+    from orchestrator.transport.known_hosts import known_entries
+    from orchestrator.transport.ssh_config import resolve
 
     ep = resolve(host)
     name = f"host key of {host.name}"

@@ -8,12 +8,12 @@ failure:
 
 * argv steps run in the container through ``Target.transport.run`` (no shell);
 * ``stop``: remembers the current run (its manifest: command and GPUs), then
-  ``launch.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept);
+  ``stop.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept);
 * ``launch``: ``launch.launch`` (preflight, deploy, start, verify). A run that was started
   with a custom ``--cmd`` is relaunched with the same command and GPUs; a bundled-trainer
   run (or none) is relaunched the way ``orch launch TARGET`` would (``command:`` from
   hosts.yaml, else the bundled trainer);
-* ``verify``: ``launch.status_one`` must show a live run (the one just launched, if any);
+* ``verify``: ``runs.status_one`` must show a live run (the one just launched, if any);
 * ``archive``: renames ``path`` to ``<path>.orch-<UTC stamp>`` when it exists. Never deletes.
 
 A step declaring ``overwrites: PATH`` would replace an existing path: before anything is
@@ -36,6 +36,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
 from orchestrator.playbooks import Playbook
 
@@ -217,7 +218,7 @@ def bundled_trainer_args(command: str, run_dir: str) -> tuple[str, ...] | None:
 class _Runner:
     """State carried between the steps of one procedure run."""
 
-    inventory: Any
+    inventory: Inventory
     name: str
     force: bool
     echo: Callable[[str], None]
@@ -267,9 +268,9 @@ class _Runner:
             self.relaunch_gpus = ",".join(str(g) for g in manifest.gpus)
 
     def verify(self) -> str:
-        from orchestrator import launch as launch_mod
+        from orchestrator.lifecycle import runs
 
-        row = launch_mod.status_one(self.inventory, self.name)
+        row = runs.status_one(self.inventory, self.name)
         if row.get("error") or row.get("run_state") != "running":
             why = row.get("error") or f"run state {row.get('run_state')!r}"
             raise LaunchFailed(f"{self.name}: not verified: {why}")
@@ -281,14 +282,15 @@ class _Runner:
         return f"run {row.get('run_id')} is running (session {row.get('session')})"
 
     def do(self, step: PlannedStep) -> str:
-        from orchestrator import launch as launch_mod
+        from orchestrator.lifecycle import launch as launch_mod
+        from orchestrator.lifecycle import stop as stop_mod
 
         if step.action == "stop":
             self.remember_run()
-            doc = launch_mod.stop(self.inventory, self.name, target=self.tgt)
-            if not doc.get("stopped"):
+            doc = stop_mod.stop(self.inventory, self.name, target=self.tgt)
+            if not doc.stopped:
                 return "nothing was running"
-            return f"stopped (signals {', '.join(doc.get('signals') or []) or 'none'}; exit status {doc.get('exit_status')})"
+            return f"stopped (signals {', '.join(doc.signals) or 'none'}; exit status {doc.exit_status})"
         if step.action == "launch":
             res = launch_mod.launch(
                 self.inventory,
@@ -319,7 +321,7 @@ class _Runner:
 
 def run_procedure(
     steps: Sequence[PlannedStep],
-    inventory: Any,
+    inventory: Inventory,
     target: str,
     *,
     force: bool = False,

@@ -14,7 +14,7 @@ Scalars that end up as text (names, env values, commands) keep their literal
 spelling: ``FOO: yes`` is the string ``"yes"``, ``VER: 1.10`` is ``"1.10"``.
 
 The field reference (docs/hosts-yaml.md) is generated from config_schema.py:
-``python -m orchestrator.config --markdown > docs/hosts-yaml.md``.
+``python -m orchestrator.config.inventory --markdown > docs/hosts-yaml.md``.
 """
 
 from __future__ import annotations
@@ -28,9 +28,9 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config_reader import TAG, NodeReader, describe, join_key, show, suggest
-from orchestrator.config_reader import compose as _compose
-from orchestrator.config_schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
+from orchestrator.config.reader import TAG, NodeReader, describe, join_key, show, suggest
+from orchestrator.config.reader import compose as _compose
+from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
@@ -102,10 +102,20 @@ class ContainerConfig:
 
     def role_of(self, gpu: int) -> str | None:
         """The role of GPU ``gpu`` (``None`` when unassigned)."""
+        return self.roles_by_gpu.get(gpu)
+
+    @property
+    def roles_by_gpu(self) -> dict[int, str]:
+        """``gpus`` inverted: GPU index -> role (the first role naming it), for the detectors.
+
+        >>> ContainerConfig("ct", "h", gpus={"target": (0, 1), "drafter": (2,)}).roles_by_gpu
+        {0: 'target', 1: 'target', 2: 'drafter'}
+        """
+        out: dict[int, str] = {}
         for role, ids in self.gpus.items():
-            if gpu in ids:
-                return role
-        return None
+            for i in ids:
+                out.setdefault(int(i), role)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
@@ -429,7 +439,7 @@ if __name__ == "__main__":
     import sys
 
     if sys.argv[1:] != ["--markdown"]:
-        sys.exit("usage: python -m orchestrator.config --markdown")
-    from orchestrator.config_schema import schema_markdown
+        sys.exit("usage: python -m orchestrator.config.inventory --markdown")
+    from orchestrator.config.schema import schema_markdown
 
     sys.stdout.write(schema_markdown())
