@@ -24,12 +24,9 @@ import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from orchestrator.model import Severity
-
-if TYPE_CHECKING:
-    from orchestrator.playbooks import Playbook
 
 CERTAIN = "certain"
 PROBABLE = "probable"
@@ -42,6 +39,28 @@ READ_CHUNK_BYTES = 1 << 20
 """:func:`iter_log_lines` reads this much at a time (the only buffer besides one line)."""
 
 Needles = tuple[frozenset[str], ...]
+
+
+class Matchable(Protocol):
+    """What the matcher reads of a playbook (``orchestrator.playbooks.Playbook`` is one): the
+    matcher sits below the loader, so it names the fields instead of importing the class."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def severity(self) -> Severity: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def confirm(self) -> str: ...
+    @property
+    def signatures(self) -> tuple[Signature, ...]: ...
+    @property
+    def remedy(self) -> tuple[str, ...]: ...
 
 
 @dataclass(frozen=True, slots=True)
@@ -272,7 +291,7 @@ class LogMatcher:
     of the prefilter; only a line that holds one runs the regexes that need it.
     """
 
-    def __init__(self, playbooks: Sequence[Playbook]) -> None:
+    def __init__(self, playbooks: Sequence[Matchable]) -> None:
         self._pbs = [p for p in playbooks if p.kind == "signature" and p.signatures]
         self._sigs = [s for pb in self._pbs for s in pb.signatures]
         self._checks: list[_Check] = []
@@ -409,7 +428,7 @@ class LogMatcher:
         return out
 
 
-def match_log(lines: Iterable[str], playbooks: Sequence[Playbook]) -> list[Match]:
+def match_log(lines: Iterable[str], playbooks: Sequence[Matchable]) -> list[Match]:
     """Signature playbooks whose ``match.log`` signatures hit ``lines``, ranked best first."""
     matcher = LogMatcher(playbooks)
     matcher.run(lines)

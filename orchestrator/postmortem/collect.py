@@ -33,19 +33,17 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
 from orchestrator.formats import parse_pct_status
 from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
+from orchestrator.postmortem.evidence import Evidence, final_snapshot, reconstruct_history
 from orchestrator.postmortem.verdict import (
     HEALTHY,
     OOM_WINDOW_S,
     STOPPED,
-    Evidence,
     Postmortem,
     Verdict,
     decide,
     died_at,
-    final_snapshot,
     judge,
     our_oom_kills,
-    reconstruct_history,
     run_pids_and_names,
 )
 from orchestrator.secrets import mask_env, redact, redact_tree, secret_values

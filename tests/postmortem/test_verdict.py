@@ -12,7 +12,8 @@ from orchestrator.model import (
     RunManifest,
     Severity,
 )
-from orchestrator.postmortem.verdict import HEALTHY, STOPPED, Evidence, judge
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import HEALTHY, STOPPED, judge
 
 T0 = 1_700_000_000.0
 FX = (

@@ -17,7 +17,8 @@ from orchestrator.detect import base
 from orchestrator.errors import UsageError
 from orchestrator.model import RunState, Snapshot
 from orchestrator.monitor.state import stopped_on_request, target_state
-from orchestrator.postmortem.verdict import Evidence, stop_was_requested
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import stop_was_requested
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
