@@ -149,8 +149,12 @@ class FaultInjector:
         backward, the plain loop's step) stretches its own work, so the whole pipeline slows by
         the factor, not one thread. Never wrap a wait on another stage: the stretches compound.
         """
-        factor = self.factor(step)
         t0 = time.monotonic()
         yield
+        self.pause(step, time.monotonic() - t0)
+
+    def pause(self, step: int, own_s: float) -> None:
+        """Sleep (factor - 1) x ``own_s``: the stretch of ``own_s`` seconds of this stage's work."""
+        factor = self.factor(step)
         if factor > 1.0:
-            time.sleep((time.monotonic() - t0) * (factor - 1.0))
+            time.sleep(own_s * (factor - 1.0))

@@ -447,15 +447,21 @@ class Trainer:
                     step = item.step
                     if i == 0:
                         self.faults.before_step(step)
-                    with self.faults.stretch(step):  # own work only: waits would compound
-                        loss, loss_sum, tau_tf = self._loss(i, item)
-                        if i == 0 and self.faults.poison(step):
-                            loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
-                        loss.backward()
-                    total = reducer.reduce(i, self._grad_vector(i, loss_sum, tau_tf))
+                    t0 = time.monotonic()
+                    loss, loss_sum, tau_tf = self._loss(i, item)
+                    if i == 0 and self.faults.poison(step):
+                        loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
+                    loss.backward()
+                    vec = self._grad_vector(i, loss_sum, tau_tf)
+                    t1 = time.monotonic()
+                    total = reducer.reduce(i, vec)
+                    t2 = time.monotonic()
                     lr = self._apply(i, total[:-2], step)
                     if i == 0:
                         self._finish_step(step, total, lr)
+                    # slow@: stretch this worker's own work, never its wait for the others
+                    # (stretched waits would compound from worker to worker)
+                    self.faults.pause(step, (t1 - t0) + (time.monotonic() - t2))
             except threading.BrokenBarrierError:
                 if not errors:  # aborted without a recorded cause: report it
                     errors.append(RuntimeError(f"drafter worker {i}: gradient barrier broken"))
