@@ -34,28 +34,10 @@ from trainer.fxrace import FxRace
 from trainer.metrics import Reporter, StepMetrics
 from trainer.model import Drafter, TargetLM, make_attention
 from trainer.objective import Shard, drafter_loss, run_target
+from trainer.threads import Reducer, release
 from trainer.verify import measure_tau
 
 _POLL_S = 0.1
-_RELEASE_S = 60.0
-"""After a worker failed: how long the others get to finish their step and leave (s)."""
-
-
-def _release(queues: list[queue.Queue[Any]], threads: list[threading.Thread]) -> None:
-    """Wake every worker (queues drained, ``None`` posted) and join them, at most ``_RELEASE_S``.
-
-    A worker still inside a torch op when the interpreter exits (daemon threads are not waited
-    for) makes the C++ runtime call ``std::terminate``: exit 134 instead of the exception's 1.
-    """
-    for q in queues:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                q.get_nowait()
-        with contextlib.suppress(queue.Full):
-            q.put_nowait(None)
-    deadline = time.monotonic() + _RELEASE_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -108,32 +90,6 @@ def lr_at(cfg: TrainConfig, step: int, total: int | None = None) -> float:
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
-class _Reducer:
-    """Sums one flat tensor per replica across threads (and ranks), leader-based, two barriers."""
-
-    def __init__(self, n: int, distributed: bool) -> None:
-        self.n = n
-        self.distributed = distributed
-        self.slots: list[torch.Tensor | None] = [None] * n
-        self.barrier = threading.Barrier(n)
-        self.result: torch.Tensor | None = None
-
-    def reduce(self, i: int, vec: torch.Tensor) -> torch.Tensor:
-        self.slots[i] = vec
-        self.barrier.wait()
-        if i == 0:
-            total = vec.clone()
-            for other in self.slots[1:]:
-                assert other is not None
-                total += other.to(total.device)
-            if self.distributed:
-                dist.all_reduce(total)
-            self.result = total
-        self.barrier.wait()
-        assert self.result is not None
-        return self.result.to(vec.device)
-
-
 class Trainer:
     """Builds target, data, drafter replicas and optimizers; runs pipelined or plain.
 
@@ -174,9 +130,9 @@ class Trainer:
         self.target.register_forward_pre_hook(self._target_fault)
         self.source = TokenSource(cfg.data, cfg.target.vocab_size, target=self.target)
         # fx-race needs a dynamo-optimized attention; without --compile, dynamo alone (eager)
+        fx_race = any(f.kind == "fx-race" for f in opts.faults)
         self.attend, self.attention_name = make_attention(
-            opts.compile or self._fx_race_armed(0),
-            opts.compile_backend if opts.compile else "eager",
+            opts.compile or fx_race, opts.compile_backend if opts.compile else "eager"
         )
         self.replicas: list[Drafter] = []
         self.optimizers: list[torch.optim.Optimizer] = []
@@ -243,7 +199,7 @@ class Trainer:
 
     def _fx_race_armed(self, first_step: int) -> bool:
         """``fx-race@N`` is armed when the run's first step (``first_step``) is N or later."""
-        return any(f.kind == "fx-race" and f.step <= max(1, first_step) for f in self.opts.faults)
+        return any(f.kind == "fx-race" and f.step <= first_step for f in self.opts.faults)
 
     def _target_fault(self, _module: Any, _args: Any) -> None:
         """Forward pre-hook on the target: ``oom@N`` raises inside the coordinator's target
@@ -433,7 +389,7 @@ class Trainer:
         queues: list[queue.Queue[Shard | None]] = [
             queue.Queue(self.cfg.train.queue_depth) for _ in range(n)
         ]
-        reducer = _Reducer(n, self.world_size > 1)
+        reducer = Reducer(n, self.world_size > 1)
         errors: list[BaseException] = []
         failed = threading.Event()
 
@@ -500,7 +456,7 @@ class Trainer:
         finally:
             if any(t.is_alive() for t in threads):
                 reducer.barrier.abort()
-                _release(queues, threads)
+                release(queues, threads)
         if errors:
             raise errors[0]
         return self._finish(start, t_start)
