@@ -327,6 +327,9 @@ class Metrics(Wire):
     loss: float | None = None
     tokens_per_s: float | None = None
     acc_len: float | None = None
+    tau: float | None = None
+    """Speculative-decoding acceptance length measured by real draft-and-verify (the bundled
+    trainer's ``tau=``): drafts accepted per block plus the target's bonus token, >= 1."""
     seen_at: float | None = None
 
 

@@ -250,5 +250,6 @@ def _merge(old: Metrics | None, new: Metrics) -> Metrics:
         loss=new.loss if new.loss is not None else old.loss,
         tokens_per_s=new.tokens_per_s if new.tokens_per_s is not None else old.tokens_per_s,
         acc_len=new.acc_len if new.acc_len is not None else old.acc_len,
+        tau=new.tau if new.tau is not None else old.tau,
         seen_at=new.seen_at,
     )

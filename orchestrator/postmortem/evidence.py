@@ -74,7 +74,7 @@ def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
     """The newest ``metrics.jsonl`` record at or before ``at`` as :class:`Metrics`.
 
     >>> _metric_at([{"time": 1.0, "step": 5, "tok_s": 100}, {"time": 3.0, "step": 6}], 2.0)
-    Metrics(step=5, loss=None, tokens_per_s=100.0, acc_len=None, seen_at=1.0)
+    Metrics(step=5, loss=None, tokens_per_s=100.0, acc_len=None, tau=None, seen_at=1.0)
     >>> _metric_at([{"time": 3.0, "step": 6}], 2.0) is None
     True
     """
@@ -95,6 +95,7 @@ def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
         loss=num(best.get("loss")),
         tokens_per_s=num(best.get("tok_s")),
         acc_len=num(best.get("acc_len")),
+        tau=num(best.get("tau")),
         seen_at=float(best["time"]),
     )
 

@@ -189,6 +189,8 @@ def target_lines(
     if v.tokens_per_s:
         head.append(f"  {human(v.tokens_per_s[-1])} tok/s ")
         head.append(sparkline(v.tokens_per_s, 12), style="green")
+    if m is not None and m.tau is not None:  # acceptance length of real draft-and-verify
+        head.append(f"  τ {m.tau:.2f}")
     head.no_wrap, head.overflow = True, "ellipsis"
     out = [head]
 
@@ -336,6 +338,8 @@ def plain_line(v: TargetView, *, now: float, titles: Mapping[str, str] | None = 
         parts.append(f"step={m.step}")
     if v.tokens_per_s:
         parts.append(f"tok/s={human(v.tokens_per_s[-1])}")
+    if m is not None and m.tau is not None:
+        parts.append(f"tau={m.tau:.2f}")
     for f in _visible_findings(v):
         gpus = f"[GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
         title = titles.get(f.playbook or "", "")

@@ -179,3 +179,16 @@ def _drain(q):
             items.append(q.get_nowait())
         except queue.Empty:
             return items
+
+
+def test_tau_is_shown_in_the_row_and_the_plain_line():
+    """The bundled trainer's acceptance length (``tau=``) once a log line carried one."""
+    m = model(1)
+    snap = running("ct200")
+    m.apply("ct200", snap)
+    assert "τ" not in "\n".join(render(w.render_dashboard(m, now=1001.0, width=80, height=24)))
+    metrics = dataclasses.replace(snap.metrics, tau=2.31)
+    m.apply("ct200", dataclasses.replace(snap, taken_at=snap.taken_at + 1, metrics=metrics))
+    text = "\n".join(render(w.render_dashboard(m, now=1002.0, width=80, height=24)))
+    assert "τ 2.31" in text
+    assert "tau=2.31" in w.plain_line(m.views["ct200"], now=1002.0)
