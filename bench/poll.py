@@ -22,7 +22,14 @@
 Agent CPU ms per snapshot is the agent's own ``cost.cpu_ms`` (``time.process_time``
 around collecting and encoding one snapshot), median over the stream's lines.
 
-Usage: ``python bench/poll.py [-n 30] [--json]``; the last line with ``--json`` is
+(d) tmux, two ways, on a private tmux server: the per-poll observation through the two raw
+    tmux commands (``TmuxReader.state``) and through libtmux; the session lifecycle through
+    libtmux (``start_session`` + ``kill_session``, what one launch pays); and the import of
+    libtmux in a fresh ``python3 -S`` (what every one-shot agent call would pay if the
+    observation imported it), as ``python3 -S -c "import libtmux"`` minus ``-c "pass"``.
+    ``--tmux-only`` runs just these.
+
+Usage: ``python bench/poll.py [-n 30] [--tmux-only] [--json]``; the last line with ``--json`` is
 ``{"seed_ms", "oneshot_ms", "stream_ms", "ratio_seed_vs_stream",
 "ratio_oneshot_vs_stream", "agent_cpu_ms", "first_oneshot_ms", "agent_process_cpu_ms", ...}``.
 ``agent_process_cpu_ms`` is the user+system CPU of one whole ``agent snapshot``
@@ -45,7 +52,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from orchestrator import deploy  # noqa: E402
-from orchestrator.config import load_inventory  # noqa: E402
+from orchestrator.config.inventory import load_inventory  # noqa: E402
 from orchestrator.sandbox import manager  # noqa: E402
 from orchestrator.target import Target, agent_argv, parse_snapshot  # noqa: E402
 from orchestrator.transport.connect import close_all  # noqa: E402
@@ -123,13 +130,110 @@ def agent_process_cpu_ms(info: manager.SandboxInfo, target: Target) -> float:
     return (usage.ru_utime + usage.ru_stime) * 1000
 
 
+def _process_ms(code: str, env: dict[str, str]) -> float:
+    """Wall ms of one fresh ``python3 -S -c CODE`` (the bundle's way of running the agent)."""
+    start = time.perf_counter()
+    subprocess.run([sys.executable, "-S", "-c", code], env=env, check=True, timeout=60)
+    return (time.perf_counter() - start) * 1000
+
+
+def tmux_figures(n: int) -> dict[str, float]:
+    """(d): raw tmux vs libtmux, per observation and per lifecycle, on a private server."""
+    from orchestrator.agent import tmux as agent_tmux
+
+    saved = os.environ.get("TMUX_TMPDIR")
+    os.environ["TMUX_TMPDIR"] = tempfile.mkdtemp(prefix="orch-bench-tmux-")
+    try:
+        subprocess.run(["tmux", "new-session", "-d", "-s", "obs", "sh", "-c",
+                        "seq 1 50; sleep 600"], check=True, timeout=10)  # fmt: skip
+        reader = agent_tmux.TmuxReader()
+        server = agent_tmux._server()  # libtmux imported once here, as a launch does
+
+        def raw() -> float:
+            start = time.perf_counter()
+            state = reader.state("obs", 8)
+            assert state.exists and state.pane_tail, state
+            return (time.perf_counter() - start) * 1000
+
+        def with_libtmux() -> float:
+            start = time.perf_counter()
+            pane = server.sessions.get(session_name="obs").active_window.active_pane
+            fields = pane.cmd("display-message", "-p", agent_tmux.PANE_FORMAT).stdout
+            tail = pane.capture_pane(start=-50)
+            assert fields and tail
+            return (time.perf_counter() - start) * 1000
+
+        def lifecycle() -> float:
+            start = time.perf_counter()
+            pane = agent_tmux.start_session("life", "/tmp", "sleep 600", {"A": "1"})
+            agent_tmux.kill_session("life")
+            assert pane.remain_on_exit == "on"
+            return (time.perf_counter() - start) * 1000
+
+        for _ in range(2):
+            raw(), with_libtmux(), lifecycle()
+        raw_ms = [raw() for _ in range(n)]
+        lib_ms = [with_libtmux() for _ in range(n)]
+        life_ms = [lifecycle() for _ in range(n)]
+        env = {**os.environ, "PYTHONPATH": str(Path(agent_tmux.__file__).parents[2])}
+        site = str(Path(sys.modules["libtmux"].__file__ or "").parents[1])
+        env["PYTHONPATH"] += os.pathsep + site  # -S: the bundle puts libtmux on sys.path itself
+        base = [_process_ms("pass", env) for _ in range(n)]
+        imp = [_process_ms("import libtmux", env) for _ in range(n)]
+        obs = [_process_ms("from orchestrator.agent.tmux import TmuxReader; "
+                           "TmuxReader().state('obs', 8)", env) for _ in range(n)]  # fmt: skip
+        subprocess.run(["tmux", "kill-server"], check=False, timeout=10)
+    finally:
+        if saved is None:
+            os.environ.pop("TMUX_TMPDIR", None)
+        else:
+            os.environ["TMUX_TMPDIR"] = saved
+    med = statistics.median
+    return {
+        "tmux_raw_observation_ms": round(med(raw_ms), 2),
+        "tmux_libtmux_observation_ms": round(med(lib_ms), 2),
+        "tmux_libtmux_lifecycle_ms": round(med(life_ms), 2),
+        "libtmux_import_ms": round(med(imp) - med(base), 1),
+        "tmux_raw_oneshot_process_ms": round(med(obs), 1),
+        "python_start_ms": round(med(base), 1),
+    }
+
+
+def print_tmux(fig: dict[str, float]) -> None:
+    print(
+        f"(d) tmux    observation, two raw commands          : median "
+        f"{fig['tmux_raw_observation_ms']:8.1f} ms"
+    )
+    print(
+        f"            observation through libtmux            : median "
+        f"{fig['tmux_libtmux_observation_ms']:8.1f} ms"
+    )
+    print(
+        f"            lifecycle through libtmux (start+kill) : median "
+        f"{fig['tmux_libtmux_lifecycle_ms']:8.1f} ms"
+    )
+    print(
+        f"            import libtmux in a fresh python3 -S   : median "
+        f"{fig['libtmux_import_ms']:8.1f} ms (python start {fig['python_start_ms']} ms; one-shot "
+        f"raw observation process {fig['tmux_raw_oneshot_process_ms']} ms)"
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=30, help="samples per way (>= 30)")
     ap.add_argument("--stream-interval", type=float, default=0.25, help="stream interval (s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
+    ap.add_argument("--tmux-only", action="store_true", help="only (d): raw tmux vs libtmux")
     args = ap.parse_args(argv)
     n = max(args.n, 30)
+    tmux_fig = tmux_figures(n)
+    if args.tmux_only:
+        print(f"samples: {n}")
+        print_tmux(tmux_fig)
+        if args.json:
+            print(json.dumps({**tmux_fig, "samples": n}))
+        return 0
     state = Path(tempfile.mkdtemp(prefix="orch-bench-poll-"))
     # process mode: the agent is timed as a local process with the container's variables
     info = manager.up(state, containers=1, gpus=8, scenario="healthy", isolation="process")
@@ -201,6 +305,7 @@ def main(argv: list[str] | None = None) -> int:
         "agent_process_cpu_ms": round(med(proc_cpu), 1),
         "stream_interval_ms": args.stream_interval * 1000,
         "stream_gap_ms": round(med(gaps), 1),
+        **tmux_fig,
         "samples": n,
     }
     print(f"samples per way: {n} (sandbox: 8 GPUs, ssh to 127.0.0.1:{info.port})")
@@ -226,6 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         f"agent CPU per snapshot: {result['agent_cpu_ms']} ms in stream (goal <= 10), "
         f"{result['agent_cpu_ms_oneshot']} ms one-shot"
     )
+    print_tmux(tmux_fig)
     if args.json:
         print(json.dumps(result))
     return 0

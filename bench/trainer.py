@@ -3,6 +3,8 @@
 Both train the same drafter on the same target and data (same config, same seeds) for the same
 number of steps; the figure is target tokens per wall second, warm-up and construction excluded.
 The plain loop runs the target, then the drafter on the whole batch, in one thread with no queues.
+Beside it, ``tau``: the acceptance length of real greedy draft-and-verify on held-out anchors at
+the end of the same runs (the last measurement; ``train.eval_every`` must divide ``--steps``).
 
     python bench/trainer.py                      # CPU, trainer/configs/tiny-cpu.yaml
     python bench/trainer.py --json               # ... one JSON object printed last
@@ -32,21 +34,24 @@ GPU_COMMAND = (
 )
 
 
-def measure(config: str, overrides: list[str], steps: int, plain: bool, compile_: bool) -> float:
-    """Target tokens/s of one run of ``steps`` steps (fresh trainer, temp run dir)."""
+def measure(
+    config: str, overrides: list[str], steps: int, plain: bool, compile_: bool
+) -> tuple[float, float | None]:
+    """Target tokens/s of one run of ``steps`` steps (fresh trainer, temp run dir), and its last tau."""
     cfg = with_steps(load_config(config, overrides), steps)
     with tempfile.TemporaryDirectory(prefix="bench-trainer-") as tmp:
         trainer = Trainer(cfg, RunOptions(Path(tmp), compile=compile_, log_out=io.StringIO()))
         try:
-            if plain:
-                trainer.warmup("sequential")
-                result = trainer.run_plain(steps)
-            else:
-                trainer.warmup("sequential")
-                result = trainer.run_pipelined(steps)
+            trainer.warmup("sequential")
+            result = trainer.run_plain(steps) if plain else trainer.run_pipelined(steps)
         finally:
             trainer.close()
-    return result.tok_s
+    return result.tok_s, result.last.tau if result.last is not None else None
+
+
+def _median(values: list[float | None]) -> float | None:
+    known = [v for v in values if v is not None]
+    return statistics.median(known) if known else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -69,11 +74,18 @@ def main(argv: list[str] | None = None) -> int:
     )
     pipelined: list[float] = []
     plain: list[float] = []
+    taus: list[float | None] = []
+    plain_taus: list[float | None] = []
     for _ in range(args.repeats):  # interleaved so a noisy neighbour hits both loops alike
-        pipelined.append(measure(args.config, args.overrides, args.steps, False, args.compile))
-        plain.append(measure(args.config, args.overrides, args.steps, True, args.compile))
+        tok_s, tau = measure(args.config, args.overrides, args.steps, False, args.compile)
+        pipelined.append(tok_s)
+        taus.append(tau)
+        tok_s, tau = measure(args.config, args.overrides, args.steps, True, args.compile)
+        plain.append(tok_s)
+        plain_taus.append(tau)
     best_pipe, best_plain = statistics.median(pipelined), statistics.median(plain)
     ratio = best_pipe / best_plain if best_plain else 0.0
+    tau, plain_tau = _median(taus), _median(plain_taus)
     print(
         f"pipelined: {best_pipe:.0f} tok/s median  (runs: {', '.join(f'{x:.0f}' for x in pipelined)})"
     )
@@ -81,6 +93,10 @@ def main(argv: list[str] | None = None) -> int:
         f"plain:     {best_plain:.0f} tok/s median  (runs: {', '.join(f'{x:.0f}' for x in plain)})"
     )
     print(f"ratio pipelined/plain: {ratio:.2f}x")
+    print(
+        f"tau after {args.steps} steps (greedy draft-and-verify, held-out): pipelined "
+        f"{_fmt(tau)}, plain {_fmt(plain_tau)}"
+    )
     if not torch.cuda.is_available():
         print(f"no GPU here; on a GPU machine run: {GPU_COMMAND}")
     if args.json:
@@ -90,10 +106,15 @@ def main(argv: list[str] | None = None) -> int:
                     "pipelined_tok_s": round(best_pipe, 1),
                     "plain_tok_s": round(best_plain, 1),
                     "ratio": round(ratio, 3),
+                    "tau": None if tau is None else round(tau, 3),
                 }
             )
         )
     return 0
+
+
+def _fmt(tau: float | None) -> str:
+    return "not measured (eval_every does not divide --steps)" if tau is None else f"{tau:.2f}"
 
 
 if __name__ == "__main__":

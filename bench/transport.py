@@ -19,9 +19,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.sandbox.sshd import start_sshd, stop_sshd
-from orchestrator.transport.ssh import SshTransport, resolve
+from orchestrator.transport.ssh import SshTransport
+from orchestrator.transport.ssh_config import resolve
 
 
 def median_ms(fn, runs: int) -> float:  # type: ignore[no-untyped-def]
@@ -88,7 +89,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON object last")
     args = parser.parse_args(argv)
     if args.config:
-        from orchestrator.config import load_inventory
+        from orchestrator.config.inventory import load_inventory
 
         result = bench(load_inventory(args.config).hosts["sandbox"], args.runs)
     else:

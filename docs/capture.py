@@ -23,7 +23,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import demo  # noqa: E402
+from orchestrator.firstrun import demo  # noqa: E402
 from orchestrator.sandbox import manager  # noqa: E402
 
 MAX_LINES = 40

@@ -23,6 +23,7 @@ from orchestrator.commands._app import (  # re-exported: the names callers impor
     load_inventory,
     out_console,
     print_json,
+    report_error,
     state,
 )
 from orchestrator.errors import OrchError
@@ -90,11 +91,7 @@ def run(argv: list[str] | None = None) -> int:
         rv = app(args=argv, prog_name="orch", standalone_mode=False)
         return rv if isinstance(rv, int) else 0
     except OrchError as exc:
-        # Text, not markup: the message may quote hosts.yaml content such as "[/x]" or ":smile:"
-        from rich.text import Text
-
-        line = Text.assemble(("error:", "bold red"), " ", str(exc))
-        err_console.print(line, highlight=False, soft_wrap=True)
+        report_error(exc)
         return exc.exit_code
     except exit_types as exc:
         return int(getattr(exc, "exit_code", 0) or 0)

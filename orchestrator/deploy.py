@@ -1,9 +1,10 @@
 """Ship the agent into a container: build a bundle, send it once per content hash, verify it.
 
-The bundle holds ``orchestrator/__init__.py``, ``orchestrator/model.py``, the
-``orchestrator/agent`` package and a copy of the operator's installed pure-Python
-``pynvml`` (the agent runs ``tmux`` itself, without libtmux), so the container
-needs neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
+The bundle holds the operator's stdlib-only modules the agent shares (:data:`SHARED`:
+``model.py``, ``formats.py``, ``secrets.py``, ``paths.py``), the ``orchestrator/agent``
+package and copies of the operator's installed pure-Python ``pynvml`` and ``libtmux`` (the
+session's lifecycle; each observation runs ``tmux`` itself), so the container needs
+neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
 (``PYTHONPATH`` for the agent). :func:`make_bundle` builds any other bundle the
 same way (the launch's trainer bundle lands in ``.orch/trainer-<hash>/``).
 
@@ -34,6 +35,12 @@ log = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 10)
 MARKER = ".orch-bundle"
+"""The file a verified bundle directory holds (its hash); every script below names it through
+``__MARKER__``, replaced with this constant."""
+SHARED = ("__init__.py", "model.py", "answers.py", "formats.py", "secrets.py", "paths.py")
+"""The operator's stdlib-only modules the agent imports too (``orchestrator/<name>``)."""
+LIBTMUX_SKIP = ("test", "pytest_plugin.py")
+"""libtmux's test helpers: the agent never imports them."""
 
 # Runs under whatever python the container has, so it is Python-2-safe syntax.
 _CHECK = r"""
@@ -41,11 +48,11 @@ import os, sys
 v = sys.version_info
 d = sys.argv[1]
 try:
-    ok = open(os.path.join(d, '.orch-bundle')).read().strip() == sys.argv[2]
+    ok = open(os.path.join(d, '__MARKER__')).read().strip() == sys.argv[2]
 except Exception:
     ok = False
 sys.stdout.write('%d.%d.%d %s\n' % (v[0], v[1], v[2], ok and 'present' or 'absent'))
-"""
+""".replace("__MARKER__", MARKER)
 
 _UNPACK = r"""
 import hashlib, io, os, shutil, sys, tarfile
@@ -72,16 +79,16 @@ if got != want:
     shutil.rmtree(tmp, ignore_errors=True)
     sys.stderr.write('bundle hash mismatch: got %s, want %s\n' % (got, want))
     sys.exit(4)
-with open(os.path.join(tmp, '.orch-bundle'), 'w') as fh:
+with open(os.path.join(tmp, '__MARKER__'), 'w') as fh:
     fh.write(want + '\n')
 try:
     os.rename(tmp, dest)
 except OSError:
-    if not os.path.isfile(os.path.join(dest, '.orch-bundle')):
+    if not os.path.isfile(os.path.join(dest, '__MARKER__')):
         raise
     shutil.rmtree(tmp, ignore_errors=True)
 sys.stdout.write('ok %s\n' % want)
-"""
+""".replace("__MARKER__", MARKER)
 
 
 @dataclass(frozen=True, slots=True)
@@ -177,13 +184,11 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
     if include_pynvml and _bundle is not None:
         return _bundle
     here = Path(__file__).resolve().parent
-    files: dict[str, bytes] = {
-        "orchestrator/__init__.py": (here / "__init__.py").read_bytes(),
-        "orchestrator/model.py": (here / "model.py").read_bytes(),
-    }
+    files: dict[str, bytes] = {f"orchestrator/{n}": (here / n).read_bytes() for n in SHARED}
     files.update(package_files(here / "agent", "orchestrator/agent"))
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()
+    files.update(package_files(_installed("libtmux").parent, "libtmux", skip=LIBTMUX_SKIP))
     bundle = make_bundle(files)
     if include_pynvml:
         with _cache_lock:

@@ -327,6 +327,9 @@ class Metrics(Wire):
     loss: float | None = None
     tokens_per_s: float | None = None
     acc_len: float | None = None
+    tau: float | None = None
+    """Speculative-decoding acceptance length measured by real draft-and-verify (the bundled
+    trainer's ``tau=``): drafts accepted per block plus the target's bonus token, >= 1."""
     seen_at: float | None = None
 
 
@@ -410,7 +413,9 @@ class Finding(Wire):
 
     ``kind`` is a stable kebab-case name (``ghost-utilization``) shared by the CLI
     filter, the Prometheus label, the playbook id and the test-case folders.
-    ``since`` is the ``taken_at`` of the first sample that showed it.
+    ``since`` is the ``taken_at`` of the first sample that showed it. ``exit_status`` and
+    ``signal`` (``SIGKILL``) are set on a run's end (``crashed``, ``finished``) for code to
+    read: the summary and evidence are for people.
     """
 
     kind: str
@@ -421,6 +426,8 @@ class Finding(Wire):
     since: float | None = None
     evidence: tuple[str, ...] = ()
     playbook: str | None = None
+    exit_status: int | None = None
+    signal: str | None = None
 
     @property
     def key(self) -> tuple[str, str, tuple[int, ...]]:

@@ -107,14 +107,20 @@ def write_private(path: Path | str, data: bytes | str, mode: int = PRIVATE_FILE_
     path = Path(path).expanduser()
     if not path.parent.exists():
         ensure_private_dir(path.parent)
-    raw = data.encode("utf-8") if isinstance(data, str) else data
-    return atomic_write(path, raw, mode)
+    return atomic_write(path, data, mode)
 
 
 def atomic_write(
-    path: Path | str, data: bytes, mode: int, *, suffix: str = ".tmp", fsync: bool = True
+    path: Path | str,
+    data: bytes | str,
+    mode: int = 0o644,
+    *,
+    suffix: str = ".tmp",
+    fsync: bool = True,
 ) -> Path:
-    """Write ``data`` to ``path`` through a temp file beside it, then rename; return the path.
+    """Write ``data`` (``str`` as UTF-8) to ``path`` through a temp file beside it, then rename;
+    return the path. The one atomic write of orch, the agent's included (this module ships in
+    its bundle: standard library only).
 
     The temp file (``.<name>.<random><suffix>``) is created 0600, gets ``mode`` only once
     complete, and (with ``fsync``) is flushed to disk before the rename, so readers see the
@@ -125,10 +131,11 @@ def atomic_write(
             file is removed).
     """
     path = Path(path)
+    raw = data.encode("utf-8") if isinstance(data, str) else data
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=suffix, dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
+            fh.write(raw)
             if fsync:
                 fh.flush()
                 os.fsync(fh.fileno())

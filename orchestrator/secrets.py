@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 MASK = "***"
 """What a secret value is replaced with."""
@@ -76,3 +77,20 @@ def redact(text: str, secrets: Iterable[str]) -> str:
         return text
     pattern = re.compile("|".join(re.escape(v) for v in values))
     return pattern.sub(MASK, text)
+
+
+def redact_tree(value: Any, secrets: Iterable[str]) -> Any:
+    """``value`` (str, list, tuple, dict, nested; JSON-like) with every string :func:`redact`-ed;
+    tuples come back as lists, other values unchanged.
+
+    >>> redact_tree({"a": ["x hf_abcd y", 3], "b": ("hf_abcd",)}, ["hf_abcd"])
+    {'a': ['x *** y', 3], 'b': ['***']}
+    """
+    values = list(secrets)
+    if isinstance(value, str):
+        return redact(value, values)
+    if isinstance(value, dict):
+        return {k: redact_tree(v, values) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [redact_tree(v, values) for v in value]
+    return value

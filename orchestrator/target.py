@@ -7,10 +7,9 @@ transport and reads its JSON defensively: garbage, truncated JSON, a future
 :class:`~orchestrator.errors.AgentProtocolError`, never a crash, and no answer is
 held in memory beyond ``MAX_DOC_BYTES``.
 
-:meth:`Target.stream` is an endless iterator of snapshots over one long-lived
-agent; while the transport is down it yields ``Snapshot.unreachable(...)``
-markers and reconnects with exponential backoff (capped), resuming the log at
-the last offset so no line is lost or repeated.
+:meth:`Target.stream_once` iterates the snapshots of one long-lived agent, resuming the
+log at the last offset so no line is lost or repeated; the monitor
+(:mod:`orchestrator.monitor.observe`) reconnects it with the one reconnect policy.
 """
 
 from __future__ import annotations
@@ -19,10 +18,10 @@ import json
 import logging
 import time
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator import deploy
-from orchestrator.config import Inventory
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
     AgentProtocolError,
@@ -36,10 +35,18 @@ from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
 from orchestrator.transport.base import LineStream, Result, Transport
 
 log = logging.getLogger(__name__)
+W = TypeVar("W")
 
 MAX_DOC_BYTES = 8 << 20
-BACKOFF_START_S = 0.5
-BACKOFF_CAP_S = 30.0
+
+
+class StreamLost(Exception):
+    """One agent stream is over; ``marker`` is the snapshot that records the gap (its reason
+    is in ``marker.errors``)."""
+
+    def __init__(self, marker: Snapshot) -> None:
+        super().__init__("; ".join(marker.errors) or "agent stream ended")
+        self.marker = marker
 
 
 def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -> dict[str, Any]:
@@ -76,6 +83,24 @@ def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     if not isinstance(doc, dict):
         raise AgentProtocolError(target, f"expected a JSON object, got {type(doc).__name__}")
     return doc
+
+
+def read_answer(target: str, doc: dict[str, Any], cls: type[W]) -> W:
+    """An agent command's JSON document as its answer type (``from_dict``: unknown keys are
+    ignored); ``AgentProtocolError`` when it is not one.
+
+    >>> from orchestrator.answers import StopAnswer
+    >>> read_answer("ct", {"stopped": False, "run_id": "r", "state": "exited"}, StopAnswer).state
+    'exited'
+    >>> read_answer("ct", {"stopped": "x"}, StopAnswer)
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentProtocolError: ct: agent protocol error: stopped: expected true/false, got 'x'
+    """
+    try:
+        return cls.from_dict(doc)  # type: ignore[attr-defined, no-any-return]
+    except (SchemaError, TypeError, ValueError) as exc:
+        raise AgentProtocolError(target, str(exc)[:300]) from None
 
 
 def too_large(limit: int = MAX_DOC_BYTES) -> str:
@@ -145,10 +170,10 @@ _BOOT = (
     "import os, sys; d = sys.argv.pop(1)\n"
     "if sys.version_info < (3, 10):\n"
     "    sys.stderr.write('orch agent: python %d.%d is too old\\n' % sys.version_info[:2]); sys.exit(97)\n"
-    "if not os.path.isfile(os.path.join(d, '.orch-bundle')):\n"
+    "if not os.path.isfile(os.path.join(d, '__MARKER__')):\n"
     "    sys.stderr.write('orch agent bundle missing: %s\\n' % d); sys.exit(97)\n"
     "sys.path.insert(0, d); from orchestrator.agent.__main__ import main; sys.exit(main())"
-)
+).replace("__MARKER__", deploy.MARKER)
 _NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
 
 
@@ -374,75 +399,67 @@ class Target:
         )
         return self.transport.stream(argv, max_line_bytes=MAX_DOC_BYTES)
 
-    def stream(
-        self,
-        interval_s: float | None = None,
-        *,
-        backoff_cap_s: float = BACKOFF_CAP_S,
-        stall_s: float | None = None,
+    def stream_once(
+        self, interval_s: float | None = None, *, stall_s: float | None = None
     ) -> Iterator[Snapshot]:
-        """Snapshots every ``interval_s`` (default: the container's ``poll_interval_s``), forever.
+        """Snapshots every ``interval_s`` (default: the container's ``poll_interval_s``) over ONE
+        long-lived ``agent stream``, resuming the log at the remembered offset.
 
-        While the agent cannot be reached it yields ``Snapshot.unreachable``
-        (``reachable=False``) once per attempt and retries after 0.5 s, 1 s, 2 s...
-        up to ``backoff_cap_s``; while pct says the container is stopped (or missing)
-        it yields :func:`container_down` instead, on the same schedule. A line that is not a snapshot yields a snapshot
-        whose ``errors`` start with ``agent-protocol-error:`` and the stream goes
-        on. No line within ``stall_s`` (default 3 intervals + 20 s) counts as a
-        dropped connection. Closing the iterator closes the remote agent.
+        A line that is not a snapshot yields a snapshot whose ``errors`` start with
+        ``agent-protocol-error:`` and the stream goes on. No line within ``stall_s``
+        (default 3 intervals + 20 s) counts as a dropped connection. Closing the iterator
+        closes the remote agent. Reconnecting is the monitor's
+        (:func:`orchestrator.monitor.observe.stream`, one policy for every caller).
+
+        Raises:
+            StreamLost: always, when this connection is over: its ``marker`` is the snapshot
+                to record for the gap (``Snapshot.unreachable``, or :func:`container_down`
+                while pct says the container is stopped or missing).
         """
         interval = interval_s if interval_s is not None else self.container.poll_interval_s
         stall = stall_s if stall_s is not None else 3 * interval + 20.0
-        backoff = BACKOFF_START_S
-        while True:
-            reason = "agent stream ended"
-            down: Snapshot | None = None
-            stream: LineStream | None = None
-            try:
-                stream = self.open_stream(interval)
-                while True:
-                    try:
-                        line = stream.readline(timeout=stall)
-                    except OutputTooLarge:  # the line was dropped; the stream goes on
-                        yield Snapshot(
-                            target=self.name,
-                            taken_at=time.time(),
-                            errors=(f"agent-protocol-error: {too_large()}",),
-                        )
-                        continue
-                    if line is None:
-                        status = getattr(stream, "exit_status", None)
-                        tail = getattr(stream, "stderr_tail", b"") or b""
-                        tail_text = tail.decode("utf-8", "replace").strip()[-300:]
-                        reason = f"agent stream ended (exit {status})" + (
-                            f": {tail_text}" if tail_text else ""
-                        )
-                        break
-                    try:
-                        snap = parse_snapshot(self.name, line)
-                    except AgentProtocolError as exc:
-                        yield Snapshot(
-                            target=self.name,
-                            taken_at=time.time(),
-                            errors=(f"agent-protocol-error: {exc.detail}",),
-                        )
-                        continue
-                    backoff = BACKOFF_START_S
-                    self._remember(snap)
-                    yield snap
-            except CommandTimeout:
-                reason = f"no snapshot from the agent within {stall:.0f} s"
-            except (TransportError, AgentError) as exc:
-                reason = str(exc)
-            except (ContainerNotRunning, ContainerNotFound) as exc:
-                reason, down = str(exc), container_down(self.name, exc, time.time())
-            finally:
-                if stream is not None:
-                    stream.close()
-            log.info("%s: %s; retrying in %.1f s", self.name, reason, backoff)
-            yield down or Snapshot.unreachable(self.name, time.time(), reason)
-            time.sleep(backoff)
-            backoff = min(backoff * 2, backoff_cap_s)
+        reason = "agent stream ended"
+        down: Snapshot | None = None
+        stream: LineStream | None = None
+        try:
+            stream = self.open_stream(interval)
+            while True:
+                try:
+                    line = stream.readline(timeout=stall)
+                except OutputTooLarge:  # the line was dropped; the stream goes on
+                    yield Snapshot(
+                        target=self.name,
+                        taken_at=time.time(),
+                        errors=(f"agent-protocol-error: {too_large()}",),
+                    )
+                    continue
+                if line is None:
+                    tail_text = stream.stderr_tail.decode("utf-8", "replace").strip()[-300:]
+                    reason = f"agent stream ended (exit {stream.exit_status})" + (
+                        f": {tail_text}" if tail_text else ""
+                    )
+                    break
+                try:
+                    snap = parse_snapshot(self.name, line)
+                except AgentProtocolError as exc:
+                    yield Snapshot(
+                        target=self.name,
+                        taken_at=time.time(),
+                        errors=(f"agent-protocol-error: {exc.detail}",),
+                    )
+                    continue
+                self._remember(snap)
+                yield snap
+        except CommandTimeout:
+            reason = f"no snapshot from the agent within {stall:.0f} s"
+        except (TransportError, AgentError) as exc:
+            reason = str(exc)
+        except (ContainerNotRunning, ContainerNotFound) as exc:
+            reason, down = str(exc), container_down(self.name, exc, time.time())
+        finally:
+            if stream is not None:
+                stream.close()
+        raise StreamLost(down or Snapshot.unreachable(self.name, time.time(), reason))
 
 
 class Host:

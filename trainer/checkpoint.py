@@ -2,7 +2,8 @@
 
 Written to a temp file in the same directory, fsynced, then renamed, so a reader sees either the
 old set or a complete new file. ``--resume auto`` loads the newest checkpoint that reads back
-whole; an unreadable (e.g. truncated) one is skipped with a warning, never loaded.
+whole and holds only finite numbers; an unreadable (e.g. truncated) or non-finite one is skipped
+with a warning, never loaded. A state with a NaN or infinity in it is never written.
 """
 
 from __future__ import annotations
@@ -23,6 +24,32 @@ _NAME = re.compile(r"^step_(\d+)\.pt$")
 FORMAT = "trainer-drafter-v1"
 
 
+class NonFiniteError(RuntimeError):
+    """Training produced values that are not finite; the message says where and what to do."""
+
+
+def first_nonfinite(state: Any, prefix: str = "") -> str | None:
+    """Dotted name of the first floating tensor in ``state`` holding a NaN or infinity, or None.
+
+    >>> first_nonfinite({"drafter": {"w": torch.ones(2)}, "step": 3}) is None
+    True
+    >>> first_nonfinite({"optimizer": {"state": {0: {"exp_avg": torch.tensor([1.0, float("nan")])}}}})
+    'optimizer.state.0.exp_avg'
+    """
+    if isinstance(state, torch.Tensor):
+        if state.is_floating_point() and not bool(torch.isfinite(state).all()):
+            return prefix or "<tensor>"
+        return None
+    items: Any = state.items() if isinstance(state, dict) else ()
+    if isinstance(state, (list, tuple)):
+        items = enumerate(state)
+    for key, value in items:
+        found = first_nonfinite(value, f"{prefix}.{key}" if prefix else str(key))
+        if found is not None:
+            return found
+    return None
+
+
 @dataclass(frozen=True, slots=True)
 class Loaded:
     """A checkpoint read back: completed ``step``, its ``path`` and the saved ``state`` dict."""
@@ -40,8 +67,15 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for completed ``step`` atomically; keep the newest ``keep`` files.
 
     Raises:
+        NonFiniteError: ``state`` holds a NaN or infinity (nothing is written).
         OSError: the run directory is not writable (the temp file is removed).
     """
+    bad = first_nonfinite(state)
+    if bad is not None:
+        raise NonFiniteError(
+            f"not writing the checkpoint of step {step}: {bad} holds NaN or infinity; "
+            f"the newest checkpoint in {checkpoint_dir(run_dir)} is the last finite one"
+        )
     cdir = checkpoint_dir(run_dir)
     cdir.mkdir(parents=True, exist_ok=True)
     final = cdir / f"step_{step:07d}.pt"
@@ -74,17 +108,23 @@ def list_checkpoints(run_dir: Path) -> list[Path]:
 
 
 def load_latest(run_dir: Path) -> Loaded | None:
-    """Newest checkpoint that loads completely, or None; warns on stderr for each one skipped."""
+    """Newest checkpoint that loads completely with finite values, or None; warns on stderr for
+    each one skipped."""
     for path in list_checkpoints(run_dir):
+        what = "unreadable"
         try:
             state = torch.load(path, map_location="cpu", weights_only=True)
             if not isinstance(state, dict) or state.get("format") != FORMAT:
                 raise ValueError("not a trainer checkpoint")
+            bad = first_nonfinite(state)
+            if bad is not None:
+                what = "non-finite"
+                raise ValueError(f"{bad} holds NaN or infinity")
             return Loaded(int(state["step"]), path, state)
         except Exception as exc:  # noqa: BLE001  (any unreadable file is skipped, by contract)
             reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
             print(
-                f"trainer: warning: skipping unreadable checkpoint {path}: {reason}",
+                f"trainer: warning: skipping {what} checkpoint {path}: {reason}",
                 file=sys.stderr,
                 flush=True,
             )

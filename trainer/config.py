@@ -47,6 +47,8 @@ class TargetConfig:
     seed: int = 0
     hf_path: str | None = None
     device_map: str | None = None
+    dtype: str = "auto"
+    """``float32``, ``bfloat16``, ``float16``; ``auto``: float32 built in, the checkpoint's for HF."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,13 +66,18 @@ class DrafterConfig:
 
 @dataclass(frozen=True, slots=True)
 class DataConfig:
-    """``kind: synthetic`` (a sparse Markov chain over the vocab) or ``kind: text`` (bytes of ``path``)."""
+    """``kind: synthetic`` (a sparse Markov chain over the vocab), ``text`` (bytes of ``path``) or
+    ``target`` (on-policy: ``pool`` sequences the target generates at start-up, each continuing a
+    random ``prompt_len``-token prompt at ``temperature``; 0 = greedy)."""
 
     kind: str = "synthetic"
     path: str | None = None
     seq_len: int = 64
     branching: int = 2
     seed: int = 2
+    prompt_len: int = 8
+    temperature: float = 0.0
+    pool: int = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,6 +86,10 @@ class TrainSection:
 
     ``torch_threads``: intra-op threads per op (``torch.set_num_threads``); 0 keeps torch's default.
     On a small CPU box 1 avoids oversubscribing cores with worker threads x OpenMP threads.
+    ``loss_decay_gamma``: block slot ``k`` (1..B-1) weighs ``exp(-(k-1)/gamma)`` (DFlash); 0 = flat.
+    ``eval_every``: measure ``tau`` (real draft-and-verify) every N steps on ``eval_seqs`` held-out
+    sequences x ``blocks_per_seq`` anchors; 0 = never. ``max_nonfinite_steps``: stop after this
+    many steps in a row whose gradient was not finite (each one is skipped).
     """
 
     steps: int = 200
@@ -95,6 +106,10 @@ class TrainSection:
     queue_depth: int = 2
     torch_threads: int = 0
     seed: int = 3
+    loss_decay_gamma: float = 0.0
+    eval_every: int = 10
+    eval_seqs: int = 16
+    max_nonfinite_steps: int = 10
 
 
 @dataclass(frozen=True, slots=True)
@@ -261,6 +276,10 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         "train.keep_ckpts": cfg.train.keep_ckpts,
         "train.queue_depth": cfg.train.queue_depth,
         "train.lr": cfg.train.lr,
+        "train.eval_seqs": cfg.train.eval_seqs,
+        "train.max_nonfinite_steps": cfg.train.max_nonfinite_steps,
+        "data.prompt_len": cfg.data.prompt_len,
+        "data.pool": cfg.data.pool,
     }
     for key, value in positive.items():
         if value <= 0:
@@ -270,6 +289,9 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         "train.weight_decay": cfg.train.weight_decay,
         "train.grad_clip": cfg.train.grad_clip,
         "train.torch_threads": cfg.train.torch_threads,
+        "train.loss_decay_gamma": cfg.train.loss_decay_gamma,
+        "train.eval_every": cfg.train.eval_every,
+        "data.temperature": cfg.data.temperature,
     }.items():
         if value < 0:
             fail(key, f"must be >= 0, got {value}")
@@ -291,8 +313,11 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         bad = [i for i in cfg.drafter.target_layers if not 0 <= i < cfg.target.n_layers]
         if bad:
             fail("drafter.target_layers", f"{bad} outside 0..{cfg.target.n_layers - 1}")
-    if cfg.data.kind not in ("synthetic", "text"):
-        fail("data.kind", f"must be 'synthetic' or 'text', got {cfg.data.kind!r}")
+    if cfg.target.dtype not in DTYPES:
+        fail("target.dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.target.dtype!r}")
+    if cfg.data.kind not in DATA_KINDS:
+        kinds = ", ".join(repr(k) for k in DATA_KINDS)
+        fail("data.kind", f"must be one of {kinds}, got {cfg.data.kind!r}")
     if cfg.data.kind == "text":
         if not cfg.data.path:
             fail("data.path", "required when data.kind is 'text'")
@@ -304,6 +329,22 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         fail("data.branching", f"must be <= target.vocab_size={cfg.target.vocab_size}")
     if cfg.data.seq_len < cfg.drafter.block_size + 2:
         fail("data.seq_len", f"must be >= drafter.block_size + 2 = {cfg.drafter.block_size + 2}")
+    if (
+        cfg.data.kind == "target"
+        and cfg.data.prompt_len >= cfg.data.seq_len - cfg.drafter.block_size
+    ):
+        fail(
+            "data.prompt_len",
+            f"must be < data.seq_len - drafter.block_size = "
+            f"{cfg.data.seq_len - cfg.drafter.block_size}",
+        )
+    lo, hi = anchor_range(cfg)
+    if hi - lo + 1 < cfg.train.blocks_per_seq:
+        fail(
+            "train.blocks_per_seq",
+            f"{cfg.train.blocks_per_seq} anchors per sequence, but only {hi - lo + 1} positions "
+            f"({lo}..{hi}) can start a block (anchors are drawn without replacement)",
+        )
     if not cfg.devices.target:
         fail("devices.target", "must list at least one device")
     if not cfg.devices.drafter:
@@ -322,6 +363,59 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
             "train.batch_size",
             f"{cfg.train.batch_size} is not divisible by {len(cfg.devices.drafter)} drafter devices",
         )
+
+
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+DATA_KINDS = ("synthetic", "text", "target")
+
+
+def anchor_range(cfg: TrainConfig) -> tuple[int, int]:
+    """First and last position a block may start at: ``[x[a], MASK x (B-1)]`` must fit in the
+    sequence, with context before it, and on-policy blocks start at the prompt's last token or later.
+
+    >>> anchor_range(TrainConfig())
+    (1, 60)
+    >>> anchor_range(replace(TrainConfig(), data=DataConfig(kind="target", prompt_len=8)))
+    (7, 60)
+    """
+    lo = max(1, cfg.data.prompt_len - 1) if cfg.data.kind == "target" else 1
+    return lo, cfg.data.seq_len - cfg.drafter.block_size
+
+
+def shift_cuda(devices: list[str], offset: int) -> list[str]:
+    """``devices`` with every ``cuda:N`` moved to ``cuda:N+offset`` (``cpu`` stays).
+
+    >>> shift_cuda(["cuda:0", "cpu", "cuda:7"], 8)
+    ['cuda:8', 'cpu', 'cuda:15']
+    """
+    return [f"cuda:{int(d[5:]) + offset}" if d.startswith("cuda:") else d for d in devices]
+
+
+def for_local_rank(cfg: TrainConfig, local_rank: int) -> TrainConfig:
+    """The devices of torchrun's process ``LOCAL_RANK``: the config names the CUDA devices of one
+    process; local rank ``r`` uses them shifted by ``r x (highest index + 1)``, so the ranks of
+    one node never share a GPU.
+
+    >>> c = TrainConfig(devices=DevicesConfig(target=["cuda:0", "cuda:1"], drafter=["cuda:2"]))
+    >>> d = for_local_rank(c, 1).devices
+    >>> d.target, d.drafter
+    (['cuda:3', 'cuda:4'], ['cuda:5'])
+    >>> for_local_rank(c, 0) is c
+    True
+    """
+    cuda = [
+        int(d[5:]) for d in (*cfg.devices.target, *cfg.devices.drafter) if d.startswith("cuda:")
+    ]
+    if local_rank == 0 or not cuda:
+        return cfg
+    offset = local_rank * (max(cuda) + 1)
+    return replace(
+        cfg,
+        devices=DevicesConfig(
+            target=shift_cuda(cfg.devices.target, offset),
+            drafter=shift_cuda(cfg.devices.drafter, offset),
+        ),
+    )
 
 
 def load_config(path: str | Path, overrides: list[str] | None = None) -> TrainConfig:

@@ -1,19 +1,22 @@
 """``--fault`` injection: the failures orch must catch, on demand.
 
 A fault named ``KIND@STEP`` fires when step ``STEP`` is about to run (``STEP - 1`` steps have
-completed, been logged and heart-beaten). Symptoms are documented in ``docs/trainer.md``.
+completed, been logged and heart-beaten). Symptoms are documented in ``docs/trainer.md``;
+``fx-race`` lives in :mod:`trainer.fxrace`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
 
-KINDS = ("crash", "hang", "silent-exit", "slow", "nan", "oom")
+KINDS = ("crash", "hang", "silent-exit", "slow", "nan", "oom", "fx-race")
 
 # The text a real CUDA allocator failure prints (torch 2.x), so log signatures match both.
 OOM_TEXT = (
@@ -34,11 +37,19 @@ must land on the error line, as in a real OOM traceback whose source line is the
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One injected fault; ``arg`` is the slow factor or the silent-exit status."""
+    """One injected fault; ``arg`` is the slow factor, the silent-exit status or the nan count."""
 
     kind: str
     step: int
     arg: float | None = None
+
+    def spec(self) -> str:
+        """The ``KIND@STEP[:ARG]`` text this fault was given as.
+
+        >>> Fault("slow", 9, 6.0).spec(), Fault("crash", 3).spec()
+        ('slow@9:6', 'crash@3')
+        """
+        return f"{self.kind}@{self.step}" + (f":{self.arg:g}" if self.arg is not None else "")
 
 
 def parse_fault(text: str) -> Fault:
@@ -50,14 +61,20 @@ def parse_fault(text: str) -> Fault:
     Fault(kind='slow', step=10, arg=4.0)
     >>> parse_fault("silent-exit@3:9")
     Fault(kind='silent-exit', step=3, arg=9.0)
+    >>> parse_fault("nan@3:20")
+    Fault(kind='nan', step=3, arg=20.0)
     >>> parse_fault("boom@1")
     Traceback (most recent call last):
     ...
-    ValueError: unknown fault 'boom' (known: crash, hang, silent-exit, slow, nan, oom)
+    ValueError: unknown fault 'boom' (known: crash, hang, silent-exit, slow, nan, oom, fx-race)
     >>> parse_fault("slow@4")
     Traceback (most recent call last):
     ...
     ValueError: slow needs a factor > 1: slow@STEP:FACTOR
+    >>> parse_fault("nan@4:0.5")
+    Traceback (most recent call last):
+    ...
+    ValueError: nan takes a whole number of steps >= 1: nan@STEP[:COUNT]
     """
     kind, at, rest = text.partition("@")
     if kind not in KINDS:
@@ -71,41 +88,73 @@ def parse_fault(text: str) -> Fault:
             arg = float(arg_s)
         except ValueError:
             raise ValueError(f"bad argument {arg_s!r} in {text!r}") from None
-        if kind not in ("slow", "silent-exit"):
+        if kind not in ("slow", "silent-exit", "nan"):
             raise ValueError(f"{kind} takes no argument: {kind}@STEP")
     if kind == "slow" and (arg is None or arg <= 1):
         raise ValueError("slow needs a factor > 1: slow@STEP:FACTOR")
+    if kind == "nan" and arg is not None and (arg < 1 or arg != int(arg)):
+        raise ValueError("nan takes a whole number of steps >= 1: nan@STEP[:COUNT]")
     return Fault(kind, int(step_s), arg)
 
 
 class FaultInjector:
-    """Fires the faults of a run; called by the drafter worker that owns replica 0."""
+    """Fires the faults of a run. ``before_step`` and ``poison`` run in the thread that owns
+    replica 0, ``in_target_forward`` in the coordinator; ``stretch`` in every stage."""
 
     def __init__(self, faults: list[Fault]) -> None:
         self.faults = faults
-        self.slow_factor = 1.0
 
     def before_step(self, step: int) -> None:
-        """Fire control faults due at ``step`` (crash, hang, silent-exit, oom, slow start)."""
+        """Fire control faults due at ``step`` (crash, hang, silent-exit)."""
         for f in self.faults:
             if f.step != step:
                 continue
             if f.kind == "crash":
                 raise RuntimeError(f"injected fault: crash at step {step}")
-            if f.kind == "oom":
-                raise _OOM(OOM_TEXT)
             if f.kind == "silent-exit":
                 os._exit(int(f.arg) if f.arg is not None else 0)
             if f.kind == "hang":
                 threading.Event().wait()  # never set: alive, no progress
-            if f.kind == "slow":
-                self.slow_factor = float(f.arg or 1.0)
+
+    def oom_due(self, step: int) -> bool:
+        """True when the target forward of ``step`` must raise the CUDA OOM (``oom@STEP``)."""
+        return any(f.kind == "oom" and f.step == step for f in self.faults)
+
+    @staticmethod
+    def raise_oom() -> None:
+        """Raise ``torch.OutOfMemoryError`` with the real allocator's text."""
+        raise _OOM(OOM_TEXT)
 
     def poison(self, step: int) -> bool:
-        """True when the loss of ``step`` must be NaN (``nan@STEP``)."""
-        return any(f.kind == "nan" and f.step == step for f in self.faults)
+        """True when the loss of ``step`` must be NaN (``nan@STEP[:COUNT]``, COUNT steps from STEP)."""
+        return any(
+            f.kind == "nan" and f.step <= step < f.step + int(f.arg or 1) for f in self.faults
+        )
 
-    def after_step(self, step_s: float) -> None:
-        """Stretch a step of ``step_s`` seconds by the active slow factor."""
-        if self.slow_factor > 1.0:
-            time.sleep(step_s * (self.slow_factor - 1.0))
+    def factor(self, step: int) -> float:
+        """How many times as long ``step`` must take (the largest ``slow`` due by then), 1.0 if none.
+
+        >>> FaultInjector([Fault("slow", 4, 3.0)]).factor(3), FaultInjector([Fault("slow", 4, 3.0)]).factor(9)
+        (1.0, 3.0)
+        """
+        return max(
+            [f.arg or 1.0 for f in self.faults if f.kind == "slow" and f.step <= step] or [1.0]
+        )
+
+    @contextlib.contextmanager
+    def stretch(self, step: int) -> Iterator[None]:
+        """Make the enclosed work of ``step`` take ``factor(step)`` times as long (sleep after it).
+
+        Every stage (the coordinator's target forward, each drafter worker's forward and
+        backward, the plain loop's step) stretches its own work, so the whole pipeline slows by
+        the factor, not one thread. Never wrap a wait on another stage: the stretches compound.
+        """
+        t0 = time.monotonic()
+        yield
+        self.pause(step, time.monotonic() - t0)
+
+    def pause(self, step: int, own_s: float) -> None:
+        """Sleep (factor - 1) x ``own_s``: the stretch of ``own_s`` seconds of this stage's work."""
+        factor = self.factor(step)
+        if factor > 1.0:
+            time.sleep(own_s * (factor - 1.0))

@@ -9,6 +9,7 @@ from __future__ import annotations
 import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import nn
@@ -70,6 +71,12 @@ class HFTarget(nn.Module):
         out = self.model(tokens.to(self.devices[0]), output_hidden_states=True, use_cache=False)
         return out.logits, list(out.hidden_states[1:])
 
+    @torch.no_grad()
+    def decode(self, tokens: torch.Tensor, cache: Any) -> tuple[torch.Tensor, Any]:
+        """Generation step (see :meth:`trainer.model.TargetLM.decode`); the cache is HF's own."""
+        out = self.model(tokens.to(self.devices[0]), past_key_values=cache, use_cache=True)
+        return out.logits[:, -1], out.past_key_values
+
 
 def load_hf_target(cfg: TrainConfig) -> HFTarget:
     """Load ``cfg.target.hf_path`` with ``local_files_only=True``.
@@ -80,7 +87,11 @@ def load_hf_target(cfg: TrainConfig) -> HFTarget:
     check_dependencies(cfg)
     from transformers import AutoModelForCausalLM
 
-    kwargs: dict[str, object] = {"local_files_only": True, "torch_dtype": "auto"}
+    dtype = cfg.target.dtype
+    kwargs: dict[str, object] = {
+        "local_files_only": True,
+        "torch_dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
+    }
     if cfg.target.device_map:
         kwargs["device_map"] = cfg.target.device_map
     model = AutoModelForCausalLM.from_pretrained(cfg.target.hf_path, **kwargs)

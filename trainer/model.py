@@ -31,21 +31,24 @@ def sdpa_attention(
     return F.scaled_dot_product_attention(q, k, v, attn_mask=mask[:, None, :, :])
 
 
-def make_attention(compile_: bool) -> tuple[Attention, str]:
+def make_attention(compile_: bool, backend: str = "inductor") -> tuple[Attention, str]:
     """Return (attention function, name) for the drafter.
 
     Without ``compile_`` it is eager SDPA. With it, flex_attention compiled by torch.compile on
-    CUDA devices when this torch has it, else (and always on CPU) SDPA compiled. Compilation happens lazily on first call per device,
-    which is why the trainer warms every drafter device up sequentially before threads start.
+    CUDA devices when this torch has it, else (and always on CPU) SDPA compiled. Compilation
+    happens lazily on first call per device, which is why the trainer warms every drafter device
+    up sequentially before threads start. ``backend`` is torch.compile's (``eager``: dynamo
+    only, no code generation, seconds instead of minutes on CPU; the name then says so).
     """
     if not compile_:
         return sdpa_attention, "sdpa"
-    compiled_sdpa = torch.compile(sdpa_attention, dynamic=False)
+    tag = "" if backend == "inductor" else f"({backend})"
+    compiled_sdpa = torch.compile(sdpa_attention, dynamic=False, backend=backend)
     try:
         from torch.nn.attention.flex_attention import create_block_mask, flex_attention
     except ImportError:
-        return compiled_sdpa, "sdpa+compile"
-    flex = torch.compile(flex_attention, dynamic=False)
+        return compiled_sdpa, f"sdpa+compile{tag}"
+    flex = torch.compile(flex_attention, dynamic=False, backend=backend)
 
     def flex_attend(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
@@ -61,7 +64,7 @@ def make_attention(compile_: bool) -> tuple[Attention, str]:
         )
         return flex(q, k, v, block_mask=block_mask)
 
-    return flex_attend, "flex_attention+compile|cpu:sdpa+compile"
+    return flex_attend, f"flex_attention+compile{tag}|cpu:sdpa+compile{tag}"
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -101,12 +104,22 @@ class TargetBlock(nn.Module):
         self.norm2 = nn.RMSNorm(d)
         self.mlp = MLP(d, d_ff)
 
-    def forward(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+    def forward(
+        self, x: torch.Tensor, positions: torch.Tensor, cache: list[torch.Tensor] | None = None
+    ) -> torch.Tensor:
+        """``cache`` (generation): ``[]`` to fill with this call's keys/values, or the ``[k, v]``
+        of the tokens before; a cached call takes one new token."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.n_heads, d // self.n_heads).unbind(2)
         q, k, v = (z.transpose(1, 2) for z in (q, k, v))
         q, k = rotary(q, positions), rotary(k, positions)
-        a = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        causal = True
+        if cache is not None:
+            if cache:
+                k, v = torch.cat((cache[0], k), dim=2), torch.cat((cache[1], v), dim=2)
+                causal = False  # the one new token may see every cached one
+            cache[:] = [k, v]
+        a = F.scaled_dot_product_attention(q, k, v, is_causal=causal)
         x = x + self.out(a.transpose(1, 2).reshape(b, t, d))
         return x + self.mlp(self.norm2(x))
 
@@ -171,6 +184,25 @@ class TargetLM(nn.Module):
             hidden.append(x)
         x = x.to(self.devices[-1], non_blocking=True)
         return self.head(self.norm(x)), hidden
+
+    @torch.no_grad()
+    def decode(
+        self, tokens: torch.Tensor, cache: list[list[torch.Tensor]] | None
+    ) -> tuple[torch.Tensor, list[list[torch.Tensor]]]:
+        """Generation step: logits ``(b, V)`` after the last of ``tokens``, and the KV cache.
+
+        ``cache`` None: ``tokens`` is the whole prompt; else one new token per row after it.
+        """
+        start = 0 if cache is None else int(cache[0][0].shape[2])
+        if cache is not None and tokens.shape[1] != 1:
+            raise ValueError("a cached decode step takes one token per row")
+        cache = cache if cache is not None else [[] for _ in self.blocks]
+        positions = torch.arange(start, start + tokens.shape[1])
+        x = self.embed(tokens.to(self.devices[0]))
+        for block, dev, kv in zip(self.blocks, self.devices[1:-1], cache, strict=True):
+            x = block(x.to(dev, non_blocking=True), positions, kv)
+        x = x[:, -1].to(self.devices[-1], non_blocking=True)
+        return self.head(self.norm(x)), cache
 
 
 class DrafterLayer(nn.Module):
@@ -257,7 +289,8 @@ class Drafter(nn.Module):
         pos_block: torch.Tensor,
         mask: torch.Tensor,
     ) -> torch.Tensor:
-        """Logits ``(b, n_blocks * B, V)`` for every block position.
+        """Logits ``(b, n_blocks * B, V)`` for every block position (in the features' dtype:
+        a bf16/fp16 target's features run the drafter under autocast to that dtype).
 
         Args:
             ctx_hidden: concatenated target hidden states ``(b, t, n_layers * d_t)``.
@@ -265,17 +298,20 @@ class Drafter(nn.Module):
             pos_block: absolute positions of the block tokens ``(b, n_blocks * B)``.
             mask: bool ``(b, n_blocks * B, t + n_blocks * B)``, True where attention is allowed.
         """
-        is_mask = block_tokens < 0
-        emb = F.embedding(block_tokens.clamp(min=0), self.embed_weight)
-        emb = torch.where(is_mask[..., None], self.mask_embed.to(emb.dtype), emb)
-        x = self.in_proj(emb)
-        ctx = self.ctx_norm(self.ctx_proj(ctx_hidden))
-        pos_ctx = torch.arange(ctx_hidden.shape[1], device=ctx_hidden.device)
-        for layer in self.layers:
-            if self.grad_checkpoint and self.training:
-                x = checkpoint(
-                    layer, x, ctx, pos_block, pos_ctx, mask, self.attend, use_reentrant=False
-                )
-            else:
-                x = layer(x, ctx, pos_block, pos_ctx, mask, self.attend)
-        return self.out_proj(self.norm(x)) @ self.head_weight.T
+        low = ctx_hidden.dtype if ctx_hidden.dtype in (torch.bfloat16, torch.float16) else None
+        # a bf16/fp16 target: float32 weights, the maths in the target's dtype
+        with torch.autocast(ctx_hidden.device.type, dtype=low, enabled=low is not None):
+            is_mask = block_tokens < 0
+            emb = F.embedding(block_tokens.clamp(min=0), self.embed_weight)
+            emb = torch.where(is_mask[..., None], self.mask_embed.to(emb.dtype), emb)
+            x = self.in_proj(emb)
+            ctx = self.ctx_norm(self.ctx_proj(ctx_hidden))
+            pos_ctx = torch.arange(ctx_hidden.shape[1], device=ctx_hidden.device)
+            for layer in self.layers:
+                if self.grad_checkpoint and self.training:
+                    x = checkpoint(
+                        layer, x, ctx, pos_block, pos_ctx, mask, self.attend, use_reentrant=False
+                    )
+                else:
+                    x = layer(x, ctx, pos_block, pos_ctx, mask, self.attend)
+            return self.out_proj(self.norm(x)) @ self.head_weight.T

@@ -15,6 +15,7 @@ import copy
 import math
 import os
 import queue
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -25,33 +26,18 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint
-from trainer.config import TrainConfig
+from trainer.checkpoint import NonFiniteError
+from trainer.config import TrainConfig, anchor_range, for_local_rank
 from trainer.data import TokenSource, sample_anchors
 from trainer.faults import Fault, FaultInjector
+from trainer.fxrace import FxRace
 from trainer.metrics import Reporter, StepMetrics
 from trainer.model import Drafter, TargetLM, make_attention
 from trainer.objective import Shard, drafter_loss, run_target
+from trainer.threads import Reducer, release
+from trainer.verify import measure_tau
 
 _POLL_S = 0.1
-_RELEASE_S = 60.0
-"""After a worker failed: how long the others get to finish their step and leave (s)."""
-
-
-def _release(queues: list[queue.Queue[Any]], threads: list[threading.Thread]) -> None:
-    """Wake every worker (queues drained, ``None`` posted) and join them, at most ``_RELEASE_S``.
-
-    A worker still inside a torch op when the interpreter exits (daemon threads are not waited
-    for) makes the C++ runtime call ``std::terminate``: exit 134 instead of the exception's 1.
-    """
-    for q in queues:
-        with contextlib.suppress(queue.Empty):
-            while True:
-                q.get_nowait()
-        with contextlib.suppress(queue.Full):
-            q.put_nowait(None)
-    deadline = time.monotonic() + _RELEASE_S
-    for t in threads:
-        t.join(max(0.0, deadline - time.monotonic()))
 
 
 @dataclass
@@ -60,6 +46,7 @@ class RunOptions:
 
     run_dir: Path
     compile: bool = False
+    compile_backend: str = "inductor"
     warmup: str = "sequential"
     faults: list[Fault] = field(default_factory=list)
     resume: bool = False
@@ -84,55 +71,40 @@ class RunResult:
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
 
 
-def lr_at(cfg: TrainConfig, step: int) -> float:
-    """Learning rate for 1-based ``step``: linear warm-up, then cosine down to 10 %.
+def lr_at(cfg: TrainConfig, step: int, total: int | None = None) -> float:
+    """Learning rate for 1-based ``step``: linear warm-up, then cosine down to 10 % at ``total``
+    (the schedule's length: ``train.steps``, or the one a resumed checkpoint saved), then flat.
 
     >>> from trainer.config import TrainConfig
     >>> c = TrainConfig()
     >>> lr_at(c, 1) < lr_at(c, 10) == c.train.lr
     True
+    >>> lr_at(c, 300, total=200) == lr_at(c, 200) == c.train.lr * 0.1
+    True
     """
     t = cfg.train
+    total = t.steps if total is None else total
     if t.warmup_steps and step <= t.warmup_steps:
         return t.lr * step / t.warmup_steps
-    frac = min(1.0, (step - t.warmup_steps) / max(1, t.steps - t.warmup_steps))
+    frac = min(1.0, (step - t.warmup_steps) / max(1, total - t.warmup_steps))
     return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
-
-
-class _Reducer:
-    """Sums one flat tensor per replica across threads (and ranks), leader-based, two barriers."""
-
-    def __init__(self, n: int, distributed: bool) -> None:
-        self.n = n
-        self.distributed = distributed
-        self.slots: list[torch.Tensor | None] = [None] * n
-        self.barrier = threading.Barrier(n)
-        self.result: torch.Tensor | None = None
-
-    def reduce(self, i: int, vec: torch.Tensor) -> torch.Tensor:
-        self.slots[i] = vec
-        self.barrier.wait()
-        if i == 0:
-            total = vec.clone()
-            for other in self.slots[1:]:
-                assert other is not None
-                total += other.to(total.device)
-            if self.distributed:
-                dist.all_reduce(total)
-            self.result = total
-        self.barrier.wait()
-        assert self.result is not None
-        return self.result.to(vec.device)
 
 
 class Trainer:
     """Builds target, data, drafter replicas and optimizers; runs pipelined or plain.
 
+    ``target`` replaces the one the config describes (a test's own model in the HF interface).
+
     Raises:
         DependencyError / OSError from building the target or reading data.
+        ValueError: the batch does not split over the replicas, or a CUDA device the config
+            (shifted for torchrun's ``LOCAL_RANK``) names does not exist.
     """
 
-    def __init__(self, cfg: TrainConfig, opts: RunOptions) -> None:
+    def __init__(self, cfg: TrainConfig, opts: RunOptions, target: Any = None) -> None:
+        self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+        cfg = for_local_rank(cfg, self.local_rank)
+        _check_cuda(cfg, self.local_rank)
         self.cfg = cfg
         self.opts = opts
         opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -151,17 +123,23 @@ class Trainer:
             )
         if cfg.train.torch_threads:
             torch.set_num_threads(cfg.train.torch_threads)
-        self.target = build_target(cfg)
+        self.faults = FaultInjector(opts.faults)
+        self.target = target if target is not None else build_target(cfg)
         self.target.place(cfg.devices.target)
-        self.source = TokenSource(cfg.data, cfg.target.vocab_size)
-        self.attend, self.attention_name = make_attention(opts.compile)
+        self._in_target = threading.local()  # the step the coordinator's target forward is for
+        self.target.register_forward_pre_hook(self._target_fault)
+        self.source = TokenSource(cfg.data, cfg.target.vocab_size, target=self.target)
+        # fx-race needs a dynamo-optimized attention; without --compile, dynamo alone (eager)
+        fx_race = any(f.kind == "fx-race" for f in opts.faults)
+        self.attend, self.attention_name = make_attention(
+            opts.compile or fx_race, opts.compile_backend if opts.compile else "eager"
+        )
         self.replicas: list[Drafter] = []
         self.optimizers: list[torch.optim.Optimizer] = []
         for dev in cfg.devices.drafter:
             d = Drafter(cfg.drafter, self.target.embedding_weight(), self.target.head_weight()).to(
                 dev
             )
-            d.attend = self.attend
             d.grad_checkpoint = cfg.train.grad_checkpoint
             self.replicas.append(d)
             self.optimizers.append(
@@ -173,6 +151,7 @@ class Trainer:
                 )
             )
         self.start_step = 0
+        self.schedule_steps = cfg.train.steps
         self.resumed_from: Path | None = None
         if opts.resume:
             loaded = checkpoint.load_latest(opts.run_dir)
@@ -182,11 +161,25 @@ class Trainer:
                     # load_state_dict keeps the given tensors: each replica needs its own copy
                     opt.load_state_dict(copy.deepcopy(loaded.state["optimizer"]))
                 self.start_step = loaded.step
+                self.schedule_steps = int(loaded.state.get("lr_schedule_steps", cfg.train.steps))
                 self.resumed_from = loaded.path
-        self.faults = FaultInjector(opts.faults)
+        self._quiet: Any = contextlib.nullcontext()  # held around the coordinator's target forward
+        if self._fx_race_armed(self.start_step + 1):
+            self.attend = FxRace(self.attend, len(self.replicas))
+            self._quiet = self.attend.quiet
+        for d in self.replicas:
+            d.attend = self.attend
         self.stop_reason: str | None = None
         self.blocks_per_step = cfg.train.batch_size * cfg.train.blocks_per_seq
         self.tokens_per_step = cfg.train.batch_size * cfg.data.seq_len
+        self.heldout: tuple[torch.Tensor, torch.Tensor] | None = None
+        if cfg.train.eval_every and self.rank == 0:
+            lo, hi = anchor_range(cfg)
+            n = cfg.train.eval_seqs
+            anchors = sample_anchors(cfg.train.seed, -1, n, cfg.train.blocks_per_seq, lo, hi)
+            self.heldout = (self.source.heldout(n), anchors)
+        self.nonfinite_run = 0  # steps in a row skipped for a non-finite gradient
+        self.nonfinite_total = 0
         self.reporter = Reporter(
             opts.run_dir,
             log_every=cfg.train.log_every,
@@ -204,27 +197,44 @@ class Trainer:
         """Ask the run to stop at the next step boundary (safe from a signal handler)."""
         self.stop_reason = reason
 
+    def _fx_race_armed(self, first_step: int) -> bool:
+        """``fx-race@N`` is armed when the run's first step (``first_step``) is N or later."""
+        return any(f.kind == "fx-race" and f.step <= first_step for f in self.opts.faults)
+
+    def _target_fault(self, _module: Any, _args: Any) -> None:
+        """Forward pre-hook on the target: ``oom@N`` raises inside the coordinator's target
+        forward of step N, where a real CUDA OOM of the target's GPUs is raised."""
+        step = getattr(self._in_target, "step", None)
+        if step is not None and self.faults.oom_due(step):
+            self.faults.raise_oom()
+
     def local_batch(self, step: int) -> Shard:
         """Target features for this rank's slice of the global batch of ``step``."""
         t = self.cfg.train
         tokens = self.source.batch(step, t.batch_size)
-        anchors = sample_anchors(
-            t.seed,
-            step,
-            t.batch_size,
-            t.blocks_per_seq,
-            self.cfg.data.seq_len,
-            self.cfg.drafter.block_size,
-        )
+        lo, hi = anchor_range(self.cfg)
+        anchors = sample_anchors(t.seed, step, t.batch_size, t.blocks_per_seq, lo, hi)
         local = t.batch_size // self.world_size
         sl = slice(self.rank * local, (self.rank + 1) * local)
-        return run_target(
-            self.target, tokens[sl], anchors[sl], self.cfg.drafter.target_layers, step
-        )
+        self._in_target.step = step
+        try:
+            with self._quiet:
+                return run_target(
+                    self.target, tokens[sl], anchors[sl], self.cfg.drafter.target_layers, step
+                )
+        finally:
+            self._in_target.step = None
 
-    def _apply(self, i: int, flat: torch.Tensor, step: int) -> float:
-        """Install summed gradient ``flat`` into replica ``i`` and take its optimizer step."""
+    def _apply(self, i: int, flat: torch.Tensor, step: int) -> float | None:
+        """Install summed gradient ``flat`` into replica ``i`` and take its optimizer step.
+
+        Returns the learning rate, or None when the step was skipped: ``flat`` is not finite
+        (every replica sees the same sum, so all of them skip it).
+        """
         params = [p for p in self.replicas[i].parameters() if p.requires_grad]
+        if not bool(torch.isfinite(flat).all()):
+            self.optimizers[i].zero_grad(set_to_none=True)
+            return None
         offset = 0
         for p in params:
             n = p.numel()
@@ -232,21 +242,87 @@ class Trainer:
             offset += n
         if self.cfg.train.grad_clip > 0:
             torch.nn.utils.clip_grad_norm_(params, self.cfg.train.grad_clip)
-        lr = lr_at(self.cfg, step)
+        lr = lr_at(self.cfg, step, self.schedule_steps)
         for group in self.optimizers[i].param_groups:
             group["lr"] = lr
         self.optimizers[i].step()
         self.optimizers[i].zero_grad(set_to_none=True)
         return lr
 
-    def _grad_vector(self, i: int, loss_sum: torch.Tensor, accepted: torch.Tensor) -> torch.Tensor:
+    def _grad_vector(self, i: int, loss_sum: torch.Tensor, tau_tf: torch.Tensor) -> torch.Tensor:
         grads = [
             (p.grad if p.grad is not None else torch.zeros_like(p)).flatten().float()
             for p in self.replicas[i].parameters()
             if p.requires_grad
         ]
-        stats = torch.stack((loss_sum.float(), accepted.float())).to(grads[0].device)
+        stats = torch.stack((loss_sum.float(), tau_tf.float())).to(grads[0].device)
         return torch.cat((*grads, stats))
+
+    def _loss(self, i: int, shard: Shard) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        return drafter_loss(
+            self.replicas[i],
+            shard.to(self.cfg.devices.drafter[i]),
+            self.blocks_per_step,
+            self.cfg.train.loss_decay_gamma,
+        )
+
+    def _finish_step(self, step: int, total: torch.Tensor, lr: float | None) -> None:
+        """Replica 0's bookkeeping once ``step`` is applied (``lr`` None: it was skipped): the
+        skip count, ``tau``, the log line, the checkpoint.
+
+        Raises:
+            NonFiniteError: ``train.max_nonfinite_steps`` steps in a row were skipped.
+        """
+        if lr is None:
+            self._skipped(step)
+            lr = lr_at(self.cfg, step, self.schedule_steps)
+        else:
+            self.nonfinite_run = 0
+        self.done_step = step
+        tau = None
+        every = self.cfg.train.eval_every
+        if every and step % every == 0:
+            tau = self.evaluate()
+        self.reporter.on_step(
+            step, float(total[-2]), float(total[-1]), lr, tau=tau,
+            nonfinite_steps=self.nonfinite_total,
+        )  # fmt: skip
+        if step % self.cfg.train.ckpt_every == 0:
+            self.save(step)
+
+    def _skipped(self, step: int) -> None:
+        self.nonfinite_run += 1
+        self.nonfinite_total += 1
+        limit = self.cfg.train.max_nonfinite_steps
+        if self.rank == 0:
+            print(
+                f"trainer: warning: step {step}: gradient not finite, step skipped "
+                f"({self.nonfinite_run} in a row of at most {limit}, {self.nonfinite_total} in all)",
+                file=sys.stderr,
+                flush=True,
+            )
+        if self.nonfinite_run >= limit:
+            first = step - self.nonfinite_run + 1
+            raise NonFiniteError(
+                f"{self.nonfinite_run} steps in a row had a non-finite gradient (steps "
+                f"{first}..{step}; train.max_nonfinite_steps={limit}); stopping. The weights are "
+                f"those after step {first - 1} (skipped steps never change them); the newest "
+                f"checkpoint in {checkpoint.checkpoint_dir(self.opts.run_dir)} is finite"
+            )
+
+    def evaluate(self) -> float | None:
+        """``tau`` of replica 0 on the held-out anchors (None where not measured: rank > 0)."""
+        if self.heldout is None:
+            return None
+        tokens, anchors = self.heldout
+        return measure_tau(
+            self.target,
+            self.replicas[0],
+            tokens,
+            anchors,
+            self.cfg.drafter.target_layers,
+            self.cfg.devices.drafter[0],
+        )
 
     def state(self) -> dict[str, Any]:
         """Checkpoint payload from replica 0 (all replicas are identical)."""
@@ -255,18 +331,24 @@ class Trainer:
             "optimizer": self.optimizers[0].state_dict(),
             "config": self.cfg.to_dict(),
             "world_size": self.world_size,
+            "lr_schedule_steps": self.schedule_steps,
         }
 
     def save(self, step: int) -> Path | None:
-        """Checkpoint completed ``step`` (rank 0 only)."""
+        """Checkpoint completed ``step`` (rank 0 only).
+
+        Raises:
+            NonFiniteError: the weights or optimizer state hold a NaN or infinity.
+        """
         if self.rank != 0:
             return None
         path = checkpoint.save(self.opts.run_dir, step, self.state(), self.cfg.train.keep_ckpts)
         self.saved_step = step
         return path
 
-    def warmup(self, mode: str) -> list[tuple[str, float]]:
-        """One forward+backward per drafter device, one device after another (no optimizer step).
+    def warmup(self, mode: str) -> list[tuple[str, str, float]]:
+        """One forward+backward per drafter device, one device after another (no optimizer step),
+        then one ``tau`` measurement on the first; returns ``(device, what, seconds)``.
 
         Compiles the attention on each device before any worker thread exists: concurrent first
         compiles race on torch.fx's process-global tracing flag (the seeds' incident).
@@ -275,29 +357,39 @@ class Trainer:
             return []
         shards = self.local_batch(self.start_step + 1).split(len(self.replicas))
         timings = []
-        for d, shard, dev in zip(self.replicas, shards, self.cfg.devices.drafter, strict=True):
+        for i, (d, shard, dev) in enumerate(
+            zip(self.replicas, shards, self.cfg.devices.drafter, strict=True)
+        ):
             t0 = time.monotonic()
             d.train()
-            loss, _, _ = drafter_loss(d, shard.to(dev), self.blocks_per_step)
+            loss, _, _ = self._loss(i, shard)
             loss.backward()
             d.zero_grad(set_to_none=True)
-            if dev.startswith("cuda"):
-                torch.cuda.synchronize(dev)
-            timings.append((dev, time.monotonic() - t0))
+            _sync(dev)
+            timings.append((dev, "forward+backward", time.monotonic() - t0))
+        if self.heldout is not None:
+            t0 = time.monotonic()
+            self.evaluate()
+            _sync(self.cfg.devices.drafter[0])
+            timings.append((self.cfg.devices.drafter[0], "draft-and-verify", time.monotonic() - t0))
         return timings
 
     # ---- the pipelined multi-threaded loop -------------------------------------------------
     def run_pipelined(self, steps: int) -> RunResult:
         """Train until ``steps`` total steps are done (or a stop is requested); returns the outcome.
 
+        Whatever ends the loop (a worker's exception, the coordinator's own, such as an OOM in
+        the target forward, or a stop), every worker is woken and joined before this returns or
+        raises: a worker left inside a torch op at interpreter exit aborts the process (134).
+
         Raises:
-            The first exception any worker raised (its traceback intact), after stopping the rest.
+            The first exception any worker or the coordinator raised (its traceback intact).
         """
         n = len(self.replicas)
         queues: list[queue.Queue[Shard | None]] = [
             queue.Queue(self.cfg.train.queue_depth) for _ in range(n)
         ]
-        reducer = _Reducer(n, self.world_size > 1)
+        reducer = Reducer(n, self.world_size > 1)
         errors: list[BaseException] = []
         failed = threading.Event()
 
@@ -305,28 +397,27 @@ class Trainer:
             dev = self.cfg.devices.drafter[i]
             if dev.startswith("cuda"):
                 torch.cuda.set_device(dev)
-            replica = self.replicas[i]
-            replica.train()
+            self.replicas[i].train()
             try:
                 while (item := queues[i].get()) is not None:
                     step = item.step
                     if i == 0:
                         self.faults.before_step(step)
                     t0 = time.monotonic()
-                    loss, loss_sum, accepted = drafter_loss(
-                        replica, item.to(dev), self.blocks_per_step
-                    )
+                    loss, loss_sum, tau_tf = self._loss(i, item)
                     if i == 0 and self.faults.poison(step):
                         loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
                     loss.backward()
-                    total = reducer.reduce(i, self._grad_vector(i, loss_sum, accepted))
+                    vec = self._grad_vector(i, loss_sum, tau_tf)
+                    t1 = time.monotonic()
+                    total = reducer.reduce(i, vec)
+                    t2 = time.monotonic()
                     lr = self._apply(i, total[:-2], step)
                     if i == 0:
-                        self.done_step = step
-                        self.reporter.on_step(step, float(total[-2]), float(total[-1]), lr)
-                        if step % self.cfg.train.ckpt_every == 0:
-                            self.save(step)
-                        self.faults.after_step(time.monotonic() - t0)
+                        self._finish_step(step, total, lr)
+                    # slow@: stretch this worker's own work, never its wait for the others
+                    # (stretched waits would compound from worker to worker)
+                    self.faults.pause(step, (t1 - t0) + (time.monotonic() - t2))
             except threading.BrokenBarrierError:
                 if not errors:  # aborted without a recorded cause: report it
                     errors.append(RuntimeError(f"drafter worker {i}: gradient barrier broken"))
@@ -349,7 +440,11 @@ class Trainer:
             for step in range(start + 1, steps + 1):
                 if self.stop_reason or failed.is_set():
                     break
-                for q, part in zip(queues, self.local_batch(step).split(n), strict=True):
+                if self.faults.oom_due(step):  # fire when step-1 is done, as every fault does
+                    self._wait_done(step - 1, failed)
+                with self.faults.stretch(step):
+                    shard = self.local_batch(step)
+                for q, part in zip(queues, shard.split(n), strict=True):
                     self._put(q, part, failed)
             for q in queues:
                 self._put(q, None, failed)
@@ -359,12 +454,17 @@ class Trainer:
                     if failed.is_set():
                         break
         finally:
-            if failed.is_set() or errors:
+            if any(t.is_alive() for t in threads):
                 reducer.barrier.abort()
-                _release(queues, threads)
+                release(queues, threads)
         if errors:
             raise errors[0]
         return self._finish(start, t_start)
+
+    def _wait_done(self, step: int, failed: threading.Event) -> None:
+        """Block the coordinator until the workers have completed ``step`` (or one failed)."""
+        while self.done_step < step and not failed.is_set():
+            time.sleep(_POLL_S / 10)
 
     @staticmethod
     def _put(q: queue.Queue[Shard | None], item: Shard | None, failed: threading.Event) -> None:
@@ -393,26 +493,23 @@ class Trainer:
     # ---- the plain single-threaded reference loop ------------------------------------------
     def run_plain(self, steps: int) -> RunResult:
         """Target then drafter (replica 0, whole local batch) in one thread, no queues, no overlap."""
-        replica, dev = self.replicas[0], self.cfg.devices.drafter[0]
-        replica.train()
+        self.replicas[0].train()
         self.reporter.restart_clock()
         t_start = time.monotonic()
         start = self.done_step
         for step in range(start + 1, steps + 1):
             if self.stop_reason:
                 break
-            loss, loss_sum, accepted = drafter_loss(
-                replica, self.local_batch(step).to(dev), self.blocks_per_step
-            )
-            loss.backward()
-            vec = self._grad_vector(0, loss_sum, accepted)
-            if self.world_size > 1:
-                dist.all_reduce(vec)
-            lr = self._apply(0, vec[:-2], step)
-            self.done_step = step
-            self.reporter.on_step(step, float(vec[-2]), float(vec[-1]), lr)
-            if step % self.cfg.train.ckpt_every == 0:
-                self.save(step)
+            with self.faults.stretch(step):
+                self.faults.before_step(step)
+                loss, loss_sum, tau_tf = self._loss(0, self.local_batch(step))
+                if self.faults.poison(step):
+                    loss, loss_sum = loss * float("nan"), loss_sum * float("nan")
+                loss.backward()
+                vec = self._grad_vector(0, loss_sum, tau_tf)
+                if self.world_size > 1:
+                    dist.all_reduce(vec)
+                self._finish_step(step, vec, self._apply(0, vec[:-2], step))
         return self._finish(start, t_start)
 
     def close(self) -> None:
@@ -421,10 +518,35 @@ class Trainer:
             dist.destroy_process_group()
 
 
+def _sync(dev: str) -> None:
+    if dev.startswith("cuda"):
+        torch.cuda.synchronize(dev)
+
+
+def _check_cuda(cfg: TrainConfig, local_rank: int) -> None:
+    """Refuse CUDA devices this torch cannot see, naming the torchrun shift when there is one."""
+    cuda = sorted(
+        {int(d[5:]) for d in (*cfg.devices.target, *cfg.devices.drafter) if d.startswith("cuda:")}
+    )
+    if not cuda:
+        return
+    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if cuda[-1] < seen:
+        return
+    shifted = f" (LOCAL_RANK={local_rank}: each local rank gets its own set)" if local_rank else ""
+    raise ValueError(
+        f"devices: the run needs cuda:{cuda[0]}..cuda:{cuda[-1]}{shifted}, "
+        f"but torch sees {seen} CUDA device(s)"
+    )
+
+
 def build_target(cfg: TrainConfig) -> TargetLM:
     """The frozen target: the package's own LM, or a local HF checkpoint when ``hf_path`` is set."""
     if cfg.target.hf_path:
         from trainer.hf import load_hf_target
 
         return load_hf_target(cfg)  # type: ignore[return-value]
-    return TargetLM(cfg.target)
+    target = TargetLM(cfg.target)
+    if cfg.target.dtype not in ("auto", "float32"):
+        target.to(getattr(torch, cfg.target.dtype))
+    return target

@@ -245,7 +245,7 @@ OWN_COMMANDS = frozenset({"snapshot", "stream", "facts", "record", "probe"})
 
 
 def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
-    """The agent's parser; ``with_runs=False`` leaves out the run commands of ``runs.py``."""
+    """The agent's parser; ``with_runs=False`` leaves out the run commands (``runs.py``, ``evidence.py``)."""
     parser = argparse.ArgumentParser(prog="orchestrator.agent", description=__doc__.splitlines()[0])
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -292,12 +292,10 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
 
     if not with_runs:
         return parser
-    try:
-        from orchestrator.agent import runs
-    except ImportError:
-        runs = None  # type: ignore[assignment]
-    if runs is not None:
-        runs.register(sub)
+    from orchestrator.agent import evidence, runs
+
+    runs.register(sub)
+    evidence.register(sub)
     return parser
 
 

@@ -2,13 +2,14 @@
 
 Runs inside the container (standard library and the agent package only). Bounded
 by construction: the log and the flight recorder are read from the end
-(:func:`~orchestrator.agent.runs.tail_lines`), never whole, within a byte budget;
-log and pane lines are cut as the snapshot's are (``runs.MAX_LINE_BYTES``), the
-pane capture is at most ``--pane-lines`` lines. Prints one JSON document::
+(:func:`~orchestrator.agent.logs.tail_lines`), never whole, within a byte budget;
+log and pane lines are cut as the snapshot's are (``logs.MAX_LINE_BYTES``), the
+pane capture is at most ``--pane-lines`` lines. Prints one JSON document
+(:class:`~orchestrator.answers.EvidenceAnswer`)::
 
     {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
      "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
-     "state": <runs.run_state with tmux info>, "tmux_server_running": bool,
+     "state": <RunStatus with tmux info>, "tmux_server_running": bool,
      "log": {"path", "exists", "size_bytes", "mtime", "tail": [...]},
      "pane": {"lines": [...], "error": str | null},
      "gpu_history": [<gpu.jsonl records>], "gpu_history_total_lines_read": n,
@@ -35,7 +36,17 @@ import time
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent import runs
+from orchestrator.agent.answer import EXIT_OK, emit, guard
+from orchestrator.agent.logs import bound_lines, tail_lines
+from orchestrator.agent.rundir import (
+    current_run_id,
+    read_int,
+    read_text,
+    resolve_run_dir,
+    run_state,
+)
+from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
+from orchestrator.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200
@@ -53,9 +64,7 @@ def _jsonl_tail(path: Path, n: int, max_bytes: int = METRICS_MAX_BYTES) -> list[
     """The last ``n`` JSON-object lines of ``path`` (unreadable lines skipped; read from the end)."""
     if n <= 0 or max_bytes <= 0:
         return []
-    lines, _size = runs.tail_lines(
-        path, n, max_line_bytes=JSONL_MAX_LINE_BYTES, max_bytes=max_bytes
-    )
+    lines, _size = tail_lines(path, n, max_line_bytes=JSONL_MAX_LINE_BYTES, max_bytes=max_bytes)
     out = []
     for line in lines:
         try:
@@ -77,26 +86,10 @@ def gpu_history(run_dir: Path, n: int) -> list[dict[str, Any]]:
     return newest
 
 
-def tmux_server_running() -> bool:
-    """Whether a tmux server answers on this socket (``$TMUX_TMPDIR``)."""
-    res = runs.tmux("list-sessions")
-    if res.returncode == 0:
-        return True
-    text = res.stderr.lower()
-    return not ("no server running" in text or "error connecting" in text)
-
-
 def capture_pane(session: str, lines: int) -> tuple[list[str], str | None]:
     """The run pane's screen plus up to ``lines`` of scrollback (trailing blank lines dropped)."""
-    res = runs.tmux(
-        "capture-pane", "-p", "-J", "-t", f"={session}:{runs.RUN_WINDOW}", "-S", f"-{lines}"
-    )
-    if res.returncode != 0:
-        return [], (res.stderr.strip() or f"tmux exit {res.returncode}")[:300]
-    out = res.stdout.splitlines()
-    while out and not out[-1].strip():
-        out.pop()
-    return runs.bound_lines(out[-lines:]), None
+    out, error = TmuxReader().capture(f"={session}:{RUN_WINDOW}", lines)
+    return (bound_lines(out[-lines:]), None) if error is None else ([], error)
 
 
 def _stat(path: Path) -> os.stat_result | None:
@@ -106,9 +99,9 @@ def _stat(path: Path) -> os.stat_result | None:
         return None
 
 
-def collect(args: argparse.Namespace) -> dict[str, Any]:
+def collect(args: argparse.Namespace) -> EvidenceAnswer:
     """The evidence document for ``args.run_id`` (default: the current run)."""
-    run_dir = runs._run_dir(args.workdir, args.run_id)
+    run_dir = resolve_run_dir(args.workdir, args.run_id)
     now = time.time()
     manifest: dict[str, Any] | None = None
     manifest_error = None
@@ -120,70 +113,66 @@ def collect(args: argparse.Namespace) -> dict[str, Any]:
     except (OSError, ValueError) as exc:
         manifest_error = f"manifest.json unreadable: {str(exc)[:200]}"
     session = str((manifest or {}).get("session") or args.session)
-    state = runs.run_state(run_dir, session=session)
+    state = run_state(run_dir, session=session)
     exit_st = _stat(run_dir / "exit_status")
     log = run_dir / "train.log"
     log_st = _stat(log)
-    tail, _ = runs.tail_lines(log, args.log_lines)
-    server = tmux_server_running()
+    tail, _ = tail_lines(log, args.log_lines)
+    server = TmuxReader().server_running()
     pane: list[str] = []
     pane_error: str | None = "no tmux server running" if not server else None
-    if server and (state.get("tmux") or {}).get("exists"):
+    if server and state.tmux is not None and state.tmux.exists:
         pane, pane_error = capture_pane(session, args.pane_lines)
     elif server:
         pane_error = f"no tmux session {session!r}"
     beat = run_dir / "heartbeat"
     beat_st = _stat(beat)
-    wrapper = (runs._read(run_dir / "wrapper.pid") or "").split()
+    wrapper = (read_text(run_dir / "wrapper.pid") or "").split()
     files = {
         p.name: st.st_size
         for p in sorted(run_dir.iterdir())
         if (st := _stat(p)) is not None and p.is_file()
     }
-    return {
-        "ok": True,
-        "now": now,
-        "run_id": run_dir.name,
-        "run_dir": str(run_dir),
-        "current": runs.current_run_id(args.workdir),
-        "manifest": manifest,
-        "manifest_error": manifest_error,
-        "exit_status": state["exit_status"],
-        "exit_status_at": exit_st.st_mtime if exit_st else None,
-        "state": state,
-        "session": session,
-        "tmux_server_running": server,
-        "log": {
-            "path": str(log),
-            "exists": log_st is not None,
-            "size_bytes": log_st.st_size if log_st else None,
-            "mtime": log_st.st_mtime if log_st else None,
-            "tail": tail,
-        },
-        "pane": {"lines": pane, "error": pane_error},
-        "gpu_history": gpu_history(run_dir, args.gpu_samples),
-        "metrics": _jsonl_tail(run_dir / "metrics.jsonl", args.metric_records),
-        "heartbeat": {
-            "text": (runs._read(beat) or "")[:100],
-            "age_s": round(now - beat_st.st_mtime, 3),
-        }
-        if beat_st
-        else None,
-        "pgid": runs._read_int(run_dir / "pgid"),
-        "wrapper_pid": int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
-        "files": files,
-        "stop_requested": state.get("stop_requested"),
-        "tee": {"error": state.get("tee_error"), "status": state.get("tee_status")},
-    }
+    log_tail = LogTail(
+        path=str(log),
+        exists=log_st is not None,
+        size_bytes=log_st.st_size if log_st else None,
+        mtime=log_st.st_mtime if log_st else None,
+        tail=tuple(tail),
+    )
+    beat_text = (read_text(beat) or "")[:100]
+    return EvidenceAnswer(
+        now=now,
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        state=state,
+        log=log_tail,
+        pane=PaneCapture(tuple(pane), pane_error),
+        current=current_run_id(args.workdir),
+        manifest=manifest,
+        manifest_error=manifest_error,
+        exit_status=state.exit_status,
+        exit_status_at=exit_st.st_mtime if exit_st else None,
+        session=session,
+        tmux_server_running=server,
+        gpu_history=tuple(gpu_history(run_dir, args.gpu_samples)),
+        metrics=tuple(_jsonl_tail(run_dir / "metrics.jsonl", args.metric_records)),
+        heartbeat=Heartbeat(beat_text, round(now - beat_st.st_mtime, 3)) if beat_st else None,
+        pgid=read_int(run_dir / "pgid"),
+        wrapper_pid=int(wrapper[0]) if wrapper and wrapper[0].isdigit() else None,
+        files=files,
+        stop_requested=state.stop_requested,
+        tee=TeeReport(state.tee_error, state.tee_status),
+    )
 
 
 def _cmd_evidence(args: argparse.Namespace) -> int:
-    runs._emit(collect(args))
-    return runs.EXIT_OK
+    emit(collect(args).to_dict())
+    return EXIT_OK
 
 
 def register(subparsers: Any) -> None:
-    """Add ``evidence`` to the agent's argparse subparsers (called by ``runs.register``)."""
+    """Add ``evidence`` to the agent's argparse subparsers (called by ``__main__.build_parser``)."""
     p = subparsers.add_parser("evidence", help="a run's postmortem evidence (bounded reads)")
     p.add_argument("--workdir", required=True, help="the container's workdir")
     p.add_argument("--session", default="train", help="tmux session (the manifest's wins)")
@@ -194,4 +183,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--pane-lines", type=int, default=DEFAULT_PANE_LINES, help="pane lines")
     p.add_argument("--gpu-samples", type=int, default=DEFAULT_GPU_SAMPLES, help="gpu.jsonl lines")
     p.add_argument("--metric-records", type=int, default=DEFAULT_METRIC_RECORDS)
-    p.set_defaults(func=runs._guard(_cmd_evidence))
+    p.set_defaults(func=guard(_cmd_evidence))

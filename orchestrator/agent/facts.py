@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.snapshot import disk_space_mib
-from orchestrator.agent.tmux import TmuxReader
+from orchestrator.agent.tmux import TmuxReader, tmux_version
 from orchestrator.model import SCHEMA_VERSION
 
 _TORCH_PROBE = (
@@ -27,24 +27,6 @@ _TORCH_PROBE = (
     "'cuda_available': ok, 'device_count': torch.cuda.device_count() if ok else 0, "
     "'import_s': round(d, 3)}))"
 )
-
-
-def parse_tmux_version(text: str) -> str | None:
-    """``tmux 3.3a`` -> ``3.3a``.
-
-    >>> parse_tmux_version("tmux 3.3a\\n"), parse_tmux_version("")
-    ('3.3a', None)
-    """
-    parts = text.split()
-    return parts[1] if len(parts) >= 2 and parts[0] == "tmux" else None
-
-
-def _tmux_version() -> str | None:
-    try:
-        out = subprocess.run(["tmux", "-V"], capture_output=True, timeout=5, check=False)
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return parse_tmux_version(out.stdout.decode("utf-8", "replace"))
 
 
 def _disk_free_mib(path: str) -> tuple[str, float | None]:
@@ -99,7 +81,7 @@ def gather(
             "version": ".".join(map(str, sys.version_info[:3])),
             "executable": sys.executable,
         },
-        "tmux": {"version": _tmux_version(), "sessions": tmux.sessions(), "error": tmux.error},
+        "tmux": {"version": tmux_version(), "sessions": tmux.sessions(), "error": tmux.error},
         "nvml": nvml.to_dict(),
         "gpus": [
             {

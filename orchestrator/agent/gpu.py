@@ -1,11 +1,5 @@
-"""GPU readings inside the container: pynvml under a deadline, nvidia-smi as the fallback.
-
-Equivalent shell command (what the seeds ran every poll)::
-
-    nvidia-smi --query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,\
-temperature.gpu,power.draw,driver_version --format=csv,noheader,nounits
-    nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name \
---format=csv,noheader,nounits
+"""GPU readings inside the container: pynvml under a deadline, nvidia-smi as the fallback
+(:mod:`orchestrator.agent.gpu_smi`, which gives the equivalent shell commands).
 
 NVML failures are data: :class:`GpuCollector.collect` never raises for them; it
 returns an :class:`~orchestrator.model.NvmlStatus` with ``error_kind`` one of
@@ -26,21 +20,16 @@ import contextlib
 import functools
 import logging
 import os
-import subprocess
 import threading
 import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.agent.gpu_smi import SmiReader
 from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
 
 log = logging.getLogger(__name__)
 
-SMI_GPU_FIELDS = (
-    "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
-    "driver_version"
-)
-SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
 
 # pynvml's NVML_ERROR_* codes -> our stable kinds.
 _NVML_KINDS = {
@@ -61,110 +50,6 @@ def nvml_error_kind(code: int | None) -> str:
     ('driver-mismatch', 'gpu-lost', 'other')
     """
     return _NVML_KINDS.get(code or 0, "other")
-
-
-def smi_error_kind(text: str) -> str:
-    """Classify an nvidia-smi failure message.
-
-    >>> smi_error_kind("Failed to initialize NVML: Driver/library version mismatch")
-    'driver-mismatch'
-    >>> smi_error_kind("Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.")
-    'gpu-lost'
-    >>> smi_error_kind("NVIDIA-SMI has failed because it couldn't communicate with the NVIDIA driver.")
-    'driver-not-loaded'
-    >>> smi_error_kind("NVML Shared Library Not Found")
-    'library-not-found'
-    >>> smi_error_kind("something odd")
-    'other'
-    """
-    low = text.lower()
-    if "version mismatch" in low:
-        return "driver-mismatch"
-    if "gpu is lost" in low or "fallen off the bus" in low or "requires reset" in low:
-        return "gpu-lost"
-    if "couldn't communicate with the nvidia driver" in low or "driver not loaded" in low:
-        return "driver-not-loaded"
-    if "library not found" in low or "not found" in low and "nvml" in low:
-        return "library-not-found"
-    if "timed out" in low or "timeout" in low:
-        return "timeout"
-    return "other"
-
-
-def _smi_number(text: str) -> float | None:
-    """A numeric csv cell, or ``None`` for ``[N/A]``, ``[Not Supported]``, ``[GPU requires reset]``.
-
-    >>> _smi_number(" 75.12 "), _smi_number("[N/A]"), _smi_number("[GPU requires reset]")
-    (75.12, None, None)
-    """
-    try:
-        return float(text.strip())
-    except ValueError:
-        return None
-
-
-def parse_smi_gpus(text: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Parse ``--query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits`` output.
-
-    Returns (rows, other lines). A row is a dict of GpuSample fields plus
-    ``driver_version``; lines that are not rows (error messages) come back as-is.
-
-    >>> rows, rest = parse_smi_gpus(
-    ...     "0, GPU-a, NVIDIA H200, 0, 0, 143771, 30, 75.50, 550.54.15\\n"
-    ...     "3, GPU-d, NVIDIA H200, 100, 0, 143771, 41, [N/A], 550.54.15\\n"
-    ...     "Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.\\n")
-    >>> rows[1]["utilization_pct"], rows[1]["memory_used_mib"], rows[1]["power_w"]
-    (100.0, 0.0, None)
-    >>> rest
-    ['Unable to determine the device handle for GPU0000:3B:00.0: GPU is lost.']
-    """
-    rows: list[dict[str, Any]] = []
-    rest: list[str] = []
-    for line in text.splitlines():
-        if not line.strip():
-            continue
-        cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 9 or not cells[0].isdigit():
-            rest.append(line.strip())
-            continue
-        # a name holding commas: the fixed-width tail tells us where it ends
-        name = ", ".join(cells[2 : len(cells) - 6])
-        tail = cells[len(cells) - 6 :]
-        rows.append(
-            {
-                "index": int(cells[0]),
-                "uuid": cells[1] or None,
-                "name": name or None,
-                "utilization_pct": _smi_number(tail[0]),
-                "memory_used_mib": _smi_number(tail[1]),
-                "memory_total_mib": _smi_number(tail[2]),
-                "temperature_c": _smi_number(tail[3]),
-                "power_w": _smi_number(tail[4]),
-                "driver_version": tail[5] if tail[5] and not tail[5].startswith("[") else None,
-            }
-        )
-    return rows, rest
-
-
-def parse_smi_apps(text: str) -> dict[str, list[GpuProcess]]:
-    """Parse ``--query-compute-apps=SMI_APP_FIELDS --format=csv,noheader,nounits`` by GPU uuid.
-
-    >>> apps = parse_smi_apps("GPU-a, 4242, 80123, python3\\nGPU-a, 77, [N/A], x, y\\nNo running processes found\\n")
-    >>> apps["GPU-a"][0]
-    GpuProcess(pid=4242, used_memory_mib=80123.0, name='python3')
-    >>> apps["GPU-a"][1].name, apps["GPU-a"][1].used_memory_mib
-    ('x, y', None)
-    """
-    out: dict[str, list[GpuProcess]] = {}
-    for line in text.splitlines():
-        cells = [c.strip() for c in line.split(",", 3)]
-        if len(cells) < 3 or not cells[1].isdigit():
-            continue
-        name = cells[3] if len(cells) > 3 and cells[3] and not cells[3].startswith("[") else None
-        out.setdefault(cells[0], []).append(
-            GpuProcess(pid=int(cells[1]), used_memory_mib=_smi_number(cells[2]), name=name)
-        )
-    return out
 
 
 def _proc_name(pid: int) -> str | None:
@@ -319,13 +204,13 @@ class GpuCollector:
         self.deadline_s = deadline_s
         self.source = source or os.environ.get("ORCH_AGENT_GPU_SOURCE") or "auto"
         self.smi = smi
+        self._smi_reader = SmiReader(smi, deadline_s)
         self._pynvml: Any = None
         self._initialised = False
         self._driver: str | None = None
         self._gpus: list[_Gpu] | None = None
         self._worker: _Worker | None = None  # init, driver version, count, shutdown
         self._fallback_reason: str | None = None
-        self._smi_stuck: subprocess.Popen[bytes] | None = None
 
     # --- public -----------------------------------------------------------------------------
 
@@ -561,116 +446,10 @@ class GpuCollector:
             processes=processes,
         )
 
-    # --- nvidia-smi -------------------------------------------------------------------------
-
-    def _smi(self, argv: list[str], end: float) -> tuple[int | str, str, str]:
-        """One nvidia-smi query until monotonic ``end``; remembers one that would not die."""
-        rc, out, err, stuck = _run_bounded(argv, end - time.monotonic())
-        if stuck is not None:
-            self._smi_stuck = stuck
-        return rc, out, err
-
     def _collect_smi(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         note = f" (pynvml unavailable: {self._fallback_reason})" if self._fallback_reason else ""
-        if self._smi_stuck is not None and self._smi_stuck.poll() is None:
-            # one nvidia-smi that outlived SIGKILL (D state) is enough: do not pile up more
-            return (), NvmlStatus(
-                ok=False,
-                source="nvidia-smi",
-                error_kind="timeout",
-                message=f"nvidia-smi pid {self._smi_stuck.pid} still blocked after SIGKILL",
-            )
-        self._smi_stuck = None
-        end = time.monotonic() + self.deadline_s  # both queries together stay within it
-        rc, out, err = self._smi(
-            [self.smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"], end
-        )
-        if rc == "missing":
-            return (), NvmlStatus(
-                ok=False,
-                source="nvidia-smi",
-                error_kind="library-not-found",
-                message=f"{self.smi} not found{note}",
-            )
-        if rc == "timeout":
-            return (), NvmlStatus(
-                ok=False,
-                source="nvidia-smi",
-                error_kind="timeout",
-                message=f"nvidia-smi did not return within {self.deadline_s} s",
-            )
-        rows, rest = parse_smi_gpus(out)
-        problems = [line for line in rest + err.splitlines() if line.strip()]
-        if not rows:
-            text = " ".join(problems) or f"nvidia-smi exited {rc} with no output"
-            return (), NvmlStatus(
-                ok=False, source="nvidia-smi", error_kind=smi_error_kind(text), message=text[:500]
-            )
-        rc2, out2, _err2 = self._smi(
-            [self.smi, f"--query-compute-apps={SMI_APP_FIELDS}", "--format=csv,noheader,nounits"],
-            end,
-        )
-        apps = parse_smi_apps(out2) if isinstance(rc2, int) else None
-        driver = next((r.pop("driver_version") for r in rows), None)
-        for r in rows:
-            r.pop("driver_version", None)
-        samples = tuple(
-            GpuSample(
-                **r, processes=tuple(apps.get(r["uuid"] or "", ())) if apps is not None else None
-            )
-            for r in rows
-        )
-        if problems:
-            kind = smi_error_kind(" ".join(problems))
-            # nvidia-smi prints no row for a failed GPU: the gaps in the index range are it
-            seen = {s.index for s in samples}
-            gaps = [i for i in range(max(seen) + 1) if i not in seen]
-            samples = tuple(
-                sorted(
-                    samples + tuple(GpuSample(index=i, error=kind) for i in gaps),
-                    key=lambda s: s.index,
-                )
-            )
-            return samples, NvmlStatus(
-                ok=False,
-                source="nvidia-smi",
-                driver_version=driver,
-                error_kind=kind,
-                message=" ".join(problems)[:500],
-            )
-        return samples, NvmlStatus(
-            ok=True, source="nvidia-smi", driver_version=driver, message=note.strip(" ()") or None
-        )
-
-
-def _run_bounded(
-    argv: list[str], deadline_s: float
-) -> tuple[int | str, str, str, subprocess.Popen[bytes] | None]:
-    """Run argv for at most ``deadline_s``; rc is ``"missing"`` or ``"timeout"`` on those failures.
-
-    A hung nvidia-smi may sit in D state and ignore SIGKILL, so after killing it
-    we wait only briefly instead of blocking the snapshot on it; such a process
-    comes back last (else ``None``) so the caller can wait for it to go.
-    """
-    if deadline_s <= 0:
-        return "timeout", "", "", None
-    try:
-        proc = subprocess.Popen(
-            argv, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE
-        )
-    except OSError:
-        return "missing", "", "", None
-    try:
-        out, err = proc.communicate(timeout=deadline_s)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        try:
-            proc.wait(0.2)
-        except subprocess.TimeoutExpired:
-            log.warning("nvidia-smi pid %s did not die after SIGKILL", proc.pid)
-            return "timeout", "", "", proc
-        return "timeout", "", "", None
-    return proc.returncode, out.decode("utf-8", "replace"), err.decode("utf-8", "replace"), None
+        self._smi_reader.smi, self._smi_reader.deadline_s = self.smi, self.deadline_s
+        return self._smi_reader.collect(note)
 
 
 def _text(value: Any) -> str | None:

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import os
 import re
+from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -155,3 +158,103 @@ class LogReader:
                 error=error,
                 skipped_bytes=skipped,
             )
+
+
+TAIL_BLOCK_BYTES = 64 * 1024
+
+
+MAX_LINE_BYTES = 2000
+"""Longest run-output line an answer carries whole (the snapshot's limit); longer ones are cut."""
+
+
+MAX_TAIL_BYTES = 512 * 1024
+"""Most bytes a tail reads from a file's end, and so about the most its lines hold (the
+answer must stay far below the operator's 8 MiB limit, even after JSON escaping)."""
+
+
+MAX_READ_BYTES = 1 << 20
+"""Most bytes one ``logs --offset``/``--follow`` read takes (``--max-bytes`` is capped here)."""
+
+
+def tail_lines(
+    path: Path, n: int, *, max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
+) -> tuple[list[str], int]:
+    """The last ``n`` lines of ``path`` (the unterminated last one too) and its size in bytes.
+
+    Bounded like the snapshot's log reader (:mod:`orchestrator.agent.logs`): reads
+    64 KiB blocks from the end, never more than ``max_bytes`` in all; each line
+    goes through :func:`~orchestrator.agent.logs.clean_line` (cut at
+    ``max_line_bytes``, invalid UTF-8 and control characters replaced). When the
+    window ends inside a line before ``n`` lines were found, the first line says
+    ``…[skipped N bytes]``. A missing file gives ``([], 0)``.
+    """
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            pos, buf = size, b""
+            while pos > 0 and buf.count(b"\n") <= n and size - pos < max_bytes:
+                step = min(TAIL_BLOCK_BYTES, pos, max_bytes - (size - pos))
+                pos -= step
+                fh.seek(pos)
+                buf = fh.read(step) + buf
+    except FileNotFoundError:
+        return [], 0
+    if n <= 0:
+        return [], size
+    raws = buf.split(b"\n")
+    if raws[-1] == b"":
+        raws.pop()
+    skipped = 0
+    if pos > 0 and raws:  # the window began inside a line
+        skipped = pos + len(raws.pop(0)) + 1
+    lines = [clean_line(raw.rstrip(b"\r"), max_line_bytes) for raw in raws[-n:]]
+    if skipped and len(lines) < n:
+        lines.insert(0, f"…[skipped {min(skipped, size)} bytes]")
+    return lines, size
+
+
+def read_from(path: Path, offset: int, max_bytes: int = MAX_READ_BYTES) -> dict[str, Any]:
+    """Complete lines of ``path`` from byte ``offset`` (at most ``max_bytes``, capped at 1 MiB).
+
+    Lines are split and bounded as the snapshot's reader does
+    (:func:`orchestrator.agent.logs.split_lines`): a partial last line waits for
+    its newline unless it is already longer than ``MAX_LINE_BYTES``, then it is
+    passed on cut. Returns ``lines``, the next ``offset``, ``size`` and
+    ``truncated`` (the file shrank below ``offset``: rotated or truncated;
+    reading restarts at 0).
+    """
+    truncated = False
+    try:
+        with open(path, "rb") as fh:
+            size = fh.seek(0, os.SEEK_END)
+            if size < offset:
+                offset, truncated = 0, True
+            fh.seek(offset)
+            data = fh.read(max(1, min(max_bytes, MAX_READ_BYTES)))
+    except FileNotFoundError:
+        return {"lines": [], "offset": offset, "size": None, "truncated": False}
+    lines, used = split_lines(data, MAX_LINE_BYTES, at_start=True, at_eof=True)
+    return {"lines": lines, "offset": offset + used, "size": size, "truncated": truncated}
+
+
+def bound_lines(
+    lines: Sequence[str], max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
+) -> list[str]:
+    """The newest of ``lines`` that fit in ``max_bytes``, each through ``logs.clean_line``.
+
+    For text that arrives as lines (a tmux pane capture) rather than from a file.
+
+    >>> bound_lines(["a" * 10, "b", "c"], max_line_bytes=4, max_bytes=100)
+    ['aaaa…[cut 6 bytes]', 'b', 'c']
+    >>> bound_lines(["old", "new"], max_bytes=4)
+    ['new']
+    """
+    out: list[str] = []
+    total = 0
+    for line in reversed(lines):
+        text = clean_line(line.encode("utf-8", "replace"), max_line_bytes)
+        total += len(text) + 1
+        if total > max_bytes:
+            break
+        out.append(text)
+    return out[::-1]

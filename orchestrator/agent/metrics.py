@@ -1,10 +1,12 @@
-"""Training progress parsed from log lines: step, loss, tokens/s, acc_len.
+"""Training progress parsed from log lines: step, loss, tokens/s, acc_len, tau.
 
 Each metric is one regex whose first group is the number; an optional second
 group holding ``k``/``K``/``M`` scales it (``21.5 Ktok/s``). Defaults match the
 bundled trainer (``step=120 loss=2.3410 tok/s=21500``) and the common forms
 ``step 120``, ``loss: 2.3``, ``tokens/s=...``, ``21.5 Ktok/s``, ``3.2it/s`` (tqdm),
-``acc_len=3.1``. A container's ``log_patterns`` (hosts.yaml) replaces any of them.
+``acc_len=3.1``, ``tau=2.31`` (the bundled trainer's acceptance length from real
+draft-and-verify; its ``tau=-`` means "not measured at this step" and is not a value).
+A container's ``log_patterns`` (hosts.yaml) replaces any of them.
 
 >>> p = MetricParser()
 >>> m = p.parse(["[it 7] step=120 loss=2.3410 tok/s=21500.5", "noise"], now=10.0)
@@ -13,7 +15,9 @@ bundled trainer (``step=120 loss=2.3410 tok/s=21500``) and the common forms
 >>> p.parse(["Epoch 1: 50%|#####  | 60/120 [00:20<00:20, 3.20it/s]"], now=11.0).tokens_per_s
 3.2
 >>> p.parse(["step 9 | loss: nan | 21.5 Ktok/s | acc_len 3.25"], now=12.0)
-Metrics(step=9, loss=nan, tokens_per_s=21500.0, acc_len=3.25, seen_at=12.0)
+Metrics(step=9, loss=nan, tokens_per_s=21500.0, acc_len=3.25, tau=None, seen_at=12.0)
+>>> p.parse(["step=120 loss=2.3104 tau=2.31 tau_tf=2.45 tok/s=21500 lr=3.0e-04 gpu_mem=-"], now=1.0).tau
+2.31
 >>> p.parse(["step=5 loss=2.5 tok/s=1000"], now=1.0).tokens_per_s
 1000.0
 >>> p.parse(["nothing here"], now=13.0) is None
@@ -37,6 +41,7 @@ DEFAULT_PATTERNS: dict[str, str] = {
         r"|([\d.]+)\s*([kKM]?)\s*(?:tok/s|tokens/s|it/s)\b(?!\s*[=:]))"
     ),
     "acc_len": r"\bacc(?:ept(?:ance)?)?_len\b\s*[=:]?\s*([\d.]+)",
+    "tau": r"\btau\b\s*[=:]\s*([\d.]+)",
 }
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
 
@@ -99,5 +104,6 @@ class MetricParser:
             loss=found.get("loss"),
             tokens_per_s=found.get("tokens_per_s"),
             acc_len=found.get("acc_len"),
+            tau=found.get("tau"),
             seen_at=now,
         )

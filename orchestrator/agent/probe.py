@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from orchestrator.agent.gpu import GpuCollector
+from orchestrator.formats import parse_pct_status
 from orchestrator.model import HostProbe, KernelEvent
 
 _XID = re.compile(
@@ -36,23 +37,10 @@ _FALLEN = re.compile(r"(?:GPU at PCI:|GPU )([0-9a-fA-F:.]+)?.*fallen off the bus
 _OOM = re.compile(
     r"(?:Out of memory|Memory cgroup out of memory): Killed process (\d+) \(([^)]*)\)"
 )
-_OOM_INVOKED = re.compile(r"(\S+) invoked oom-killer")
 _MONO = re.compile(r"^\[\s*(\d+\.\d+)\]\s?(.*)$")
 _UNIX = re.compile(r"^(\d{9,}\.\d+)\s+(.*)$")
 _ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d\d|Z)?\s+(.*)$")
 _CGROUP_VMID = re.compile(r"/lxc(?:\.payload)?[./](\d+)(?:/|$)")
-
-
-def parse_pct_status(text: str) -> str:
-    """``pct status`` output -> ``running``/``stopped``/... (``unknown`` if unreadable).
-
-    >>> parse_pct_status("status: running\\n"), parse_pct_status("garbage")
-    ('running', 'unknown')
-    """
-    for line in text.splitlines():
-        if line.strip().startswith("status:"):
-            return line.split(":", 1)[1].strip() or "unknown"
-    return "unknown"
 
 
 def parse_pct_list(text: str) -> dict[int, str]:

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import time
+from pathlib import Path
 
 from orchestrator.model import ProcessInfo
 
@@ -35,7 +36,7 @@ def parse_stat(text: str) -> tuple[int, str, str, int, int, int, int, int]:
     return pid, comm, f[0], int(f[1]), int(f[11]) + int(f[12]), int(f[17]), int(f[19]), int(f[21])
 
 
-def _read(path: str) -> str | None:
+def read_text(path: str) -> str | None:
     try:
         with open(path, "rb") as fh:
             return fh.read(4096).decode("utf-8", "replace")
@@ -56,7 +57,7 @@ def children_by_parent(proc: str = "/proc") -> dict[int, list[int]]:
     for name in names:
         if not name.isdigit():
             continue
-        text = _read(f"{proc}/{name}/stat")
+        text = read_text(f"{proc}/{name}/stat")
         if text:
             try:
                 st = parse_stat(text)
@@ -80,7 +81,7 @@ def descendants(pid: int, proc: str = "/proc") -> list[int]:
 
 def alive(pid: int, proc: str = "/proc") -> bool:
     """True if ``pid`` exists and is not a zombie (state ``Z`` in ``/proc/<pid>/stat``)."""
-    text = _read(f"{proc}/{pid}/stat")
+    text = read_text(f"{proc}/{pid}/stat")
     if not text:
         return False
     try:
@@ -115,7 +116,7 @@ def zombie_exit(
             return None
     except OSError:
         return None
-    text = _read(f"{proc}/{pid}/stat")
+    text = read_text(f"{proc}/{pid}/stat")
     if not text:
         return None
     try:
@@ -131,7 +132,7 @@ def read_pid_file(path: str) -> int | None:
     """The pid in a pid file (digits, surrounding white space allowed); ``None`` when the file
     is missing, unreadable or holds anything else.
     """
-    text = _read(path)
+    text = read_text(path)
     if text is None:
         return None
     text = text.strip()
@@ -147,7 +148,7 @@ class ProcSampler:
         self._children_file: bool | None = None
 
     def _uptime_s(self) -> float:
-        text = _read(f"{self.proc}/uptime")
+        text = read_text(f"{self.proc}/uptime")
         return float(text.split()[0]) if text else 0.0
 
     def _children(self, pid: int) -> list[int] | None:
@@ -163,7 +164,7 @@ class ProcSampler:
         except OSError:
             return []
         for tid in tids:
-            text = _read(f"{self.proc}/{pid}/task/{tid}/children")
+            text = read_text(f"{self.proc}/{pid}/task/{tid}/children")
             if text:
                 kids.extend(int(x) for x in text.split())
         return kids
@@ -184,7 +185,7 @@ class ProcSampler:
             if pid in seen:
                 continue
             seen.add(pid)
-            text = _read(f"{self.proc}/{pid}/stat")
+            text = read_text(f"{self.proc}/{pid}/stat")
             if not text:
                 continue
             try:
@@ -221,3 +222,34 @@ class ProcSampler:
                 kids = scan.get(pid, [])
             queue.extend(kids)
         return tuple(out)
+
+
+def proc_stat(pid: int) -> tuple[str, int, int, int] | None:
+    """(state, ppid, pgrp, starttime in clock ticks) of ``pid`` from /proc; ``None``: gone."""
+    try:
+        raw = Path(f"/proc/{pid}/stat").read_text()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    fields = raw[raw.rfind(")") + 2 :].split()
+    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
+
+
+def group_members(pgid: int) -> list[int]:
+    """Live (non-zombie) PIDs in process group ``pgid`` or descended from its leader."""
+    table: dict[int, tuple[str, int, int, int]] = {}
+    for entry in os.listdir("/proc"):
+        if entry.isdigit():
+            st = proc_stat(int(entry))
+            if st:
+                table[int(entry)] = st
+    members = {pid for pid, st in table.items() if st[2] == pgid}
+    if pgid in table:
+        members.add(pgid)
+    grew = True
+    while grew:  # children that left the group (setsid, setpgid) are still the run's
+        grew = False
+        for pid, st in table.items():
+            if st[1] in members and pid not in members:
+                members.add(pid)
+                grew = True
+    return sorted(p for p in members if table[p][0] != "Z")

@@ -32,51 +32,55 @@ import contextlib
 import json
 import os
 import re
-import secrets
+import shlex
 import signal
-import subprocess
 import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from orchestrator.agent.logs import clean_line
-from orchestrator.agent.logs import split_lines as split_log_lines
+from orchestrator.agent import tmux
+from orchestrator.agent.answer import (
+    EXIT_FAILED,
+    EXIT_OK,
+    EXIT_REFUSED,
+    EXIT_USAGE,
+    RunError,
+    emit,
+    guard,
+)
+from orchestrator.agent.logs import read_from, tail_lines
+from orchestrator.agent.procs import group_members, proc_stat
+from orchestrator.agent.rundir import (
+    NAME_RE,
+    STATUS_RESERVE,
+    STOP_REQUEST,
+    TEE_ERR,
+    current_run_id,
+    git_rev,
+    list_runs,
+    read_int,
+    reserve,
+    resolve_run_dir,
+    run_state,
+    runs_root,
+    wrapper_alive,
+    wrapper_pid,
+)
+from orchestrator.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
+from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.model import RunManifest
+from orchestrator.paths import atomic_write
+from orchestrator.secrets import mask_env
 
-HISTORY_LIMIT = 200_000
-"""Lines of scrollback kept in the run's pane (tmux's default is 2000)."""
-RUN_WINDOW = "run"
 GO_TIMEOUT_S = 30.0
 """Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
-TAIL_BLOCK_BYTES = 64 * 1024
-MAX_LINE_BYTES = 2000
-"""Longest run-output line an answer carries whole (the snapshot's limit); longer ones are cut."""
-MAX_TAIL_BYTES = 512 * 1024
-"""Most bytes a tail reads from a file's end, and so about the most its lines hold (the
-answer must stay far below the operator's 8 MiB limit, even after JSON escaping)."""
-MAX_READ_BYTES = 1 << 20
-"""Most bytes one ``logs --offset``/``--follow`` read takes (``--max-bytes`` is capped here)."""
-STOP_REQUEST = "stop_requested"
-"""File in the run directory that says an operator asked the run to stop (JSON)."""
-TEE_ERR = "tee.err"
-"""tee's stderr, written in place into blanks reserved at launch (a full disk takes no new file)."""
-STATUS_RESERVE = ".exit_status.reserve"
-"""Blanks reserved at launch; the wrapper writes ``exit_status`` into them when the disk is full."""
-RESERVE_BYTES = 4096
-"""Bytes reserved (spaces) for each of ``tee.err`` and the exit status: one page, one block."""
-MAX_TEE_ERR_BYTES = 2000
-"""Most bytes of ``tee.err`` an answer carries."""
 
-EXIT_OK, EXIT_FAILED, EXIT_USAGE, EXIT_REFUSED = 0, 1, 2, 4
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
 _ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
-SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
-"""Same rule as the operator's ``orchestrator.secrets`` (the agent cannot import it)."""
-MASK = "***"
 
 # Seed 000: an `exec` in the start script bypassed tee and no log was ever written.
 # Nothing below may put `exec` in front of the pipeline; tests/launch check the log exists.
@@ -160,52 +164,7 @@ exit "$st"
 WRAPPER = WRAPPER.replace("__RESERVE__", STATUS_RESERVE).replace("__TEE_ERR__", TEE_ERR)
 
 
-class RunError(Exception):
-    """A lifecycle command cannot go on; ``code`` is the agent's exit code."""
-
-    def __init__(self, code: int, kind: str, message: str, **facts: Any) -> None:
-        super().__init__(message)
-        self.code, self.kind, self.message, self.facts = code, kind, message, facts
-
-
 # --- pure helpers ----------------------------------------------------------------------------
-
-
-def mask_env(env: Mapping[str, str]) -> dict[str, str]:
-    """A copy of ``env`` with secret-looking values replaced by ``***`` (for the manifest).
-
-    The agent cannot import the operator's ``orchestrator.secrets``; this applies its rule.
-
-    >>> mask_env({"HF_TOKEN": "hf_abc", "WANDB_API_KEY": "k", "LR": "3e-4"})
-    {'HF_TOKEN': '***', 'WANDB_API_KEY': '***', 'LR': '3e-4'}
-    """
-    return {k: (MASK if any(w in k.upper() for w in SECRET_WORDS) else v) for k, v in env.items()}
-
-
-def parse_gpus(text: str) -> tuple[int, ...]:
-    """GPU indices from ``0-3,6`` (ranges inclusive); empty text gives ``()``.
-
-    >>> parse_gpus("0-3,6")
-    (0, 1, 2, 3, 6)
-    >>> parse_gpus("")
-    ()
-    >>> parse_gpus("3-1")
-    Traceback (most recent call last):
-    ...
-    ValueError: bad GPU range '3-1' (start after end)
-    """
-    out: list[int] = []
-    for part in (p.strip() for p in text.split(",")):
-        if not part:
-            continue
-        lo, sep, hi = part.partition("-")
-        if not lo.isdigit() or (sep and not hi.isdigit()):
-            raise ValueError(f"bad GPU list item {part!r} (use e.g. 0-3,6)")
-        start, end = int(lo), int(hi) if sep else int(lo)
-        if start > end:
-            raise ValueError(f"bad GPU range {part!r} (start after end)")
-        out.extend(range(start, end + 1))
-    return tuple(sorted(set(out)))
 
 
 def parse_env(items: Sequence[str]) -> dict[str, str]:
@@ -244,346 +203,19 @@ def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
 # --- files -----------------------------------------------------------------------------------
 
 
-def atomic_write(path: Path, text: str, mode: int = 0o644) -> None:
-    """Write ``text`` to ``path`` through a temporary file and a rename (readers never see half)."""
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    tmp.write_text(text)
-    os.chmod(tmp, mode)
-    os.replace(tmp, path)
-
-
-def reserve(path: Path, size: int = RESERVE_BYTES) -> None:
-    """Create ``path`` holding ``size`` spaces: blocks a writer can overwrite in place on a
-    full disk (``<>`` in bash). Copy-on-write file systems (btrfs, ZFS) may still refuse."""
-    with path.open("wb") as f:
-        f.write(b" " * size)
-
-
-def read_tee_error(run_dir: Path) -> str | None:
-    """tee's complaint from ``tee.err`` (padding blanks dropped, lines joined by ``; ``), or
-    ``None`` when tee said nothing (or the file is missing). Reads at most
-    ``MAX_TEE_ERR_BYTES``."""
-    try:
-        with (run_dir / TEE_ERR).open("rb") as f:
-            raw = f.read(MAX_TEE_ERR_BYTES)
-    except OSError:
-        return None
-    lines = [x.strip() for x in raw.decode("utf-8", "replace").splitlines()]
-    return "; ".join(x for x in lines if x) or None
-
-
-def _read(path: Path) -> str | None:
-    try:
-        return path.read_text().strip()
-    except (FileNotFoundError, NotADirectoryError):
-        return None
-
-
-def _read_int(path: Path) -> int | None:
-    text = _read(path)
-    try:
-        return int(text) if text else None
-    except ValueError:
-        return None
-
-
-def parse_stop_request(text: str | None) -> dict[str, Any] | None:
-    """The ``stop_requested`` file's document, or ``None`` when absent or unreadable.
-
-    >>> parse_stop_request('{"at": 5.0, "signal": "SIGINT", "by": "orch stop by me@pc"}')["at"]
-    5.0
-    >>> parse_stop_request("garbage") is None, parse_stop_request('{"at": "x"}') is None
-    (True, True)
-    """
-    if not text:
-        return None
-    try:
-        doc = json.loads(text)
-    except ValueError:
-        return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("at"), (int, float)):
-        return None
-    return doc
-
-
-def read_stop_request(run_dir: Path) -> dict[str, Any] | None:
-    return parse_stop_request(_read(run_dir / STOP_REQUEST))
-
-
-def tail_lines(
-    path: Path, n: int, *, max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
-) -> tuple[list[str], int]:
-    """The last ``n`` lines of ``path`` (the unterminated last one too) and its size in bytes.
-
-    Bounded like the snapshot's log reader (:mod:`orchestrator.agent.logs`): reads
-    64 KiB blocks from the end, never more than ``max_bytes`` in all; each line
-    goes through :func:`~orchestrator.agent.logs.clean_line` (cut at
-    ``max_line_bytes``, invalid UTF-8 and control characters replaced). When the
-    window ends inside a line before ``n`` lines were found, the first line says
-    ``…[skipped N bytes]``. A missing file gives ``([], 0)``.
-    """
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            pos, buf = size, b""
-            while pos > 0 and buf.count(b"\n") <= n and size - pos < max_bytes:
-                step = min(TAIL_BLOCK_BYTES, pos, max_bytes - (size - pos))
-                pos -= step
-                fh.seek(pos)
-                buf = fh.read(step) + buf
-    except FileNotFoundError:
-        return [], 0
-    if n <= 0:
-        return [], size
-    raws = buf.split(b"\n")
-    if raws[-1] == b"":
-        raws.pop()
-    skipped = 0
-    if pos > 0 and raws:  # the window began inside a line
-        skipped = pos + len(raws.pop(0)) + 1
-    lines = [clean_line(raw.rstrip(b"\r"), max_line_bytes) for raw in raws[-n:]]
-    if skipped and len(lines) < n:
-        lines.insert(0, f"…[skipped {min(skipped, size)} bytes]")
-    return lines, size
-
-
-def read_from(path: Path, offset: int, max_bytes: int = MAX_READ_BYTES) -> dict[str, Any]:
-    """Complete lines of ``path`` from byte ``offset`` (at most ``max_bytes``, capped at 1 MiB).
-
-    Lines are split and bounded as the snapshot's reader does
-    (:func:`orchestrator.agent.logs.split_lines`): a partial last line waits for
-    its newline unless it is already longer than ``MAX_LINE_BYTES``, then it is
-    passed on cut. Returns ``lines``, the next ``offset``, ``size`` and
-    ``truncated`` (the file shrank below ``offset``: rotated or truncated;
-    reading restarts at 0).
-    """
-    truncated = False
-    try:
-        with open(path, "rb") as fh:
-            size = fh.seek(0, os.SEEK_END)
-            if size < offset:
-                offset, truncated = 0, True
-            fh.seek(offset)
-            data = fh.read(max(1, min(max_bytes, MAX_READ_BYTES)))
-    except FileNotFoundError:
-        return {"lines": [], "offset": offset, "size": None, "truncated": False}
-    lines, used = split_log_lines(data, MAX_LINE_BYTES, at_start=True, at_eof=True)
-    return {"lines": lines, "offset": offset + used, "size": size, "truncated": truncated}
-
-
-def bound_lines(
-    lines: Sequence[str], max_line_bytes: int = MAX_LINE_BYTES, max_bytes: int = MAX_TAIL_BYTES
-) -> list[str]:
-    """The newest of ``lines`` that fit in ``max_bytes``, each through ``logs.clean_line``.
-
-    For text that arrives as lines (a tmux pane capture) rather than from a file.
-
-    >>> bound_lines(["a" * 10, "b", "c"], max_line_bytes=4, max_bytes=100)
-    ['aaaa…[cut 6 bytes]', 'b', 'c']
-    >>> bound_lines(["old", "new"], max_bytes=4)
-    ['new']
-    """
-    out: list[str] = []
-    total = 0
-    for line in reversed(lines):
-        text = clean_line(line.encode("utf-8", "replace"), max_line_bytes)
-        total += len(text) + 1
-        if total > max_bytes:
-            break
-        out.append(text)
-    return out[::-1]
-
-
 # --- processes and tmux ----------------------------------------------------------------------
 
 
-def _proc_stat(pid: int) -> tuple[str, int, int, int] | None:
-    """(state, ppid, pgrp, starttime in clock ticks) of ``pid`` from /proc; ``None``: gone."""
-    try:
-        raw = Path(f"/proc/{pid}/stat").read_text()
-    except (FileNotFoundError, ProcessLookupError, PermissionError):
-        return None
-    fields = raw[raw.rfind(")") + 2 :].split()
-    return fields[0], int(fields[1]), int(fields[2]), int(fields[19])
-
-
-def group_members(pgid: int) -> list[int]:
-    """Live (non-zombie) PIDs in process group ``pgid`` or descended from its leader."""
-    table: dict[int, tuple[str, int, int, int]] = {}
-    for entry in os.listdir("/proc"):
-        if entry.isdigit():
-            st = _proc_stat(int(entry))
-            if st:
-                table[int(entry)] = st
-    members = {pid for pid, st in table.items() if st[2] == pgid}
-    if pgid in table:
-        members.add(pgid)
-    grew = True
-    while grew:  # children that left the group (setsid, setpgid) are still the run's
-        grew = False
-        for pid, st in table.items():
-            if st[1] in members and pid not in members:
-                members.add(pid)
-                grew = True
-    return sorted(p for p in members if table[p][0] != "Z")
-
-
-def _wrapper_pid(run_dir: Path) -> tuple[int, int] | None:
-    """(PID, start time in clock ticks) from ``wrapper.pid``; written by the agent at launch."""
-    parts = (_read(run_dir / "wrapper.pid") or "").split()
-    if len(parts) != 2 or not all(p.isdigit() for p in parts):
-        return None
-    return int(parts[0]), int(parts[1])
-
-
-def wrapper_alive(run_dir: Path) -> bool:
-    """The run's wrapper still exists (its start time guards against PID reuse)."""
-    rec = _wrapper_pid(run_dir)
-    st = _proc_stat(rec[0]) if rec else None
-    return rec is not None and st is not None and st[0] != "Z" and st[3] == rec[1]
-
-
-def tmux(*args: str, timeout_s: float = 10.0) -> subprocess.CompletedProcess[str]:
-    """Run ``tmux ARGS`` (socket from $TMUX_TMPDIR, as every tmux client here)."""
-    return subprocess.run(
-        ["tmux", *args], capture_output=True, text=True, timeout=timeout_s, check=False
-    )
-
-
-def tmux_sequence(*commands: Sequence[str]) -> list[str]:
-    """One tmux argv running ``commands`` in order in the server, stopping at the first error.
-
-    >>> tmux_sequence(["new-session", "-d"], ["set-option", "x", "1"])
-    ['new-session', '-d', ';', 'set-option', 'x', '1']
-    """
-    out: list[str] = []
-    for cmd in commands:
-        out.extend([*([";"] if out else []), *cmd])
-    return out
-
-
-def session_info(name: str) -> dict[str, Any]:
-    """The session's run pane: exists, dead, exit status or signal, pid.
-
-    tmux leaves ``pane_dead_status`` empty when a signal ended the pane, so
-    ``pane_dead_signal`` is read as well.
-    """
-    fmt = "#{window_name}\t#{pane_dead}\t#{pane_dead_status}\t#{pane_dead_signal}\t#{pane_pid}"
-    res = tmux("list-panes", "-s", "-t", f"={name}", "-F", fmt)
-    if res.returncode != 0:
-        return {"name": name, "exists": False}
-    rows = [line.split("\t") for line in res.stdout.splitlines() if line.count("\t") == 4]
-    row = next((r for r in rows if r[0] == RUN_WINDOW), rows[0] if rows else None)
-    if row is None:
-        return {"name": name, "exists": False}
-    return {
-        "name": name,
-        "exists": True,
-        "pane_dead": row[1] == "1",
-        "pane_dead_status": int(row[2]) if row[2].lstrip("-").isdigit() else None,
-        "pane_dead_signal": int(row[3]) if row[3].isdigit() and row[3] != "0" else None,
-        "pane_pid": int(row[4]) if row[4].isdigit() else None,
-    }
-
-
 # --- run state -------------------------------------------------------------------------------
-
-
-def runs_root(workdir: str | Path) -> Path:
-    return Path(workdir) / "runs"
-
-
-def current_run_id(workdir: str | Path) -> str | None:
-    return _read(runs_root(workdir) / "current") or None
-
-
-def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> dict[str, Any]:
-    """What one run directory says: running / exited N / vanished, and why we think so.
-
-    ``exited``: the wrapper wrote ``exit_status``; ``running``: no exit status
-    and the wrapper or the command is alive; ``vanished``: neither (the
-    container or the tmux server died, SIGKILL): the silent death of seed 000.
-    """
-    exit_status = _read_int(run_dir / "exit_status")
-    alive = wrapper_alive(run_dir)
-    pgid = _read_int(run_dir / "pgid")
-    members = group_members(pgid) if pgid and exit_status is None else []
-    if exit_status is not None:
-        state = "exited"
-    elif alive or members:
-        state = "running"
-    else:
-        state = "vanished"
-    log = run_dir / "train.log"
-    lines, size = tail_lines(log, tail) if tail else ([], None)
-    if size is None:
-        try:
-            size = log.stat().st_size
-        except FileNotFoundError:
-            size = None
-    doc: dict[str, Any] = {
-        "run_id": run_dir.name,
-        "run_dir": str(run_dir),
-        "state": state,
-        "exit_status": exit_status,
-        "wrapper_alive": alive,
-        "started": (run_dir / "go").exists(),
-        "command_alive": bool(members),
-        "command_pids": members,
-        "log_path": str(log),
-        "log_exists": log.exists(),
-        "log_size_bytes": size,
-        "log_tail": lines,
-        "stop_requested": read_stop_request(run_dir),
-        "tee_error": read_tee_error(run_dir),
-        "tee_status": _read_int(run_dir / "tee_status"),
-    }
-    try:
-        manifest = json.loads((run_dir / "manifest.json").read_text())
-        doc["started_at"] = manifest.get("started_at")
-        doc["command"] = manifest.get("command")
-        doc["session"] = manifest.get("session")
-    except (OSError, ValueError):
-        doc["started_at"] = doc["command"] = None
-    if session:
-        info = session_info(session)
-        rec = _wrapper_pid(run_dir)
-        info["is_this_run"] = bool(rec and info.get("exists") and info.get("pane_pid") == rec[0])
-        doc["tmux"] = info
-    return doc
-
-
-def list_runs(workdir: str | Path) -> list[dict[str, Any]]:
-    """Every run directory under ``<workdir>/runs``, oldest first."""
-    root = runs_root(workdir)
-    if not root.is_dir():
-        return []
-    out = [run_state(d) for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
-    out.sort(key=lambda r: (r.get("started_at") or 0.0, r["run_id"]))
-    return out
-
-
-def _git_rev(workdir: Path) -> str | None:
-    try:
-        res = subprocess.run(
-            ["git", "-C", str(workdir), "rev-parse", "HEAD"],
-            capture_output=True,
-            text=True,
-            timeout=5,
-            check=False,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return res.stdout.strip() or None if res.returncode == 0 else None
 
 
 # --- stop ------------------------------------------------------------------------------------
 
 
 def _signal_run(run_dir: Path, sig: int) -> list[int]:
-    pgid = _read_int(run_dir / "pgid")
+    pgid = read_int(run_dir / "pgid")
     if not pgid:  # still waiting for go: end the wrapper itself
-        rec = _wrapper_pid(run_dir)
+        rec = wrapper_pid(run_dir)
         targets = [rec[0]] if rec and wrapper_alive(run_dir) else []
     else:
         targets = group_members(pgid)
@@ -591,7 +223,7 @@ def _signal_run(run_dir: Path, sig: int) -> list[int]:
             with contextlib.suppress(ProcessLookupError):
                 os.killpg(pgid, sig)
     for pid in targets:  # once each: a second SIGINT would cut a checkpoint short
-        st = _proc_stat(pid)
+        st = proc_stat(pid)
         if st is not None and (not pgid or st[2] != pgid):
             with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, sig)
@@ -600,7 +232,7 @@ def _signal_run(run_dir: Path, sig: int) -> list[int]:
 
 def stop_run(
     run_dir: Path, grace_s: float, poll_s: float = 0.1, by: str | None = None
-) -> dict[str, Any]:
+) -> StopAnswer:
     """SIGINT, then SIGTERM at half of ``grace_s``, then SIGKILL at ``grace_s``; idempotent.
 
     A running run first gets ``stop_requested`` (time, first signal, ``by``: who
@@ -610,20 +242,12 @@ def stop_run(
     stay. Waits up to 10 s more for the wrapper to write ``exit_status``.
     """
     before = run_state(run_dir)
-    if before["state"] != "running":
-        return {
-            "stopped": False,
-            "run_id": run_dir.name,
-            "state": before["state"],
-            "exit_status": before["exit_status"],
-            "signals": [],
-            "elapsed_s": 0.0,
-            "stop_requested": before["stop_requested"],
-        }
+    if before.state != "running":
+        return StopAnswer(False, run_dir.name, before.state, before.exit_status,
+                          stop_requested=before.stop_requested)  # fmt: skip
     plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
-    request = {"at": time.time(), "signal": plan[0][1].name, "by": by or _default_by(),
-               "grace_s": grace_s}  # fmt: skip
-    atomic_write(run_dir / STOP_REQUEST, json.dumps(request) + "\n")
+    request = StopRequest(time.time(), plan[0][1].name, by or _default_by(), grace_s)
+    atomic_write(run_dir / STOP_REQUEST, json.dumps(request.to_dict()) + "\n")
     t0 = time.monotonic()
     sent: list[str] = []
     alive = True
@@ -633,26 +257,19 @@ def stop_run(
             _at, sig = plan.pop(0)
             if _signal_run(run_dir, sig):
                 sent.append(sig.name)
-        pgid = _read_int(run_dir / "pgid")
+        pgid = read_int(run_dir / "pgid")
         alive = bool(group_members(pgid)) if pgid else wrapper_alive(run_dir)
         if not alive:
             break
         time.sleep(poll_s)
     deadline = time.monotonic() + 10.0
-    while _read_int(run_dir / "exit_status") is None and time.monotonic() < deadline:
+    while read_int(run_dir / "exit_status") is None and time.monotonic() < deadline:
         if not wrapper_alive(run_dir):
             break
         time.sleep(poll_s)
     after = run_state(run_dir)
-    return {
-        "stopped": True,
-        "run_id": run_dir.name,
-        "state": after["state"],
-        "exit_status": after["exit_status"],
-        "signals": sent,
-        "elapsed_s": round(time.monotonic() - t0, 3),
-        "stop_requested": request,
-    }
+    return StopAnswer(True, run_dir.name, after.state, after.exit_status, tuple(sent),
+                      round(time.monotonic() - t0, 3), request)  # fmt: skip
 
 
 def _default_by() -> str:
@@ -663,31 +280,26 @@ def _default_by() -> str:
 def _archive_session(session: str, run_dir: Path | None) -> None:
     """Keep the old pane's last screen in its run directory, then remove the session."""
     if run_dir is not None and run_dir.is_dir():
-        res = tmux("capture-pane", "-p", "-J", "-S", "-", "-E", "-", "-t", f"={session}:")
-        if res.returncode == 0:
-            atomic_write(run_dir / "pane.txt", res.stdout)
-    tmux("kill-session", "-t", f"={session}")
+        screen = tmux.capture_history(session)
+        if screen is not None:
+            atomic_write(run_dir / "pane.txt", "".join(f"{line}\n" for line in screen))
+    tmux.kill_session(session)
 
 
 # --- launch ----------------------------------------------------------------------------------
 
 
-def _new_run_id(name: str | None) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    return f"{stamp}-{name}" if name else f"{stamp}-{secrets.token_hex(2)}"
-
-
-def launch(args: argparse.Namespace) -> dict[str, Any]:
+def launch(args: argparse.Namespace) -> LaunchAnswer:
     """Create the run directory, start the session, say go, watch it for ``--settle`` s."""
     workdir = Path(args.workdir)
     if not _SESSION_RE.match(args.session):
         raise RunError(EXIT_USAGE, "bad-session", f"bad session name {args.session!r}")
-    run_id = args.run_id or _new_run_id(None)
-    if not _NAME_RE.match(run_id) or run_id == "current":
+    run_id = args.run_id or new_run_id(None)
+    if not NAME_RE.match(run_id) or run_id == "current":
         raise RunError(EXIT_USAGE, "bad-run-id", f"bad run id {run_id!r} (letters, digits, ._-)")
     try:
-        env = run_env(parse_env(args.env or []), parse_gpus(args.gpus or ""))
-        gpus = parse_gpus(args.gpus or "")
+        gpus = tuple(parse_gpu_spec(args.gpus)) if args.gpus else ()
+        env = run_env(parse_env(args.env or []), gpus)
     except ValueError as exc:
         raise RunError(EXIT_USAGE, "bad-argument", str(exc)) from None
     root = runs_root(workdir)
@@ -701,12 +313,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             run_dir=str(run_dir),
         )
 
-    old = session_info(args.session)
-    replaced: dict[str, Any] | None = None
-    if old["exists"]:
+    old = tmux.TmuxReader().state(args.session, 0)
+    replaced: StopAnswer | None = None
+    if old.exists:
         old_id = current_run_id(workdir)
         old_dir = root / old_id if old_id else None
-        live = not old.get("pane_dead")
+        live = not old.pane_dead
         if live and not args.force:
             raise RunError(
                 EXIT_REFUSED,
@@ -718,8 +330,12 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             )
         if live and old_dir is not None and old_dir.is_dir():
             replaced = stop_run(old_dir, args.grace, by=f"launch --force of {run_id}")
-        _archive_session(args.session, old_dir)
-        if tmux("has-session", "-t", f"={args.session}").returncode == 0:
+        try:
+            _archive_session(args.session, old_dir)
+            stuck = tmux.session_exists(args.session)
+        except tmux.TmuxTimeout as exc:
+            raise RunError(EXIT_FAILED, "tmux-wedged", str(exc)) from None
+        if stuck:
             raise RunError(
                 EXIT_FAILED,
                 "session-stuck",
@@ -736,13 +352,13 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         started_at=time.time(),
         gpus=gpus,
         env=mask_env(env),
-        git_rev=_git_rev(workdir),
+        git_rev=git_rev(workdir),
         orch_version=args.orch_version,
         target=args.target,
     )
     atomic_write(run_dir / "manifest.json", json.dumps(manifest.to_dict(), indent=2) + "\n")
     atomic_write(run_dir / "command", args.cmd + "\n")
-    atomic_write(run_dir / "wrapper.sh", WRAPPER, mode=0o755)
+    atomic_write(run_dir / "wrapper.sh", WRAPPER, 0o755)
     reserve(run_dir / TEE_ERR)
     reserve(run_dir / STATUS_RESERVE)
     atomic_write(root / "current", run_id + "\n")
@@ -754,30 +370,23 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
         "ORCH_AGENT_PYTHON": sys.executable or "python3",
         "ORCH_RECORD_INTERVAL_S": str(args.record_interval),
     }
-    e_args = [a for k, v in {**env, **internal}.items() for a in ("-e", f"{k}={v}")]
-    sess = f"={args.session}:"
-    res = tmux(*tmux_sequence(
-        ["new-session", "-d", "-s", args.session, "-n", "orch-boot", "-x", "250", "-y", "50",
-         "-c", str(workdir), "sleep 30"],
-        ["set-option", "-t", sess, "history-limit", str(HISTORY_LIMIT)],
-        ["new-window", "-d", "-t", sess, "-n", RUN_WINDOW, "-c", str(workdir), *e_args,
-         "bash", str(run_dir / "wrapper.sh")],
-        ["set-option", "-w", "-t", sess + RUN_WINDOW, "remain-on-exit", "on"],
-        ["kill-window", "-t", sess + "orch-boot"],
-    ))  # fmt: skip
-    if res.returncode != 0:
-        tmux("kill-session", "-t", f"={args.session}")
+    try:
+        pane = tmux.start_session(args.session, str(workdir),
+                                  shlex.join(["bash", str(run_dir / "wrapper.sh")]),
+                                  {**env, **internal})  # fmt: skip
+    except Exception as exc:  # noqa: BLE001 - libtmux's errors, a wedged server: all one answer
+        with contextlib.suppress(Exception):
+            tmux.kill_session(args.session)
         raise RunError(
             EXIT_FAILED,
             "tmux-failed",
-            f"tmux could not start the session: {res.stderr.strip() or res.returncode}",
+            f"tmux could not start the session: {str(exc).strip() or type(exc).__name__}",
             run_dir=str(run_dir),
-        )
-    target = f"={args.session}:{RUN_WINDOW}"
-    remain = tmux("show-options", "-w", "-v", "-t", target, "remain-on-exit").stdout.strip()
-    hist = tmux("display-message", "-p", "-t", target, "#{history_limit}").stdout.strip()
-    if remain != "on" or hist != str(HISTORY_LIMIT):
-        tmux("kill-session", "-t", f"={args.session}")
+        ) from None
+    remain, hist = pane.remain_on_exit, pane.history_limit
+    if remain != "on" or hist != str(tmux.HISTORY_LIMIT):
+        with contextlib.suppress(Exception):
+            tmux.kill_session(args.session)
         raise RunError(
             EXIT_FAILED,
             "tmux-options",
@@ -785,8 +394,8 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
             f"history-limit={hist!r}); nothing was started",
             run_dir=str(run_dir),
         )
-    pane_pid = tmux("display-message", "-p", "-t", target, "#{pane_pid}").stdout.strip()
-    st = _proc_stat(int(pane_pid)) if pane_pid.isdigit() else None
+    pane_pid = pane.pane_pid
+    st = proc_stat(pane_pid) if pane_pid is not None else None
     if st is None:
         raise RunError(
             EXIT_FAILED,
@@ -799,121 +408,78 @@ def launch(args: argparse.Namespace) -> dict[str, Any]:
 
     state = run_state(run_dir, tail=20, session=args.session)
     deadline = time.monotonic() + args.settle
-    while time.monotonic() < deadline and state["state"] == "running":
+    while time.monotonic() < deadline and state.state == "running":
         time.sleep(0.05)
         state = run_state(run_dir, tail=20, session=args.session)
-    return {
-        "ok": True,
-        "run_id": run_id,
-        "run_dir": str(run_dir),
-        "session": args.session,
-        "log_path": str(run_dir / "train.log"),
-        "manifest": manifest.to_dict(),
-        "replaced": replaced,
-        "history_limit": int(hist),
-        "state": state,
-    }
+    return LaunchAnswer(run_id=run_id, run_dir=str(run_dir), session=args.session,
+                        log_path=str(run_dir / "train.log"), manifest=manifest, state=state,
+                        history_limit=int(hist), replaced=replaced)  # fmt: skip
 
 
 # --- commands --------------------------------------------------------------------------------
 
 
-def _emit(doc: Any) -> None:
-    sys.stdout.write(json.dumps(doc, default=str) + "\n")
-    sys.stdout.flush()
+def _chunk(run_dir: Path, got: dict[str, Any]) -> LogAnswer:
+    """:func:`~orchestrator.agent.logs.read_from`'s chunk as the answer."""
+    return LogAnswer(run_dir.name, tuple(got["lines"]), got["offset"], got["size"],
+                     got["truncated"])  # fmt: skip
 
 
-def _run_dir(workdir: str, run_id: str | None) -> Path:
-    rid = run_id or current_run_id(workdir)
-    if not rid:
-        raise RunError(EXIT_FAILED, "no-run", f"no runs in {runs_root(workdir)}")
-    path = runs_root(workdir) / rid
-    if not path.is_dir():
-        raise RunError(EXIT_FAILED, "no-run", f"no run {rid!r} in {runs_root(workdir)}")
-    return path
-
-
-def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[dict[str, Any]]:
+def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[LogAnswer]:
     """Chunks of new complete lines from ``offset``; ends one read after the run exits."""
     while True:
-        finished = run_state(run_dir)["state"] != "running"
-        chunk = read_from(path, offset)
-        offset = chunk["offset"]
-        if chunk["lines"] or chunk["truncated"]:
+        finished = run_state(run_dir).state != "running"
+        chunk = _chunk(run_dir, read_from(path, offset))
+        offset = chunk.offset
+        if chunk.lines or chunk.truncated:
             yield chunk
-        if finished and not chunk["lines"]:
-            yield {**chunk, "lines": [], "end": True, "state": run_state(run_dir)}
+        if finished and not chunk.lines:
+            yield replace(chunk, lines=(), end=True, state=run_state(run_dir))
             return
-        if not chunk["lines"]:
+        if not chunk.lines:
             time.sleep(interval_s)
 
 
 def _cmd_launch(args: argparse.Namespace) -> int:
-    _emit(launch(args))
+    emit(launch(args).to_dict())
     return EXIT_OK
 
 
 def _cmd_stop(args: argparse.Namespace) -> int:
-    _emit(stop_run(_run_dir(args.workdir, args.run_id), args.grace, by=args.by))
+    emit(stop_run(resolve_run_dir(args.workdir, args.run_id), args.grace, by=args.by).to_dict())
     return EXIT_OK
 
 
 def _cmd_runs(args: argparse.Namespace) -> int:
     if args.run_id or args.current:
-        _emit(run_state(_run_dir(args.workdir, args.run_id), tail=args.tail, session=args.session))
+        run_dir = resolve_run_dir(args.workdir, args.run_id)
+        emit(run_state(run_dir, tail=args.tail, session=args.session).to_dict())
     else:
-        _emit(
-            {
-                "workdir": args.workdir,
-                "current": current_run_id(args.workdir),
-                "runs": list_runs(args.workdir),
-            }
-        )
+        runs = tuple(list_runs(args.workdir))
+        emit(RunsAnswer(args.workdir, current_run_id(args.workdir), runs).to_dict())
     return EXIT_OK
 
 
 def _cmd_logs(args: argparse.Namespace) -> int:
-    run_dir = _run_dir(args.workdir, args.run_id)
+    run_dir = resolve_run_dir(args.workdir, args.run_id)
     log = run_dir / "train.log"
     if args.follow:
         offset = args.offset
         if offset is None:
             lines, offset = tail_lines(log, args.lines)
-            _emit({"lines": lines, "offset": offset, "run_id": run_dir.name})
+            emit(LogAnswer(run_dir.name, tuple(lines), offset).to_dict())
         for chunk in follow(log, offset, args.interval, run_dir):
-            _emit({**chunk, "run_id": run_dir.name})
+            emit(chunk.to_dict())
     elif args.offset is not None:
-        _emit({**read_from(log, args.offset, args.max_bytes), "run_id": run_dir.name})
+        emit(_chunk(run_dir, read_from(log, args.offset, args.max_bytes)).to_dict())
     else:
         lines, size = tail_lines(log, args.lines)
-        _emit(
-            {
-                "lines": lines,
-                "offset": size,
-                "size": size,
-                "run_id": run_dir.name,
-                "log_exists": log.exists(),
-            }
-        )
+        emit(LogAnswer(run_dir.name, tuple(lines), size, size, log_exists=log.exists()).to_dict())
     return EXIT_OK
 
 
-def _guard(fn: Any) -> Any:
-    """Turn a :class:`RunError` into a JSON error document and its exit code."""
-
-    def handler(args: argparse.Namespace) -> int:
-        try:
-            return int(fn(args))
-        except RunError as exc:
-            _emit({"ok": False, "error": exc.kind, "message": exc.message, **exc.facts})
-            return exc.code
-
-    handler.__doc__ = fn.__doc__
-    return handler
-
-
 def register(subparsers: Any) -> None:
-    """Add ``launch``, ``stop``, ``runs``, ``logs`` and ``evidence`` to the agent's subparsers.
+    """Add ``launch``, ``stop``, ``runs`` and ``logs`` to the agent's subparsers.
 
     Each parser gets ``func``: a handler taking the parsed namespace and
     returning the exit code (it prints its JSON itself).
@@ -937,21 +503,21 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
-    p.set_defaults(func=_guard(_cmd_launch))
+    p.set_defaults(func=guard(_cmd_launch))
 
     p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")
     common(p, session=False)
     p.add_argument("--run-id", default=None, help="default: the current run")
     p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (s)")
     p.add_argument("--by", default=None, help="who asks, for stop_requested (orch stop by u@h)")
-    p.set_defaults(func=_guard(_cmd_stop))
+    p.set_defaults(func=guard(_cmd_stop))
 
     p = subparsers.add_parser("runs", help="list runs (or one with --run-id/--current)")
     common(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--current", action="store_true", help="only the current run, in detail")
     p.add_argument("--tail", type=int, default=0, help="log lines to include (detail only)")
-    p.set_defaults(func=_guard(_cmd_runs))
+    p.set_defaults(func=guard(_cmd_runs))
 
     p = subparsers.add_parser("logs", help="tail or follow a run's log by byte offset")
     common(p, session=False)
@@ -961,8 +527,4 @@ def register(subparsers: Any) -> None:
     p.add_argument("--max-bytes", type=int, default=1 << 20)
     p.add_argument("-f", "--follow", action="store_true", help="one JSON line per new chunk")
     p.add_argument("--interval", type=float, default=0.5, help="follow poll period (s)")
-    p.set_defaults(func=_guard(_cmd_logs))
-
-    from orchestrator.agent import evidence  # the postmortem's one-call collector
-
-    evidence.register(subparsers)
+    p.set_defaults(func=guard(_cmd_logs))

@@ -24,6 +24,19 @@ from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.logs import LogReader
 from orchestrator.agent.metrics import MetricParser
 from orchestrator.agent.procs import ProcSampler
+from orchestrator.agent.rundir import (
+    CURRENT,
+    EXIT_STATUS,
+    HEARTBEAT,
+    LOG,
+    MANIFEST,
+    RUNS,
+    STOP_REQUEST,
+    parse_exit_status,
+    parse_run_id,
+    parse_stop_request,
+    read_small,
+)
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.model import (
     AgentCost,
@@ -50,49 +63,6 @@ class ObserverConfig:
     log_patterns: Mapping[str, str] | None = None
     log_tail_bytes: int = 16384
     max_line_bytes: int = 2000
-
-
-def _stop_request(raw: bytes | None) -> tuple[float | None, str | None, int]:
-    """(at, by, bytes read) from a run's ``stop_requested`` JSON; (None, None, n) if unreadable.
-
-    >>> _stop_request(b'{"at": 5.0, "by": "orch stop by me@pc", "signal": "SIGINT"}')
-    (5.0, 'orch stop by me@pc', 59)
-    >>> _stop_request(None), _stop_request(b"junk")
-    ((None, None, 0), (None, None, 4))
-    """
-    if raw is None:
-        return None, None, 0
-    try:
-        doc = json.loads(raw)
-    except ValueError:
-        return None, None, len(raw)
-    at = doc.get("at") if isinstance(doc, dict) else None
-    if not isinstance(at, (int, float)) or isinstance(at, bool):
-        return None, None, len(raw)
-    by = doc.get("by")
-    return float(at), str(by) if by is not None else None, len(raw)
-
-
-def read_small(path: str, limit: int = 65536) -> tuple[bytes | None, float | None]:
-    """(content, mtime) of a small file; ``(None, None)`` when it does not exist."""
-    try:
-        with open(path, "rb") as fh:
-            mtime = os.fstat(fh.fileno()).st_mtime
-            return fh.read(limit), mtime
-    except OSError:
-        return None, None
-
-
-def parse_exit_status(text: str) -> int | None:
-    """The wrapper's exit status file: an integer, maybe with a note after it.
-
-    >>> parse_exit_status("137\\n"), parse_exit_status("exit=2 signal=none"), parse_exit_status("")
-    (137, 2, None)
-    """
-    for token in text.replace("=", " ").split():
-        if token.lstrip("-").isdigit():
-            return int(token)
-    return None
 
 
 def disk_space_mib(path: str, fallback: str | None = None) -> tuple[float | None, float | None]:
@@ -130,7 +100,6 @@ class Observer:
         self.procs = ProcSampler()
         self.tmux = TmuxReader(cfg.socket_name, cfg.socket_path)
         self.gpus.preload()  # imports are process start-up cost, not per-observation cost
-        self.tmux.preload()
         self.metrics = MetricParser(cfg.log_patterns)
         self.run_id: str | None = None
         self.offset: int | None = None
@@ -145,16 +114,13 @@ class Observer:
         self.gpus.close()
 
     def _current_run(self) -> tuple[str | None, int]:
-        raw, _ = read_small(os.path.join(self.cfg.workdir, "runs", "current"), 256)
+        raw, _ = read_small(os.path.join(self.cfg.workdir, RUNS, CURRENT), 256)
         if raw is None:
             return None, 0
-        run_id = raw.decode("utf-8", "replace").strip()
-        if not run_id or "/" in run_id or run_id in (".", ".."):
-            return None, len(raw)
-        return run_id, len(raw)
+        return parse_run_id(raw.decode("utf-8", "replace")), len(raw)
 
     def _read_manifest(self, run_dir: str) -> tuple[RunManifest | None, str | None, int]:
-        path = os.path.join(run_dir, "manifest.json")
+        path = os.path.join(run_dir, MANIFEST)
         try:
             mtime: float | None = os.stat(path).st_mtime
         except OSError:
@@ -176,7 +142,7 @@ class Observer:
         run_id, nbytes = self._current_run()
         if run_id is None:
             return None, nbytes
-        run_dir = os.path.join(self.cfg.workdir, "runs", run_id)
+        run_dir = os.path.join(self.cfg.workdir, RUNS, run_id)
         if run_id != self.run_id:
             self.run_id, self.offset, self._manifest = run_id, None, None
             self._last_metrics = None
@@ -184,22 +150,23 @@ class Observer:
         nbytes += n
         if merr:
             errors.append(merr)
-        log_path = os.path.join(run_dir, "train.log")
+        log_path = os.path.join(run_dir, LOG)
         chunk = self.logs.read(log_path, self.offset)
         nbytes += chunk.bytes_read
         self.offset = chunk.offset
-        raw, exit_at = read_small(os.path.join(run_dir, "exit_status"), 256)
+        raw, exit_at = read_small(os.path.join(run_dir, EXIT_STATUS), 256)
         exit_status = None
         if raw is not None:
             nbytes += len(raw)
             exit_status = parse_exit_status(raw.decode("utf-8", "replace"))
         stop_at, stop_by = None, None
         if raw is not None:  # ended: was it asked to? (runs.py's stop writes this first)
-            stop_raw, _ = read_small(os.path.join(run_dir, "stop_requested"), 4096)
-            stop_at, stop_by, n = _stop_request(stop_raw)
-            nbytes += n
+            stop_raw, _ = read_small(os.path.join(run_dir, STOP_REQUEST), 4096)
+            stop = parse_stop_request(stop_raw.decode("utf-8", "replace") if stop_raw else None)
+            stop_at, stop_by = (stop.at, stop.by) if stop else (None, None)
+            nbytes += len(stop_raw or b"")
         try:
-            heartbeat_age: float | None = now - os.stat(os.path.join(run_dir, "heartbeat")).st_mtime
+            heartbeat_age: float | None = now - os.stat(os.path.join(run_dir, HEARTBEAT)).st_mtime
         except OSError:
             heartbeat_age = None
         disk_free, disk_total = disk_space_mib(run_dir, self.cfg.workdir)
@@ -283,5 +250,6 @@ def _merge(old: Metrics | None, new: Metrics) -> Metrics:
         loss=new.loss if new.loss is not None else old.loss,
         tokens_per_s=new.tokens_per_s if new.tokens_per_s is not None else old.tokens_per_s,
         acc_len=new.acc_len if new.acc_len is not None else old.acc_len,
+        tau=new.tau if new.tau is not None else old.tau,
         seen_at=new.seen_at,
     )

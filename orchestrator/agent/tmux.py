@@ -30,12 +30,16 @@ from __future__ import annotations
 import logging
 import os
 import subprocess
+import threading
+from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 from orchestrator.agent.procs import zombie_exit
 from orchestrator.model import SessionState
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 PANE_FORMAT = "#{pane_dead}|#{pane_dead_status}|#{pane_dead_signal}|#{pane_pid}|#{pane_id}|#{pid}"
 _NO_SERVER = ("no server running", "error connecting to", "failed to connect to server")
@@ -146,8 +150,28 @@ class TmuxReader:
         out, err = split_output(proc.stdout, proc.stderr)
         return TmuxResult(proc.returncode, out, err)
 
-    def preload(self) -> None:
-        """Nothing to load any more (libtmux is gone); kept for the Observer's start-up call."""
+    def server_running(self) -> bool:
+        """Whether a tmux server answers on this socket (``tmux list-sessions`` works, or fails
+        for another reason than a missing server; a missing or wedged tmux counts as none)."""
+        try:
+            res = self.cmd("list-sessions", "-F", "#{session_name}")
+        except (OSError, subprocess.SubprocessError):
+            return False
+        return res.returncode == 0 or classify_tmux_error(res.stderr) != "no-server"
+
+    def capture(self, target: str, lines: int) -> tuple[list[str], str | None]:
+        """``target``'s screen plus up to ``lines`` of scrollback, trailing blank lines dropped,
+        and the error (``None`` when it worked)."""
+        try:
+            res = self.cmd("capture-pane", "-p", "-J", "-t", target, "-S", f"-{lines}")
+        except (OSError, subprocess.SubprocessError) as exc:
+            return [], f"tmux: {exc.__class__.__name__}: {exc}"[:300]
+        if res.returncode != 0:
+            return [], (" ".join(res.stderr) or f"tmux exit {res.returncode}")[:300]
+        out = list(res.stdout)
+        while out and not out[-1].strip():
+            out.pop()
+        return out, None
 
     def sessions(self) -> list[str]:
         """Names of the sessions on the server (empty when it is not running or tmux is missing)."""
@@ -220,3 +244,148 @@ class TmuxReader:
             pane_pid=pid,
             pane_tail=tail,
         )
+
+
+HISTORY_LIMIT = 200_000
+"""Lines of scrollback kept in the run's pane (tmux's default is 2000)."""
+RUN_WINDOW = "run"
+"""The run's window in its session (a placeholder window holds the session while it is built)."""
+LIFECYCLE_TIMEOUT_S = 10.0
+"""Longest a session's creation, lookup or removal may take before tmux counts as wedged."""
+
+
+class TmuxTimeout(RuntimeError):
+    """tmux did not answer within the deadline (a wedged server); the call was abandoned."""
+
+
+def _within(timeout_s: float, work: Callable[[], T]) -> T:
+    """``work()`` on a daemon thread, waited for at most ``timeout_s``: libtmux runs tmux with no
+    timeout of its own, so a wedged server must not block the agent. Raises what ``work`` raised,
+    or :class:`TmuxTimeout` (the blocked tmux client is left behind; the agent exits soon)."""
+    box: dict[str, Any] = {}
+
+    def run() -> None:
+        try:
+            box["value"] = work()
+        except BaseException as exc:  # noqa: BLE001 - handed to the caller's thread
+            box["error"] = exc
+
+    th = threading.Thread(target=run, name="tmux-lifecycle", daemon=True)
+    th.start()
+    th.join(timeout_s)
+    if th.is_alive():
+        raise TmuxTimeout(f"tmux did not answer within {timeout_s:g} s")
+    if "error" in box:
+        raise box["error"]
+    return box["value"]  # type: ignore[no-any-return]
+
+
+def _server() -> Any:
+    """libtmux's handle on the default server (``$TMUX_TMPDIR``). Imported here only: the
+    import costs ~250 ms, paid once per launch or stop, never per observation."""
+    import libtmux
+
+    return libtmux.Server()
+
+
+@dataclass(frozen=True, slots=True)
+class RunPane:
+    """The run window's pane as read back after :func:`start_session`: its PID and the two
+    options that must be in force before the run may start."""
+
+    pane_pid: int | None
+    remain_on_exit: str
+    history_limit: str
+
+
+def start_session(
+    session: str,
+    workdir: str,
+    shell_command: str,
+    env: dict[str, str],
+    *,
+    timeout_s: float = LIFECYCLE_TIMEOUT_S,
+) -> RunPane:
+    """Create ``session``: a placeholder window, the session's ``history-limit``, the run window
+    running ``shell_command`` (``-e`` for every variable of ``env``: the tmux server keeps the
+    environment it started with), ``remain-on-exit on``, the placeholder removed; then read the
+    options back. Raises libtmux's errors or :class:`TmuxTimeout`; the caller removes the
+    session on failure.
+    """
+
+    def work() -> RunPane:
+        s = _server().new_session(session_name=session, window_name="orch-boot",
+                                  start_directory=workdir, window_command="sleep 30",
+                                  x=250, y=50, attach=False)  # fmt: skip
+        s.set_option("history-limit", str(HISTORY_LIMIT))
+        w = s.new_window(window_name=RUN_WINDOW, start_directory=workdir,
+                         window_shell=shell_command, environment=env, attach=False)  # fmt: skip
+        w.set_option("remain-on-exit", "on")
+        s.windows.get(window_name="orch-boot").kill()
+        remain = w.cmd("show-options", "-w", "-v", "remain-on-exit").stdout
+        pane = w.active_pane
+        hist = pane.cmd("display-message", "-p", "#{history_limit}").stdout
+        pid = str(pane.pane_pid or "")
+        return RunPane(int(pid) if pid.isdigit() else None, "".join(remain).strip(),
+                       "".join(hist).strip())  # fmt: skip
+
+    return _within(timeout_s, work)
+
+
+def session_exists(session: str, *, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> bool:
+    """Whether a session named exactly ``session`` exists (``tmux has-session -t =NAME``)."""
+    return bool(_within(timeout_s, lambda: _server().has_session(session, exact=True)))
+
+
+def kill_session(session: str, *, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> None:
+    """Remove ``session`` if it exists (``tmux kill-session -t =NAME``)."""
+
+    def work() -> None:
+        server = _server()
+        if server.has_session(session, exact=True):
+            server.kill_session(f"={session}")
+
+    _within(timeout_s, work)
+
+
+def list_sessions(*, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> list[str]:
+    """The session names on the server (empty when no server runs)."""
+
+    def work() -> list[str]:
+        server = _server()
+        return [s.session_name for s in server.sessions] if server.is_alive() else []
+
+    return _within(timeout_s, work)
+
+
+def capture_history(session: str, *, timeout_s: float = LIFECYCLE_TIMEOUT_S) -> list[str] | None:
+    """The run pane's whole scrollback (``capture-pane -p -J -S - -E -``), ``None`` without one."""
+
+    def work() -> list[str] | None:
+        server = _server()
+        if not server.has_session(session, exact=True):
+            return None
+        s = server.sessions.get(session_name=session)
+        w = s.windows.get(window_name=RUN_WINDOW, default=None) or s.active_window
+        return list(w.active_pane.cmd("capture-pane", "-p", "-J", "-S", "-", "-E", "-").stdout)
+
+    return _within(timeout_s, work)
+
+
+def parse_tmux_version(text: str) -> str | None:
+    """``tmux 3.3a`` -> ``3.3a``.
+
+    >>> parse_tmux_version("tmux 3.3a\\n"), parse_tmux_version("")
+    ('3.3a', None)
+    """
+    parts = text.split()
+    return parts[1] if len(parts) >= 2 and parts[0] == "tmux" else None
+
+
+def tmux_version() -> str | None:
+    """The installed tmux's version (``tmux -V``), ``None`` when there is none or it hangs."""
+    try:
+        out = subprocess.run(["tmux", "-V"], capture_output=True, timeout=5, check=False)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return parse_tmux_version(out.stdout.decode("utf-8", "replace"))

@@ -11,12 +11,16 @@ import json
 import logging
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import typer
 from rich.console import Console
 
 from orchestrator import __version__
+from orchestrator.errors import OrchError
+
+if TYPE_CHECKING:
+    from orchestrator.config.inventory import Inventory
 
 app = typer.Typer(
     name="orch",
@@ -70,14 +74,25 @@ def _root(
     )
 
 
+def report_error(exc: OrchError) -> None:
+    """The one form of an ``OrchError`` on the terminal: ``error: <message>`` in red on stderr.
+
+    Text, not markup: the message may quote hosts.yaml content such as "[/x]" or ":smile:".
+    """
+    from rich.text import Text
+
+    line = Text.assemble(("error:", "bold red"), " ", str(exc))
+    err_console.print(line, highlight=False, soft_wrap=True)
+
+
 def print_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
     sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
     sys.stdout.flush()
 
 
-def load_inventory():  # type: ignore[no-untyped-def]
-    """The inventory named by ``-c`` / ``$ORCH_CONFIG`` / the lookup order (config.py)."""
-    from orchestrator.config import load_inventory as _load
+def load_inventory() -> Inventory:
+    """The inventory named by ``-c`` / ``$ORCH_CONFIG`` / the lookup order (config/inventory.py)."""
+    from orchestrator.config.inventory import load_inventory as _load
 
     return _load(state.config)

@@ -17,14 +17,20 @@ def diagnose(
     logfile: Path = typer.Argument(
         ..., help="Any log file (ours or not); streamed, never loaded whole."
     ),
-    as_json: bool = typer.Option(False, "--json", help='Print {"matches": [...]} best first.'),
+    as_json: bool = typer.Option(
+        False,
+        "--json",
+        help='Print {"matches": [...]} best first, each with confidence and confirm.',
+    ),
     playbooks_dir: Path | None = typer.Option(
         None, "--playbooks", help="Playbook directory (default: bundled)."
     ),
 ) -> None:
     """Match a log against the signature playbooks, offline; best match first.
 
-    Exit codes: 0 whether or not something matched (the answer is the output);
+    Each match says how sure it is (certain: the signature names the failure; probable:
+    the usual cause of a generic symptom, such as a bare "Killed") and the next check
+    that would confirm it. Exit codes: 0 whether or not something matched (the answer is the output);
     2 for an unreadable log or a bad playbook file.
     """
     from orchestrator.errors import UsageError
@@ -64,10 +70,12 @@ def postmortem_cmd(
     (nothing to explain; the bundle is still written); 2 unknown target or run;
     3 host or container unreachable; 4 --out exists and is not empty.
     """
-    from orchestrator import postmortem
+    from orchestrator.postmortem import collect as postmortem
+    from orchestrator.views import postmortem as view
     from orchestrator.views.postmortem import print_verdict
 
-    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out)
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out,
+                               report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
     if as_json:
         print_json(pm.to_dict())
     else:
@@ -116,10 +124,16 @@ def playbook_show(
         print_json(pb.to_dict())
         return
     print(f"{pb.id}: {pb.title}  [{pb.kind}, {pb.severity}]")
-    for label, items in (("log", pb.log), ("findings", pb.findings), ("exit codes", pb.exit_codes)):
+    for sig in pb.signatures:
+        what = "  ->  ".join(sig.patterns) if sig.is_stack else sig.patterns[0]
+        span = f"  (stack, within {sig.within} lines)" if sig.is_stack else ""
+        print(f"  match log [{sig.confidence}]: {what}{span}")
+    for label, items in (("findings", pb.findings), ("exit codes", pb.exit_codes)):
         if items:
             print(f"  match {label}: " + "  |  ".join(str(i) for i in items))
     print("\n" + pb.diagnosis.strip())
+    if pb.confirm:
+        print("\nConfirm: " + " ".join(pb.confirm.split()))
     if pb.remedy:
         print("\nRemedy:\n" + "\n".join(f"  - {r}" for r in pb.remedy))
     for i, s in enumerate(pb.steps, 1):
@@ -153,13 +167,13 @@ def playbook_run(
     steps stay done); 2 unknown id or target, or not a procedure; 3 unreachable;
     4 refused (an existing path without --force, or the relaunch preflight refused).
     """
-    from orchestrator.playbooks import get_playbook, load_playbooks
-    from orchestrator.procedures import (
+    from orchestrator.lifecycle.procedures import (
         format_plan,
         plan_procedure,
         procedure_context,
         run_procedure,
     )
+    from orchestrator.playbooks import get_playbook, load_playbooks
 
     pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
     inventory = load_inventory()

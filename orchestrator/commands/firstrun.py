@@ -8,7 +8,7 @@ from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, out_console, print_json, state
+from orchestrator.commands._app import app, out_console, print_json, report_error, state
 
 
 @app.command("demo")
@@ -49,7 +49,7 @@ def demo_cmd(
     Exit codes: 0 the loop ran and reached a verdict; 1 a step failed; 2 something
     needed is missing (each item is named with its install command).
     """
-    from orchestrator import demo
+    from orchestrator.firstrun import demo
     from orchestrator.views.demo import RichDemoUI
 
     interactive = sys.stdin.isatty() and not yes and not as_json
@@ -113,8 +113,9 @@ def init_cmd(
     """
     import os
 
-    from orchestrator import init
-    from orchestrator.cli import run  # the entry point: its error handling
+    from orchestrator.commands.foundation import trust_host
+    from orchestrator.errors import OrchError
+    from orchestrator.firstrun import init
 
     given = {"host": host, "address": address, "user": user, "port": port, "vmid": vmid,
              "container": container, "gpus": gpus, "workdir": workdir,
@@ -157,7 +158,11 @@ def init_cmd(
             default=True,
         )
     if trust:
-        code = run([*config_flag, "trust", answers.host])
+        try:
+            code = trust_host(written.inventory, answers.host)
+        except OrchError as exc:
+            report_error(exc)
+            code = exc.exit_code
         if code != 0:
             print(
                 f"the file is written; once {answers.host} is reachable run: {shown} trust {answers.host}"
@@ -186,7 +191,7 @@ def doctor_cmd(
     python3 and tmux in it, NVML readable there (this deploys the agent, as any command does).
     Exit codes: 0 every check passed; 1 something failed; 2 TARGET is unknown.
     """
-    from orchestrator import doctor
+    from orchestrator.firstrun import doctor
 
     on_check = None if as_json else (lambda c: print(doctor.render_text([c]), flush=True))
     checks = doctor.run_doctor(state.config, target, on_check=on_check)

@@ -4,8 +4,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import typer
+
+if TYPE_CHECKING:
+    from orchestrator.config.inventory import Inventory
 
 from orchestrator.commands._app import app, err_console, load_inventory, out_console, print_json
 
@@ -21,7 +25,7 @@ def hosts_cmd(
     Exit codes: 0 listed; 2 hosts.yaml is malformed (one line naming file:line and key).
     Env values whose names look secret are masked in --json output.
     """
-    from orchestrator.config import config_search_paths, inventory_summary
+    from orchestrator.config.inventory import config_search_paths, inventory_summary
 
     summary = inventory_summary(load_inventory())
     if as_json:
@@ -41,7 +45,7 @@ def hosts_cmd(
     hosts = Table("host", "address", "user", title=Text(f"hosts ({summary['config']})"))
     for h in summary["hosts"]:
         hosts.add_row(Text(h["name"]), Text(f"{h['address']}:{h['port']}"), Text(h["user"]))
-    from orchestrator.config_reader import gpu_ranges
+    from orchestrator.formats import gpu_ranges
 
     cts = Table("container", "host", "address", "vmid", "session", "gpus")
     cts.add_column("workdir", overflow="fold")
@@ -69,10 +73,18 @@ def trust_cmd(
     Exit codes: 0 recorded or already known; 1 not confirmed; 2 no such host;
     3 unreachable, or the key changed (possible man-in-the-middle).
     """
+    raise typer.Exit(trust_host(load_inventory(), host, yes=yes, as_json=as_json))
+
+
+def trust_host(inventory: Inventory, host: str, *, yes: bool = False, as_json: bool = False) -> int:
+    """``orch trust HOST``'s work (also ``orch init --trust``'s): scan the key, ask, record.
+
+    Returns 0 (recorded or already known) or 1 (not confirmed); raises ``UsageError`` for an
+    unknown host, ``HostKeyChanged`` for a changed key, ``TransportError`` when unreachable.
+    """
     from orchestrator.errors import UsageError
     from orchestrator.transport import trust
 
-    inventory = load_inventory()
     if host not in inventory.hosts:
         known = ", ".join(sorted(inventory.hosts)) or "none"
         raise UsageError(f"no host named {host!r} in the inventory (known: {known})")
@@ -98,7 +110,8 @@ def trust_cmd(
         print(f"{host}: recorded {scanned.key_type} {scanned.fingerprint} in {scanned.known_hosts}")
     if outcome == "declined":
         sys.stderr.write(f"{host}: not recorded\n")
-        raise typer.Exit(1)
+        return 1
+    return 0
 
 
 sandbox_app = typer.Typer(

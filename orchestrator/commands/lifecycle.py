@@ -53,7 +53,7 @@ def launch_cmd(
     unreachable; 4 refused by preflight (live session, busy GPUs, disk, missing
     modules, too few CUDA devices for the config): nothing started.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import launch
     from orchestrator.views.launch import PhaseProgress, launch_summary
 
     inventory = load_inventory()
@@ -82,7 +82,7 @@ def launch_cmd(
                     "exit_status": exc.exit_status,
                     "log_tail": exc.log_tail,
                     "diagnosis": exc.diagnosis,
-                    "state": exc.state,
+                    "state": exc.state.to_dict(),
                 }
             )
             raise typer.Exit(exc.exit_code) from None
@@ -110,22 +110,22 @@ def stop_cmd(
     The tmux session and the run directory stay for the postmortem. Exit codes:
     0 stopped or already not running; 3 unreachable.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import stop
 
-    doc = launch.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
+    doc = stop.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
     if as_json:
-        print_json(doc)
-    elif doc.get("stopped"):
+        print_json(doc.to_dict())
+    elif doc.stopped:
         out_console.print(
-            f"stopped run {doc['run_id']} with {', '.join(doc['signals']) or 'no signal'} "
-            f"in {doc['elapsed_s']:.1f} s: exit status {doc['exit_status']}",
+            f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
+            f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}",
             highlight=False,
         )
     else:
-        code = doc.get("exit_status")
-        state = f"exited {code}" if code is not None else doc.get("state")
+        code = doc.exit_status
+        state = f"exited {code}" if code is not None else doc.state
         out_console.print(
-            f"run {doc['run_id']} is not running ({state}); nothing to stop", highlight=False
+            f"run {doc.run_id} is not running ({state}); nothing to stop", highlight=False
         )
 
 
@@ -145,22 +145,22 @@ def logs_cmd(
 
     Exit codes: 0 done; 2 no such run; 3 unreachable.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import runs
 
     inventory = load_inventory()
     if not follow:
-        doc = launch.logs(inventory, target, lines=lines, run_id=run_id)
-        for line in doc.get("lines", []):
+        doc = runs.logs(inventory, target, lines=lines, run_id=run_id)
+        for line in doc.lines:
             sys.stdout.write(line + "\n")
         return
-    for chunk in launch.follow_logs(inventory, target, lines=lines, run_id=run_id):
-        if chunk.get("truncated"):
+    for chunk in runs.follow_logs(inventory, target, lines=lines, run_id=run_id):
+        if chunk.truncated:
             err_console.print("[yellow]log truncated; reading from the start[/]")
-        for line in chunk.get("lines", []):
+        for line in chunk.lines:
             sys.stdout.write(line + "\n")
         sys.stdout.flush()
-        if chunk.get("end"):
-            code = (chunk.get("state") or {}).get("exit_status")
+        if chunk.end:
+            code = chunk.state.exit_status if chunk.state is not None else None
             err_console.print(f"[dim]run ended: exit status {code}[/]", highlight=False)
 
 
@@ -172,14 +172,14 @@ def status_cmd(
     """One table of every target, queried concurrently: reachable, container, session, run,
     age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
-    from orchestrator import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
     names = list(targets or [n for n in inventory.containers if n != "local"] or ["local"])
     for n in names:
         inventory.container(n)
-    rows = launch.status(inventory, names)
+    rows = runs.status(inventory, names)
     if as_json:
         print_json(rows)
     else:
@@ -192,12 +192,12 @@ def runs_cmd(
     as_json: bool = typer.Option(False, "--json", help="Print the runs as JSON."),
 ) -> None:
     """The runs in the container's workdir: running, exited N or vanished, and log sizes."""
-    from orchestrator import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.views.launch import runs_table
 
-    doc = launch.runs(load_inventory(), target)
+    doc = runs.runs(load_inventory(), target)
     if as_json:
-        print_json(doc)
+        print_json(doc.to_dict())
     else:
         out_console.print(runs_table(doc))
 
@@ -210,10 +210,10 @@ def attach_cmd(
     """Attach to the run's tmux session (ssh -t, pct exec, tmux attach); detach with C-b d."""
     import subprocess
 
-    from orchestrator import launch
+    from orchestrator.lifecycle import runs
     from orchestrator.transport.quoting import command_line
 
-    argv = launch.attach_argv(load_inventory(), target)
+    argv = runs.attach_argv(load_inventory(), target)
     if print_only:
         print(command_line(argv))
         return 0

@@ -27,7 +27,7 @@ def watch_cmd(
     Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
     pane tail), Esc goes back. Exit code 0 on q or Ctrl-C.
     """
-    from orchestrator.views.watch import watch
+    from orchestrator.views.watch_loop import watch
 
     raise typer.Exit(
         watch(
@@ -89,9 +89,10 @@ def check_cmd(
     """
     import shlex
 
+    from orchestrator.monitor import sweep
     from orchestrator.views import check
 
-    opts = check.CheckOptions(
+    opts = sweep.CheckOptions(
         names=targets or [],
         db_path=db,
         timeout_s=timeout,
@@ -103,18 +104,18 @@ def check_cmd(
     )
     try:  # a check that cannot run is UNKNOWN (3) to Nagios, whatever the cause
         inventory = load_inventory()
-        report = check.run_check(inventory, opts)
+        report = sweep.run_check(inventory, opts)
     except OrchError as exc:
         if as_json:
             print_json({"status": "UNKNOWN", "targets": [], "problems": [str(exc)]})
         else:
             print(f"ORCH UNKNOWN - {exc}")
-        raise typer.Exit(check.UNKNOWN) from None
+        raise typer.Exit(sweep.UNKNOWN) from None
     containers = [inventory.container(r.name) for r in report.targets]
     if as_json:
         print_json(check.redact_report(check.to_json(report), containers))
     else:
-        text = "\n".join(check.lines(report, check.playbook_titles()))
+        text = "\n".join(check.lines(report, sweep.playbook_titles()))
         print(check.redact_report(text, containers), flush=True)
     raise typer.Exit(report.status)
 
@@ -143,8 +144,9 @@ def export_cmd(
 ) -> None:
     """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges."""
     from orchestrator.errors import UsageError
+    from orchestrator.monitor.observe import select_targets
+    from orchestrator.monitor.poller import Poller
     from orchestrator.views import export
-    from orchestrator.views.check import select_targets
 
     if not listen and not textfile:
         raise UsageError("orch export needs --listen HOST:PORT or --textfile PATH")
@@ -154,7 +156,7 @@ def export_cmd(
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     inventory = load_inventory()
-    poller = export.Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout)
+    poller = Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout)
     try:
         export.serve(
             poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval

@@ -14,6 +14,25 @@ from orchestrator.model import GpuSample, RunManifest, Snapshot
 History = Sequence[Snapshot]
 """A target's snapshots, oldest first."""
 
+STOP_SLACK_S = 1.0
+"""An exit this much before ``orch stop``'s request still counts as the stop's: the exit
+status file's mtime and the request's time come from clocks a second apart at worst."""
+
+
+def ended_on_request(requested_at: float | None, ended_at: float | None) -> bool:
+    """The run ended because ``orch stop`` asked (the one rule of the exit-status detector, the
+    state word and the postmortem's verdict): a request exists and the run ended no earlier
+    than :data:`STOP_SLACK_S` before it. An end of unknown time after a request counts.
+
+    >>> ended_on_request(10.0, 9.5), ended_on_request(10.0, 8.0), ended_on_request(None, 12.0)
+    (True, False, False)
+    >>> ended_on_request(10.0, None)
+    True
+    """
+    if requested_at is None:
+        return False
+    return ended_at is None or ended_at >= requested_at - STOP_SLACK_S
+
 
 def signal_name(exit_status: int) -> str | None:
     """The signal behind a shell exit status above 128 (``None`` otherwise).

@@ -93,12 +93,6 @@ NO_OOM_LINE = "killed by SIGKILL (no OOM-killer line names it: killed from outsi
 """Said of an exit 137 that no host OOM-killer line matches (as the postmortem's verdict)."""
 
 
-def _exit_code(f: Finding) -> int | None:
-    """The status in a ``crashed`` finding's ``exit_status: N`` evidence line (``None`` if absent)."""
-    code = next((e.split()[1] for e in f.evidence if e.startswith("exit_status: ")), None)
-    return int(code) if code is not None and code.lstrip("-").isdigit() else None
-
-
 def _with_hint(summary: str, hint: str) -> str:
     """``summary; hint``: what the host kernel log says of a SIGKILL."""
     return f"{summary}; {hint}"
@@ -119,7 +113,7 @@ def _explain_crash(
     """
     if f.kind != "crashed" or f.playbook is not None:
         return f
-    code = _exit_code(f)
+    code = f.exit_status
     sigkill = code == 137
     if sigkill:
         pids, names = host.run_pids_and_names(history)

@@ -13,7 +13,7 @@ from orchestrator.detect.limits import Limits
 from orchestrator.model import Finding
 from orchestrator.playbooks import LogMatcher, Playbook
 
-_METRIC_RE = re.compile(r"(?P<key>step|loss|acc_len|tok/s|lr)=(?P<val>[-+0-9.eE]+|nan|inf)")
+_METRIC_RE = re.compile(r"(?P<key>step|loss|acc_len|tau|tok/s|lr)=(?P<val>[-+0-9.eE]+|nan|inf)")
 
 
 def parse_metrics(line: str) -> dict[str, float]:
@@ -21,6 +21,8 @@ def parse_metrics(line: str) -> dict[str, float]:
 
     >>> parse_metrics("step=120 loss=2.3104 acc_len=3.21 tok/s=21500 lr=3.0e-04")
     {'step': 120.0, 'loss': 2.3104, 'acc_len': 3.21, 'tok/s': 21500.0, 'lr': 0.0003}
+    >>> parse_metrics("step=9 loss=2.5 tau=2.31 tau_tf=2.45 tok/s=900 lr=1.0e-03 gpu_mem=-")
+    {'step': 9.0, 'loss': 2.5, 'tau': 2.31, 'tok/s': 900.0, 'lr': 0.001}
     >>> parse_metrics("loading shards")
     {}
     """

@@ -15,6 +15,7 @@ from statistics import median
 from orchestrator.detect.base import (
     History,
     alive,
+    ended_on_request,
     fmt_num,
     fmt_time,
     gpu,
@@ -312,10 +313,12 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
                 gpus=gpus,
                 since=at,
                 evidence=evidence,
+                exit_status=status,
+                signal=sig,
             )
         ]
 
-    if asked is not None and at >= asked - 1.0:  # orch stop asked first: info, never a page
+    if ended_on_request(asked, at):  # orch stop asked first: info, never a page
         return one(
             "finished",
             Severity.INFO,

@@ -61,6 +61,9 @@ class LineStream(abc.ABC):
     """
 
     exit_status: int | None = None
+    stderr_tail: bytes = b""
+    """The last bytes the command wrote to stderr (bounded; drained as it runs), for the
+    message when the stream ends."""
 
     @abc.abstractmethod
     def __iter__(self) -> Iterator[str]: ...

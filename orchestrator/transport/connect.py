@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import threading
 
-from orchestrator.config import LOCAL, HostConfig, Inventory
+from orchestrator.config.inventory import LOCAL, HostConfig, Inventory
 from orchestrator.errors import UsageError
 from orchestrator.transport.base import Transport
 from orchestrator.transport.local import LocalTransport
@@ -20,7 +20,8 @@ _pool_lock = threading.Lock()
 
 
 def _ssh(host: HostConfig, inventory: Inventory) -> Transport:
-    from orchestrator.transport.ssh import SshTransport, resolve
+    from orchestrator.transport.ssh import SshTransport
+    from orchestrator.transport.ssh_config import resolve
 
     with _pool_lock:
         found = _pool.get(host)

@@ -33,6 +33,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
+from orchestrator.formats import parse_pct_status
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line, with_env
 
@@ -84,18 +85,6 @@ def deadline(argv: Sequence[str], timeout_s: float) -> list[str]:
     ['timeout', '-k', '2', '1.25', 'true']
     """
     return ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{timeout_s + DEADLINE_SLACK_S:g}", *argv]
-
-
-def parse_status(stdout: str) -> str:
-    """The state word of ``pct status VMID`` output.
-
-    >>> parse_status("status: running\\n"), parse_status("status: stopped")
-    ('running', 'stopped')
-    >>> parse_status("garbage")
-    'unknown'
-    """
-    match = re.search(r"^status:\s*(\S+)", stdout, re.M)
-    return match.group(1) if match else "unknown"
 
 
 class PctTransport(Transport):
@@ -201,7 +190,7 @@ class PctTransport(Transport):
             raise CommandFailed(
                 self.host.name, f"pct status {self.vmid}", result.exit_status, result.err
             )
-        return parse_status(result.out)
+        return parse_pct_status(result.out)
 
     def _push_lock(self) -> threading.Lock:
         with _push_locks_guard:
@@ -259,17 +248,13 @@ class _PctLineStream(LineStream):
         self._owner, self._inner = owner, inner
 
     @property
-    def stderr_tail(self) -> bytes:
-        return getattr(self._inner, "stderr_tail", b"")
-
-    @property
     def dropped(self) -> bool:
         return bool(getattr(self._inner, "dropped", False))
 
     def readline(self, timeout: float) -> str | None:
         line = self._inner.readline(timeout)
         if line is None:
-            self.exit_status = self._inner.exit_status
+            self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail
             self._owner._raise_for_pct(Result(self.exit_status, b"", self.stderr_tail))
         return line
 
@@ -279,4 +264,4 @@ class _PctLineStream(LineStream):
 
     def close(self) -> None:
         self._inner.close()
-        self.exit_status = self._inner.exit_status
+        self.exit_status, self.stderr_tail = self._inner.exit_status, self._inner.stderr_tail

@@ -1,6 +1,7 @@
 """SSH transport over ONE pooled paramiko connection per host (channels, not new connections).
 
-The only module (with trust.py) that imports paramiko; every paramiko and socket
+The only module that uses paramiko's connection (``ssh_config.py`` reads ``~/.ssh/config``
+and ``known_hosts.py`` checks host keys with its parsers); every paramiko and socket
 exception is translated here into :mod:`orchestrator.errors` types.
 
 - Host keys are checked against the host's known_hosts (``HostConfig.known_hosts``
@@ -22,9 +23,7 @@ exception is translated here into :mod:`orchestrator.errors` types.
 
 from __future__ import annotations
 
-import base64
 import contextlib
-import hashlib
 import logging
 import os
 import select
@@ -33,25 +32,24 @@ import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.errors import (
     AuthFailed,
     CommandFailed,
     CommandTimeout,
-    HostKeyChanged,
-    HostKeyUnknown,
     HostUnreachable,
 )
 from orchestrator.transport.base import LineStream, Result, Transport
+from orchestrator.transport.known_hosts import check_host_key, fingerprint, known_entries
 from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
 from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.transport.ssh_config import Endpoint, parse_jump, resolve
 
 log = logging.getLogger(__name__)
 
@@ -66,148 +64,6 @@ WATCHED = (
     'exec 3<&0 </dev/null; "$@" 3<&- & c=$!; { cat <&3; kill -TERM "$c"; } >/dev/null 2>&1 & '
     'w=$!; exec 3<&-; wait "$c"; s=$?; kill "$w" 2>/dev/null; exit "$s"'
 )
-
-
-@dataclass(frozen=True, slots=True)
-class Endpoint:
-    """A host's SSH settings after merging hosts.yaml with ``~/.ssh/config``."""
-
-    name: str
-    address: str
-    port: int
-    user: str
-    identity_files: tuple[str, ...]
-    known_hosts: Path
-    proxy_jump: str | None
-    connect_timeout_s: float
-    keepalive_s: float
-
-    @property
-    def known_name(self) -> str:
-        """The name known_hosts files use: ``addr`` on port 22, else ``[addr]:port``."""
-        return known_host_name(self.address, self.port)
-
-
-def known_host_name(address: str, port: int) -> str:
-    """
-    >>> known_host_name("10.1.2.6", 22), known_host_name("127.0.0.1", 2222)
-    ('10.1.2.6', '[127.0.0.1]:2222')
-    """
-    return address if port == 22 else f"[{address}]:{port}"
-
-
-def parse_jump(spec: str) -> tuple[str | None, str, int | None]:
-    """The first hop of a ProxyJump spec ``[user@]host[:port][,next...]``.
-
-    >>> parse_jump("admin@bastion:2222"), parse_jump("bastion"), parse_jump("a,b")
-    (('admin', 'bastion', 2222), (None, 'bastion', None), (None, 'a', None))
-    """
-    first = spec.split(",")[0].strip()
-    user, _, hostport = first.rpartition("@")
-    host, port = hostport, None
-    if hostport.startswith("["):
-        host, _, rest = hostport[1:].partition("]")
-        port = int(rest[1:]) if rest.startswith(":") else None
-    elif hostport.count(":") == 1:
-        host, port_s = hostport.split(":")
-        port = int(port_s)
-    return (user or None), host, port
-
-
-def fingerprint(key: Any) -> str:
-    """OpenSSH's ``SHA256:`` fingerprint of a paramiko key (base64 without padding)."""
-    digest = hashlib.sha256(key.asbytes()).digest()
-    return "SHA256:" + base64.b64encode(digest).decode().rstrip("=")
-
-
-def default_ssh_config() -> Path:
-    return Path("~/.ssh/config").expanduser()
-
-
-def resolve(host: HostConfig, ssh_config_path: Path | None = None) -> Endpoint:
-    """Merge ``host`` with its ``ssh_config`` alias: hosts.yaml wins for what it sets.
-
-    A field counts as set when hosts.yaml named it (``HostConfig.explicit``) or it differs
-    from the dataclass default. Reads ``ssh_config_path`` (default ``~/.ssh/config``) only
-    when ``host.ssh_config`` is set.
-    """
-    explicit: frozenset[str] = getattr(host, "explicit", frozenset())
-
-    def given(field: str, default: object) -> bool:
-        return field in explicit or getattr(host, field) != default
-
-    address, port, user = host.address, host.port, host.user
-    identity = (host.identity_file,) if host.identity_file else ()
-    jump = host.proxy_jump
-    path = ssh_config_path or default_ssh_config()
-    alias = host.ssh_config
-    if alias:
-        found = paramiko.SSHConfig.from_path(str(path)).lookup(alias) if path.is_file() else {}
-        if address in ("", alias) or "address" not in explicit and address == host.name:
-            address = found.get("hostname", alias)
-        if not given("port", 22) and "port" in found:
-            port = int(found["port"])
-        if not given("user", "root") and "user" in found:
-            user = found["user"]
-        if not identity and found.get("identityfile"):
-            identity = tuple(found["identityfile"])
-        if not jump and found.get("proxyjump") and found["proxyjump"].lower() != "none":
-            jump = found["proxyjump"]
-    known = Path(host.known_hosts or "~/.ssh/known_hosts").expanduser()
-    return Endpoint(
-        name=host.name,
-        address=address,
-        port=port,
-        user=user,
-        identity_files=tuple(os.path.expanduser(p) for p in identity),
-        known_hosts=known,
-        proxy_jump=jump,
-        connect_timeout_s=host.connect_timeout_s,
-        keepalive_s=host.keepalive_s,
-    )
-
-
-def known_entries(path: Path, name: str) -> list[tuple[int, str, str]]:
-    """``(line number, key type, base64 key)`` of every known_hosts line matching ``name``.
-
-    Hashed (``|1|``) entries are matched too; ``@revoked``/``@cert-authority`` lines are skipped.
-    """
-    found: list[tuple[int, str, str]] = []
-    try:
-        lines = path.read_text(errors="replace").splitlines()
-    except OSError:
-        return found
-    for lineno, line in enumerate(lines, start=1):
-        fields = line.split()
-        if len(fields) < 3 or line.lstrip().startswith(("#", "@")):
-            continue
-        for pattern in fields[0].split(","):
-            if pattern.startswith("|1|"):
-                salt = pattern.split("|")[2]
-                hit = paramiko.HostKeys.hash_host(name, salt) == pattern
-            else:
-                hit = pattern == name
-            if hit:
-                found.append((lineno, fields[1], fields[2]))
-                break
-    return found
-
-
-def check_host_key(ep: Endpoint, key: Any) -> None:
-    """Accept ``key`` only when ``ep``'s known_hosts holds exactly it.
-
-    Raises:
-        HostKeyUnknown: no entry of this key type for the host.
-        HostKeyChanged: an entry of this key type holds a different key.
-    """
-    entries = [e for e in known_entries(ep.known_hosts, ep.known_name) if e[1] == key.get_name()]
-    if any(b64 == key.get_base64() for _, _, b64 in entries):
-        return
-    if entries:
-        raise HostKeyChanged(
-            ep.name, ep.address, ep.port, fingerprint(key), str(ep.known_hosts), entries[0][0]
-        )
-    raise HostKeyUnknown(ep.name, ep.address, ep.port, fingerprint(key))
 
 
 def _translate(name: str, exc: BaseException, doing: str) -> HostUnreachable:

@@ -13,18 +13,11 @@ import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.errors import HostKeyChanged, HostKeyUnknown
-from orchestrator.transport.ssh import (
-    Endpoint,
-    check_host_key,
-    fingerprint,
-    handshake,
-    jump_transport,
-    known_entries,
-    open_socket,
-    resolve,
-)
+from orchestrator.transport.known_hosts import check_host_key, fingerprint, known_entries
+from orchestrator.transport.ssh import handshake, jump_transport, open_socket
+from orchestrator.transport.ssh_config import Endpoint, resolve
 
 KNOWN, UNKNOWN, CHANGED = "known", "unknown", "changed"
 

@@ -1,5 +1,5 @@
 """Rendering for ``orch demo``: one line per step with its duration, the live view, the findings,
-the verdict, and what to do next. Implements :class:`orchestrator.demo.DemoUI`."""
+the verdict, and what to do next. Implements :class:`orchestrator.firstrun.demo.DemoUI`."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from typing import Any
 from rich.console import Console
 from rich.text import Text
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.model import Finding, Snapshot
 from orchestrator.views.launch import PhaseProgress
 
@@ -53,7 +54,7 @@ class RichDemoUI:
 
     def watch(
         self,
-        inventory: Any,
+        inventory: Inventory,
         name: str,
         *,
         seconds: float,
@@ -65,14 +66,16 @@ class RichDemoUI:
         stays :data:`SHOW_AFTER_FOUND_S` longer and ends.
         """
         from orchestrator.target import Target
-        from orchestrator.views.watch import watch
+        from orchestrator.views.watch_loop import watch
 
         stop = threading.Event()
         streams: list[Any] = []
 
         def factory(n: str) -> Callable[[], Iterator[Snapshot]]:
+            target = Target(inventory, n)
+
             def open_stream() -> Iterator[Snapshot]:
-                inner = Target(inventory, n).stream(self.interval_s)
+                inner = target.stream_once(self.interval_s)
                 streams.append(inner)
                 for snap in inner:
                     if on_snapshot(snap) and not stop.is_set():
@@ -104,6 +107,11 @@ class RichDemoUI:
             line = Text.assemble("   finding: ", (f"{sev} {f.kind}", _SEVERITY.get(sev, "")),
                                  gpus, f": {f.summary}")  # fmt: skip
             self.console.print(line, highlight=False, soft_wrap=True)
+
+    def report(self, pm: Any) -> tuple[str, str]:
+        from orchestrator.views.postmortem import html, markdown
+
+        return markdown(pm), html(pm)
 
     def verdict(self, pm: Any) -> None:
         from orchestrator.views.postmortem import print_verdict

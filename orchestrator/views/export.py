@@ -5,56 +5,41 @@ GPU readings use dcgm-exporter's metric names and labels (``gpu``, ``UUID``,
 ``container`` the orch target), so Grafana dashboards built for dcgm-exporter
 work unchanged. Run and health state are ``orch_*`` gauges.
 
-A background poller takes a concurrent one-shot snapshot of every target each
-``interval_s`` and runs the detectors over an in-memory history; a custom
-Collector turns the newest results into metric families at scrape time, so a
+The monitor's :class:`~orchestrator.monitor.poller.Poller` takes a concurrent one-shot
+snapshot of every target each ``interval_s`` and judges it over an in-memory history; a
+custom Collector turns the newest judgements into metric families at scrape time, so a
 scrape never waits on SSH. ``--textfile`` writes the node_exporter textfile
 format atomically (temp file + rename, by prometheus-client).
 """
 
 from __future__ import annotations
 
-import collections
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
-from typing import Any
+from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
-from orchestrator.model import Finding, Snapshot
-from orchestrator.views.state import target_state
+from orchestrator.monitor.judge import Judgement
+from orchestrator.monitor.poller import Poller
 
 log = logging.getLogger(__name__)
 
 DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "container"]
 TARGET_LABELS = ["target", "host"]
-_HISTORY = 16  # as check.DETECT_WINDOW: detectors over more cost CPU per poll
 
 
-@dataclass(frozen=True, slots=True)
-class Observed:
-    """The newest judgement about one target, as the collector reads it."""
-
-    name: str
-    host: str
-    snapshot: Snapshot
-    findings: tuple[Finding, ...] = ()
-    state: str = "connecting"
-
-
-def families(observed: Sequence[Observed]) -> list[Metric]:
+def families(observed: Sequence[Judgement]) -> list[Metric]:
     """Metric families for ``observed`` (pure: the collector and the tests call it).
 
     GPUs of an unreachable target are left out (no data is not zero);
     ``orch_target_reachable`` says why.
 
-    >>> from orchestrator.model import GpuSample
+    >>> from orchestrator.model import GpuSample, Snapshot
     >>> s = Snapshot("ct200", 1.0, gpus=(GpuSample(3, "GPU-3", "H200", 100.0, 0.0, 143771.0),))
-    >>> fams = {f.name: f for f in families([Observed("ct200", "pve1", s, state="idle")])}
+    >>> fams = {f.name: f for f in families([Judgement("ct200", s, "idle", host="pve1")])}
     >>> [(x.labels["gpu"], x.value) for x in fams["DCGM_FI_DEV_FB_FREE"].samples]
     [('3', 143771.0)]
     """
@@ -107,7 +92,7 @@ def families(observed: Sequence[Observed]) -> list[Metric]:
         labels=[*TARGET_LABELS, "kind", "severity", "gpus"],
     )
     for o in observed:
-        tl = [o.name, o.host]
+        tl = [o.name, o.host or ""]
         snap = o.snapshot
         reachable.add_metric(tl, 1.0 if snap.reachable else 0.0)
         state.add_metric([*tl, o.state], 1.0)
@@ -122,7 +107,7 @@ def families(observed: Sequence[Observed]) -> list[Metric]:
                 g.uuid or "",
                 f"nvidia{g.index}",
                 g.name or "",
-                o.host,
+                o.host or "",
                 o.name,
             ]
             _add(util, labels, g.utilization_pct)
@@ -172,98 +157,6 @@ class FleetCollector(Collector):
 
     def collect(self) -> Iterator[Metric]:
         yield from families(self.source.latest())
-
-
-class Poller:
-    """Keeps the newest snapshot and findings of each target, refreshed by :meth:`poll_once`.
-
-    ``fetch(name) -> Snapshot`` is the one-shot snapshot (``Target(...).snapshot``);
-    it is injected so that tests and the benchmark can reuse the poller.
-    """
-
-    def __init__(
-        self,
-        inventory: Any,
-        names: Sequence[str],
-        *,
-        timeout_s: float = 30.0,
-        workers: int = 32,
-    ) -> None:
-        self.inventory = inventory
-        self.names = list(names)
-        self.timeout_s = timeout_s
-        self.workers = workers
-        self._lock = threading.Lock()
-        self._latest: dict[str, Observed] = {}
-        self._history: dict[str, collections.deque[Snapshot]] = {
-            n: collections.deque(maxlen=_HISTORY) for n in self.names
-        }
-        self._targets: dict[str, Any] = {}
-
-    def latest(self) -> list[Observed]:
-        with self._lock:
-            return [self._latest[n] for n in self.names if n in self._latest]
-
-    def _target(self, name: str) -> Any:
-        from orchestrator.target import Target
-
-        t = self._targets.get(name)
-        if t is None:
-            t = self._targets[name] = Target(self.inventory, name)
-        return t
-
-    def poll_once(self) -> None:
-        """One concurrent round of snapshots, then the detectors; never raises for a target."""
-        from orchestrator.detect.engine import run_detectors
-        from orchestrator.views.check import _reason, ensure_unreachable_finding, gather
-        from orchestrator.views.state import roles_by_gpu
-
-        def job(name: str) -> Callable[[], Snapshot]:
-            return lambda: self._target(name).snapshot()
-
-        got = gather(
-            {n: job(n) for n in self.names},
-            workers=self.workers,
-            timeout_s=self.timeout_s,
-        )
-        now = time.time()
-        for n in self.names:
-            value = got[n]
-            snap = (
-                value
-                if isinstance(value, Snapshot)
-                else Snapshot.unreachable(n, now, _reason(value))
-            )
-            if not isinstance(value, Snapshot):
-                self._targets.pop(n, None)  # reconnect next round
-            cfg = self.inventory.container(n)
-            hist = self._history[n]
-            hist.append(snap)
-            try:
-                findings = list(
-                    run_detectors(
-                        list(hist), limits=cfg.limits, roles=roles_by_gpu(cfg.gpus), now=now
-                    )
-                )
-            except Exception:  # noqa: BLE001 - a detector bug must not stop the exporter
-                log.exception("%s: detectors failed", n)
-                findings = []
-            findings = ensure_unreachable_finding(n, snap, findings)
-            obs = Observed(
-                n,
-                cfg.host,
-                snap,
-                tuple(findings),
-                target_state(snap, findings, startup_grace_s=cfg.limits.startup_grace_s),
-            )
-            with self._lock:
-                self._latest[n] = obs
-
-    def close(self) -> None:
-        for t in self._targets.values():
-            close = getattr(t, "close", None)
-            if callable(close):
-                close()
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -11,6 +11,8 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.answers import RunsAnswer
+
 _MARK = {"ok": "[green]✓[/]", "fail": "[bold red]✗[/]", "skip": "[dim]–[/]"}
 
 
@@ -93,24 +95,21 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     return table
 
 
-def runs_table(doc: dict[str, Any]) -> Table:
+def runs_table(doc: RunsAnswer) -> Table:
     """The runs of one workdir, oldest first; the current one marked."""
     table = Table(box=None, pad_edge=False, header_style="bold")
     for col in ("", "run", "state", "started", "log", "command"):
         table.add_column(col, overflow="fold")
-    for r in doc.get("runs", []):
-        st = r["state"]
-        shown = f"exited {r['exit_status']}" if st == "exited" else st
-        style = {"running": "green", "vanished": "red"}.get(
-            st, "yellow" if r.get("exit_status") else ""
-        )
-        started = r.get("started_at")
-        size = r.get("log_size_bytes")
+    for r in doc.runs:
+        st = r.state
+        shown = f"exited {r.exit_status}" if st == "exited" else st
+        style = {"running": "green", "vanished": "red"}.get(st, "yellow" if r.exit_status else "")
+        started = r.started_at
         table.add_row(
-            "*" if r["run_id"] == doc.get("current") else "",
-            r["run_id"], Text(shown, style=style),
+            "*" if r.run_id == doc.current else "",
+            r.run_id, Text(shown, style=style),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "-",
-            _size(size), (r.get("command") or "")[:80],
+            _size(r.log_size_bytes), (r.command or "")[:80],
         )  # fmt: skip
     return table
 

@@ -1,6 +1,6 @@
 """Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
-``orchestrator.postmortem.write_bundle`` writes :func:`markdown` and :func:`html`
+``orchestrator.postmortem.collect.write_bundle`` writes :func:`markdown` and :func:`html`
 (self-contained HTML, inline SVG timeline of per-GPU utilization and memory and
 tokens/s, the death marked).
 """
@@ -30,6 +30,9 @@ def print_verdict(console: Console, pm: Any) -> None:
         console.print(Text(f"died at: {fmt_time(v.died_at)}"), highlight=False)
     if v.cause and v.cause != v.summary:
         console.print(Text(f"cause: {v.cause}"), highlight=False)
+    console.print(Text(f"confidence: {v.confidence}"), highlight=False)
+    if v.confirm:
+        console.print(Text(f"confirm: {v.confirm}"), highlight=False)
     if pm.evidence.tee_error:
         console.print(Text(f"tee failed: {pm.evidence.tee_error}"), highlight=False)
     if v.evidence:
@@ -73,7 +76,10 @@ def markdown(pm: Any) -> str:
     if m is not None:
         out.append(f"- command: `{m.command}`\n- started: {fmt_time(m.started_at)}\n"
                    f"- GPUs: {list(m.gpus)}\n")  # fmt: skip
-    out += ["\n## Cause\n", f"{v.cause or '-'}\n", "\n## Evidence\n", _md_list(v.evidence, True)]
+    out += ["\n## Cause\n", f"{v.cause or '-'}\n", f"\nConfidence: **{v.confidence}**\n"]
+    if v.confirm:
+        out.append(f"\nTo confirm: {v.confirm}\n")
+    out += ["\n## Evidence\n", _md_list(v.evidence, True)]
     out += ["\n## Remedy\n", _md_list(v.remedy)]
     out += [
         "\n## Findings\n",
@@ -172,6 +178,9 @@ def html(pm: Any) -> str:
             if ev.tee_error
             else ""
         )
+        + f"<p class='c'>confidence: <b>{esc(v.confidence)}</b>"
+        + (f"; to confirm: {esc(v.confirm)}" if v.confirm else "")
+        + "</p>"
         + f"<h2>Timeline</h2>{charts}"
         f"<h2>Evidence</h2>{pre(list(v.evidence))}"
         "<h2>Remedy</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in v.remedy) + "</ul>"

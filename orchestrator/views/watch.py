@@ -1,42 +1,22 @@
-"""``orch watch``: a live dashboard of every target (rich Live), or one line per change.
+"""``orch watch``'s rendering (pure: model + clock + size -> renderable or text line).
 
-Three layers, kept apart:
-
-- **pumps** (I/O, one daemon thread per target): iterate ``Target.stream(interval_s)``
-  and put each Snapshot on one queue. ``Target.stream`` reconnects by itself and
-  yields ``Snapshot.unreachable`` markers while down; should it raise, the pump
-  puts a marker too and starts a new stream after an exponential backoff (tenacity).
-- **model** (:class:`WatchModel`, main thread only): per-target history, the
-  detectors' findings, the state word, "unreachable since".
-- **rendering** (pure: model + clock + size -> renderable or text line):
-  :func:`render_dashboard`, :func:`render_detail`, :func:`plain_line`.
-
-Keys (TTY only): ``q`` quits, up/down or ``j``/``k`` select, Enter opens the
-detail of the selected target, Esc or ``b`` goes back. Ctrl-C quits cleanly too;
-the terminal (alternate screen, cbreak mode) is restored on every exit path.
+:func:`render_dashboard` (every target), :func:`render_detail` (one target: GPUs, evidence,
+pane tail) and :func:`plain_line` (``--plain``). The model they draw is
+:mod:`orchestrator.views.watch_model`; the terminal, the keys and the loop are
+:mod:`orchestrator.views.watch_loop`.
 """
 
 from __future__ import annotations
 
-import collections
-import contextlib
 import logging
-import os
-import queue
-import select
-import sys
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any
+from collections.abc import Mapping, Sequence
 
-import tenacity
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.text import Text
 
-from orchestrator.model import Finding, GpuSample, Severity, Snapshot
-from orchestrator.views.state import roles_by_gpu, target_state
+from orchestrator.model import Finding, GpuSample, Severity
+from orchestrator.views.watch_model import TargetView, WatchModel
 
 log = logging.getLogger(__name__)
 
@@ -61,87 +41,6 @@ SEVERITY_STYLE = {
     Severity.CRITICAL: "bold red",
 }
 HIDDEN_KINDS = frozenset({"unreachable"})  # the badge already says it
-
-Detect = Callable[[Sequence[Snapshot], Any, float], Sequence[Finding]]
-
-
-# --- model -------------------------------------------------------------------------------
-
-
-@dataclass
-class TargetView:
-    """Everything shown about one target. Mutated by :class:`WatchModel` only."""
-
-    name: str
-    roles: dict[int, str] = field(default_factory=dict)
-    config: Any = None
-    history: collections.deque[Snapshot] = field(
-        default_factory=lambda: collections.deque(maxlen=150)
-    )
-    current: Snapshot | None = None
-    last_good: Snapshot | None = None
-    unreachable_since: float | None = None
-    findings: tuple[Finding, ...] = ()
-    state: str = "connecting"
-    tokens_per_s: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=60)
-    )
-    log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
-    run_id: str | None = None
-
-    def signature(self) -> tuple[Any, ...]:
-        """What counts as a change for ``--plain``: state, run, findings (not every step)."""
-        return (
-            self.state,
-            self.run_id,
-            self.unreachable_since,
-            tuple(sorted((f.kind, int(f.severity), f.gpus) for f in self.findings)),
-        )
-
-    @property
-    def shown(self) -> Snapshot | None:
-        """The snapshot to draw readings from: the newest one that has data."""
-        return self.last_good
-
-
-class WatchModel:
-    """The state of every watched target, fed one snapshot at a time (main thread)."""
-
-    def __init__(self, views: Iterable[TargetView], detect: Detect | None = None) -> None:
-        self.views: dict[str, TargetView] = {v.name: v for v in views}
-        self.detect = detect
-        self.messages: collections.deque[str] = collections.deque(maxlen=3)
-
-    def apply(self, name: str, snap: Snapshot) -> bool:
-        """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature` changed."""
-        v = self.views[name]
-        before = v.signature()
-        v.current = snap
-        v.history.append(snap)
-        if snap.reachable:
-            v.unreachable_since = None
-            v.last_good = snap
-            if snap.run is not None:
-                if snap.run.run_id != v.run_id:
-                    v.tokens_per_s.clear()
-                    v.log_tail.clear()
-                v.run_id = snap.run.run_id
-                v.log_tail.extend(snap.run.new_log_lines)
-            if snap.metrics is not None and snap.metrics.tokens_per_s is not None:
-                v.tokens_per_s.append(snap.metrics.tokens_per_s)
-        elif v.unreachable_since is None:
-            v.unreachable_since = snap.taken_at
-        findings: Sequence[Finding] = ()
-        if self.detect is not None:
-            try:
-                findings = self.detect(list(v.history), v.config, snap.taken_at)
-            except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
-                log.debug("detectors failed for %s", name, exc_info=True)
-                self.messages.append(f"{name}: detectors failed: {exc}")
-        v.findings = tuple(findings)
-        grace = v.config.limits.startup_grace_s if v.config is not None else 120.0
-        v.state = target_state(snap, v.findings, startup_grace_s=grace)
-        return v.signature() != before
 
 
 # --- pure rendering ------------------------------------------------------------------------
@@ -290,6 +189,8 @@ def target_lines(
     if v.tokens_per_s:
         head.append(f"  {human(v.tokens_per_s[-1])} tok/s ")
         head.append(sparkline(v.tokens_per_s, 12), style="green")
+    if m is not None and m.tau is not None:  # acceptance length of real draft-and-verify
+        head.append(f"  τ {m.tau:.2f}")
     head.no_wrap, head.overflow = True, "ellipsis"
     out = [head]
 
@@ -437,311 +338,10 @@ def plain_line(v: TargetView, *, now: float, titles: Mapping[str, str] | None = 
         parts.append(f"step={m.step}")
     if v.tokens_per_s:
         parts.append(f"tok/s={human(v.tokens_per_s[-1])}")
+    if m is not None and m.tau is not None:
+        parts.append(f"tau={m.tau:.2f}")
     for f in _visible_findings(v):
         gpus = f"[GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
         title = titles.get(f.playbook or "", "")
         parts.append(f"{f.severity.name}:{f.kind}{gpus}" + (f"({title})" if title else ""))
     return " ".join(parts)
-
-
-# --- I/O: stream pumps, keys, the loop -------------------------------------------------------
-
-
-def pump(
-    name: str,
-    open_stream: Callable[[], Iterable[Snapshot]],
-    out: queue.Queue[tuple[str, Any]],
-    stop: threading.Event,
-    *,
-    max_backoff_s: float = 15.0,
-) -> None:
-    """Feed ``out`` with ``(name, Snapshot)`` until ``stop`` is set; reconnect with backoff."""
-
-    def attempt() -> None:
-        for snap in open_stream():
-            out.put((name, snap))
-            if stop.is_set():
-                return
-        if not stop.is_set():
-            raise ConnectionError("stream ended")
-
-    def report(rs: tenacity.RetryCallState) -> None:
-        exc = rs.outcome.exception() if rs.outcome else None
-        reason = (str(exc) or type(exc).__name__) if exc else "stream ended"
-        out.put((name, Snapshot.unreachable(name, time.time(), reason.splitlines()[0][:200])))
-
-    def nap(seconds: float) -> None:
-        stop.wait(seconds)  # wakes at once when told to stop
-
-    retrying = tenacity.Retrying(
-        retry=tenacity.retry_if_exception_type(Exception),
-        wait=tenacity.wait_exponential(multiplier=0.5, max=max_backoff_s),
-        stop=lambda rs: stop.is_set(),
-        sleep=nap,
-        before_sleep=report,
-        reraise=False,
-    )
-    with contextlib.suppress(tenacity.RetryError):
-        retrying(attempt)
-
-
-@contextlib.contextmanager
-def _cbreak(fd: int | None) -> Iterator[None]:
-    """Single-key input without echo; ISIG stays on so Ctrl-C still interrupts."""
-    if fd is None:
-        yield
-        return
-    import termios
-    import tty
-
-    saved = termios.tcgetattr(fd)
-    try:
-        tty.setcbreak(fd)
-        yield
-    finally:
-        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
-
-
-def _keys(fd: int, out: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
-    while not stop.is_set():
-        ready, _, _ = select.select([fd], [], [], 0.2)
-        if not ready:
-            continue
-        data = os.read(fd, 32)
-        if not data:
-            return
-        for key in parse_keys(data.decode("utf-8", "replace")):
-            out.put(("", ("key", key)))
-
-
-_ARROWS = {"\x1b[A": "up", "\x1b[B": "down", "\x1bOA": "up", "\x1bOB": "down"}
-
-
-def parse_keys(text: str) -> list[str]:
-    r"""Split one read from the terminal into keys (several may arrive together).
-
-    >>> parse_keys("\x1b[Aj\r\x1b")
-    ['up', 'j', '\r', '\x1b']
-    """
-    keys = []
-    i = 0
-    while i < len(text):
-        seq = next((s for s in _ARROWS if text.startswith(s, i)), None)
-        if seq is not None:
-            keys.append(_ARROWS[seq])
-            i += len(seq)
-        elif text.startswith("\x1b[", i) and i + 2 < len(text):
-            i += 3  # another CSI key (right, left...): ignored
-        else:
-            keys.append(text[i])
-            i += 1
-    return keys
-
-
-class _RingHandler(logging.Handler):
-    """Log records into the model's message line instead of over the full-screen view."""
-
-    def __init__(self, sink: collections.deque[str]) -> None:
-        super().__init__(logging.WARNING)
-        self.sink = sink
-
-    def emit(self, record: logging.LogRecord) -> None:
-        self.sink.append(f"{record.levelname.lower()}: {record.getMessage()}"[:200])
-
-
-def default_detect(history: Sequence[Snapshot], cfg: Any, now: float) -> Sequence[Finding]:
-    from orchestrator.detect.engine import run_detectors
-
-    if cfg is None:
-        return run_detectors(history, limits=_default_limits(), now=now)
-    return run_detectors(history, limits=cfg.limits, roles=roles_by_gpu(cfg.gpus), now=now)
-
-
-def _default_limits() -> Any:
-    from orchestrator.detect.limits import Limits
-
-    return Limits()
-
-
-def watch(
-    inventory: Any,
-    names: Sequence[str],
-    *,
-    interval_s: float = 2.0,
-    plain: bool = False,
-    console: Console | None = None,
-    stream_factory: Callable[[str], Callable[[], Iterable[Snapshot]]] | None = None,
-    detect: Detect | None = default_detect,
-    stop: threading.Event | None = None,
-) -> int:
-    """Run the dashboard (or plain lines) until ``q``, Ctrl-C or ``stop``; returns 0.
-
-    ``stream_factory(name)`` returns a zero-argument callable opening a snapshot
-    stream (default: ``Target(inventory, name).stream(interval_s)``).
-    """
-    from orchestrator.views.check import playbook_titles, select_targets
-
-    detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
-    names = select_targets(inventory, names)
-    if not names:
-        from orchestrator.errors import UsageError
-
-        raise UsageError("no targets to watch: add containers to hosts.yaml or name one")
-    console = console or Console()
-    stop = stop or threading.Event()
-    targets: dict[str, Any] = {}
-
-    def default_factory(name: str) -> Callable[[], Iterable[Snapshot]]:
-        def open_stream() -> Iterable[Snapshot]:
-            from orchestrator.target import Target
-
-            t = targets[name] = Target(inventory, name)
-            return t.stream(interval_s)
-
-        return open_stream
-
-    factory = stream_factory or default_factory
-    views = []
-    for n in names:
-        cfg = inventory.container(n)
-        views.append(TargetView(n, roles=roles_by_gpu(cfg.gpus), config=cfg))
-    model = WatchModel(views, detect)
-    titles = playbook_titles()
-    events: queue.Queue[tuple[str, Any]] = queue.Queue()
-    for n in names:
-        threading.Thread(
-            target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
-        ).start()
-
-    interactive = not plain and console.is_terminal
-    try:
-        if interactive:
-            _run_live(model, events, stop, console, titles, detail=detail)
-        else:
-            _run_plain(model, events, stop, titles)
-    except KeyboardInterrupt:
-        pass
-    finally:
-        stop.set()
-        _close_all(targets.values())
-    return 0
-
-
-def _run_plain(
-    model: WatchModel,
-    events: queue.Queue[tuple[str, Any]],
-    stop: threading.Event,
-    titles: Mapping[str, str],
-) -> None:
-    while not stop.is_set():
-        try:
-            name, snap = events.get(timeout=0.5)
-        except queue.Empty:
-            continue
-        if not name:
-            continue
-        if model.apply(name, snap):
-            print(plain_line(model.views[name], now=time.time(), titles=titles), flush=True)
-
-
-def _run_live(
-    model: WatchModel,
-    events: queue.Queue[tuple[str, Any]],
-    stop: threading.Event,
-    console: Console,
-    titles: Mapping[str, str],
-    detail: str | None,
-) -> None:
-    from rich.live import Live
-
-    fd: int | None = None
-    try:
-        if sys.stdin.isatty():
-            fd = sys.stdin.fileno()
-    except (AttributeError, ValueError, OSError):
-        fd = None
-    if fd is not None:
-        threading.Thread(
-            target=_keys, args=(fd, events, stop), name="watch-keys", daemon=True
-        ).start()
-
-    root = logging.getLogger()
-    handlers = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
-    ring = _RingHandler(model.messages)
-    for h in handlers:
-        root.removeHandler(h)
-    root.addHandler(ring)
-    names = list(model.views)
-    selected = 0
-
-    def frame() -> RenderableType:
-        w, h = console.size
-        now = time.time()
-        if detail is not None:
-            return render_detail(
-                model.views[detail],
-                now=now,
-                width=w,
-                height=h,
-                titles=titles,
-                messages=list(model.messages),
-            )
-        return render_dashboard(model, now=now, width=w, height=h, selected=selected, titles=titles)
-
-    try:
-        with (
-            _cbreak(fd),
-            Live(
-                frame(),
-                console=console,
-                screen=True,
-                auto_refresh=False,
-                redirect_stdout=False,
-                redirect_stderr=False,
-            ) as live,
-        ):
-            last_draw = 0.0
-            while not stop.is_set():
-                dirty = False
-                try:
-                    name, item = events.get(timeout=0.25)
-                    while True:
-                        if name:
-                            model.apply(name, item)
-                            dirty = True
-                        else:
-                            key = item[1]
-                            if key in ("q", "Q"):
-                                return
-                            if key in ("down", "j"):
-                                selected = min(len(names) - 1, selected + 1)
-                            elif key in ("up", "k"):
-                                selected = max(0, selected - 1)
-                            elif key in ("\r", "\n") and detail is None:
-                                detail = names[selected]
-                            elif key in ("\x1b", "b") and len(names) > 1:
-                                detail = None
-                            dirty = True
-                        name, item = events.get_nowait()
-                except queue.Empty:
-                    pass
-                if dirty or time.monotonic() - last_draw >= 1.0:
-                    live.update(frame(), refresh=True)
-                    last_draw = time.monotonic()
-    finally:
-        root.removeHandler(ring)
-        for h in handlers:
-            root.addHandler(h)
-
-
-def _close_all(targets: Iterable[Any]) -> None:
-    """Close transports in the background: a dead peer must not hold up the exit."""
-
-    def close() -> None:
-        for t in list(targets):
-            with contextlib.suppress(Exception):
-                t.close()
-
-    th = threading.Thread(target=close, name="watch-close", daemon=True)
-    th.start()
-    th.join(timeout=2.0)

@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
-from orchestrator.config import ContainerConfig, Inventory
+from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.sandbox.fakenvml import SCENARIO_ENV, build_fake_nvml
 
 SANDBOX = Path(__file__).resolve().parents[2] / "orchestrator" / "sandbox"

@@ -10,7 +10,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator import deploy
-from orchestrator.config import load_inventory
+from orchestrator.config.inventory import load_inventory
+from orchestrator.monitor import observe
 from orchestrator.sandbox import manager
 from orchestrator.sandbox.kernel import append_kernel_line
 from orchestrator.target import Host, Target
@@ -107,7 +108,7 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
     )
     assert res.ok, res.err
     seen = []
-    stream = target.stream(0.3)
+    stream = observe.stream(target, 0.3)
     try:
         for snap in stream:
             assert snap.reachable, snap.errors

@@ -17,6 +17,7 @@ from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
 from orchestrator.agent.procs import alive, zombie_exit
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.errors import AgentError, AgentProtocolError
+from orchestrator.monitor import observe
 from orchestrator.target import Target
 from tests.agent.conftest import SCENARIOS, AgentEnv
 from tests.helpers import wait_for
@@ -158,7 +159,7 @@ def test_stream_outlives_the_traced_process_and_leaves_no_agent(agent_env: Agent
     cmd = f"echo step=1 loss=2.0 >> {log}; sleep 3; echo 'step=2 loss=1.5' >> {log}; exit 3"
     agent_env.tmux("new-session", "-d", "-s", "train", "-x", "80", "-y", "20", "bash", "-c", cmd)
     agent_env.tmux("set-option", "-t", "train", "remain-on-exit", "on")
-    stream = target.stream(0.3)
+    stream = observe.stream(target, 0.3)
     seen = []
     deadline = time.monotonic() + 30
     after_death = 0
@@ -234,11 +235,18 @@ def test_a_dead_pane_whose_status_tmux_lost_reports_it_from_the_zombie(
     # reaped since it was listed: tmux has the status now, so the panes are listed again
     agent_env.tmux("new-session", "-d", "-s", "train", "bash", "-c", "sleep 0.5; exit 4")
     agent_env.tmux("set-option", "-t", "train", "remain-on-exit", "on")
-    state = wait_for(
-        lambda: (s := reader.state("train", 0)).pane_dead_status is not None and s,
-        timeout_s=15,
-        what="dead pane with a status",
-    )
+
+    def tmux_has_the_status() -> bool:
+        """tmux's own answer, not the reader's (which reads a zombie); when tmux lost the
+        SIGCHLD (the very bug above), another child of the server exiting makes it reap."""
+        res = agent_env.tmux("list-panes", "-t", "=train", "-F", "#{pane_dead_status}")
+        if res.stdout.strip() == "4":
+            return True
+        agent_env.tmux("run-shell", "true")
+        return False
+
+    wait_for(tmux_has_the_status, timeout_s=15, what="tmux to record the dead pane's status")
+    state = reader.state("train", 0)
     assert (state.pane_dead, state.pane_dead_status) == (True, 4)
     line = f"1|||{exited.pid}|%9|{os.getpid()}"
     assert reader._unreaped("train", line, exited.pid, os.getpid())[:3] == (True, 4, None)
@@ -403,7 +411,7 @@ def test_stream_turns_bad_lines_into_findings_and_goes_on(agent_env: AgentEnv) -
         b"print(json.dumps({'schema_version': 1, 'target': 'local', 'taken_at': time.time()}), flush=True)\n"
     )
     target = Target(agent_env.inventory(), "local", bundle=_garbage_bundle(program))
-    stream = target.stream(0.2)
+    stream = observe.stream(target, 0.2)
     got = [next(stream) for _ in range(3)]
     stream.close()
     assert got[0].errors[0].startswith("agent-protocol-error: not JSON")
@@ -413,7 +421,7 @@ def test_stream_turns_bad_lines_into_findings_and_goes_on(agent_env: AgentEnv) -
 
 def test_unreachable_markers_while_the_agent_cannot_start(agent_env: AgentEnv) -> None:
     target = Target(agent_env.inventory(python="python3-nonexistent"), "local")
-    stream = target.stream(0.2, backoff_cap_s=0.2)
+    stream = observe.stream(target, 0.2, backoff_cap_s=0.2)
     got = [next(stream) for _ in range(2)]
     stream.close()
     assert all(not s.reachable for s in got)
@@ -474,7 +482,7 @@ def test_a_hung_gpu_times_out_alone_and_recovers_at_the_next_snapshot(
     target = Target(agent_env.inventory(), "local")
     target.gpu_deadline_s = 1.0
     target.bundle_dir()
-    stream = target.stream(0.5)
+    stream = observe.stream(target, 0.5)
     hung: list = []
     try:
         for snap in stream:

@@ -6,7 +6,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from orchestrator.config_schema import CONTAINER_FIELDS, HOST_FIELDS, schema_markdown
+from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, schema_markdown
 from orchestrator.detect.limits import Limits
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hosts-yaml.md"
@@ -15,7 +15,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "hosts-yaml.md"
 def test_committed_reference_matches_the_code() -> None:
     assert DOC.read_text() == schema_markdown(), (
         "docs/hosts-yaml.md drifted; regenerate: "
-        "python -m orchestrator.config --markdown > docs/hosts-yaml.md"
+        "python -m orchestrator.config.inventory --markdown > docs/hosts-yaml.md"
     )
 
 
@@ -30,7 +30,7 @@ def test_every_key_and_threshold_is_documented() -> None:
 
 def test_module_entry_point_prints_the_reference() -> None:
     out = subprocess.run(
-        [sys.executable, "-m", "orchestrator.config", "--markdown"],
+        [sys.executable, "-m", "orchestrator.config.inventory", "--markdown"],
         capture_output=True,
         text=True,
         timeout=60,

@@ -16,8 +16,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from orchestrator.cli import run
-from orchestrator.config import Inventory, load_inventory, parse_inventory
-from orchestrator.config_schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL
+from orchestrator.config.inventory import Inventory, load_inventory, parse_inventory
+from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
 from orchestrator.transport.quoting import command_line, with_env

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
-from orchestrator.config import LOCAL, find_config, load_inventory, parse_inventory
+from orchestrator.config.inventory import LOCAL, find_config, load_inventory, parse_inventory
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
@@ -166,11 +166,11 @@ def test_writable_file_warns(tmp_path: Path, caplog: pytest.LogCaptureFixture) -
     path = tmp_path / "hosts.yaml"
     path.write_text("hosts: {}\n")
     path.chmod(0o600)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.config"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config.inventory"):
         load_inventory(path)
     assert caplog.records == []
     path.chmod(0o666)
-    with caplog.at_level(logging.WARNING, logger="orchestrator.config"):
+    with caplog.at_level(logging.WARNING, logger="orchestrator.config.inventory"):
         load_inventory(path)
     (record,) = caplog.records
     assert str(path) in record.getMessage() and "chmod go-w" in record.getMessage()

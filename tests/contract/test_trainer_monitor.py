@@ -15,7 +15,8 @@ from orchestrator.detect.engine import run_detectors
 from orchestrator.detect.limits import Limits
 from orchestrator.model import GpuSample, ProcessInfo, RunManifest, Snapshot
 from orchestrator.playbooks import load_playbooks, match_log
-from orchestrator.verdict import Evidence, judge
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import judge
 
 CASES = Path(__file__).resolve().parents[1] / "detect"
 T0 = 1_700_000_000.0

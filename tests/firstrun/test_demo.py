@@ -121,7 +121,7 @@ def test_demo_ghost_only_stops_its_run_at_the_end(demo_dir: Path) -> None:
 
 
 def _kill_script(run_dir: Path) -> subprocess.CompletedProcess[str]:
-    from orchestrator.demo import _KILL_RUN
+    from orchestrator.firstrun.demo import _KILL_RUN
 
     return subprocess.run([sys.executable, "-c", _KILL_RUN, str(run_dir)], capture_output=True,
                           text=True, timeout=30, check=False)  # fmt: skip
@@ -130,7 +130,7 @@ def _kill_script(run_dir: Path) -> subprocess.CompletedProcess[str]:
 def test_the_kill_step_says_when_the_run_already_ended(tmp_path: Path) -> None:
     """The kill reads the run directory first: an exit status, or a process group that is gone,
     is "already ended" (exit 3), not a failure to kill."""
-    from orchestrator.demo import KILL_ENDED
+    from orchestrator.firstrun.demo import KILL_ENDED
 
     (tmp_path / "pgid").write_text("999999999\n")
     res = _kill_script(tmp_path)

@@ -126,7 +126,7 @@ def test_writable_config_and_state_dir_fail_with_chmod_fixes(
 def test_load_warns_when_state_dir_is_writable_by_others(
     tmp_path: Path, private_env: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
 
     private_env.mkdir()
     private_env.chmod(0o777)

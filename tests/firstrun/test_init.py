@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
-from orchestrator.config import load_inventory
+from orchestrator.config.inventory import load_inventory
 from tests.firstrun.tmuxpane import Pane
 
 ORCH = [sys.executable, "-m", "orchestrator.cli"]

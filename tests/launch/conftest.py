@@ -19,12 +19,15 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[2]
 
-# Dispatch through runs.register() alone, so these tests do not depend on the agent's __main__.
+# Dispatch through runs.register() and evidence.register() alone, so these tests do not depend
+# on the agent's __main__.
 _DISPATCH = (
     "import argparse, sys\n"
-    "from orchestrator.agent import runs\n"
+    "from orchestrator.agent import evidence, runs\n"
     "p = argparse.ArgumentParser(prog='agent')\n"
-    "runs.register(p.add_subparsers(dest='command', required=True))\n"
+    "sub = p.add_subparsers(dest='command', required=True)\n"
+    "runs.register(sub)\n"
+    "evidence.register(sub)\n"
     "a = p.parse_args()\n"
     "sys.exit(a.func(a))\n"
 )

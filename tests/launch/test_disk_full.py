@@ -13,9 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import postmortem
-from orchestrator.agent import runs
-from orchestrator.verdict import judge
+from orchestrator.agent import rundir
+from orchestrator.answers import EvidenceAnswer
+from orchestrator.postmortem import collect as postmortem
+from orchestrator.postmortem.verdict import judge
 from orchestrator.views.postmortem import html, markdown
 from tests.helpers import wait_for
 from tests.launch.conftest import LocalAgent
@@ -52,10 +53,10 @@ def test_full_disk_keeps_tee_error_and_exit_status(
     assert rc == 0, doc
     run_dir = tiny_runs / "full1"
     # exit_status is a new file on a full disk: it lands in the space reserved at launch.
-    wait_for(lambda: runs._read_int(run_dir / "exit_status") is not None, 20, what="exit_status")
-    assert runs._read_int(run_dir / "exit_status") == 3
-    assert not (run_dir / runs.STATUS_RESERVE).exists()
-    state = runs.run_state(run_dir)
+    wait_for(lambda: rundir.read_int(run_dir / "exit_status") is not None, 20, what="exit_status")
+    assert rundir.read_int(run_dir / "exit_status") == 3
+    assert not (run_dir / rundir.STATUS_RESERVE).exists()
+    state = rundir.run_state(run_dir).to_dict()
     assert state["state"] == "exited" and state["exit_status"] == 3, state
     assert state["tee_error"] and "No space left on device" in state["tee_error"], state
     assert "train.log" in state["tee_error"]
@@ -73,7 +74,8 @@ def test_full_disk_keeps_tee_error_and_exit_status(
 
     rc, ev_doc = local_agent("evidence", "--workdir", str(local_agent.workdir), "--run-id", "full1")
     assert rc == 0 and ev_doc["tee"]["error"] == state["tee_error"], ev_doc["tee"]
-    ev = postmortem._evidence("local", ev_doc, None, None, "running", "", None, [], None, (), [])
+    answer = EvidenceAnswer.from_dict(ev_doc)
+    ev = postmortem._evidence("local", answer, None, None, "running", "", None, [], None, (), [])
     assert ev.tee_error == state["tee_error"] and ev.exit_status == 3
     pm = judge(ev)
     assert pm.verdict.playbook == "disk-full", pm.verdict
@@ -93,4 +95,4 @@ def test_healthy_run_has_no_tee_error(local_agent: LocalAgent) -> None:
     assert (run_dir / "train.log").read_text().startswith("hello")
     # The reserve for exit_status stays unused; exit_status is a plain small file.
     assert (run_dir / "exit_status").read_text() == "0\n"
-    assert (run_dir / runs.STATUS_RESERVE).stat().st_size == runs.RESERVE_BYTES
+    assert (run_dir / rundir.STATUS_RESERVE).stat().st_size == rundir.RESERVE_BYTES

@@ -8,7 +8,7 @@ import signal
 import time
 from pathlib import Path
 
-from orchestrator.agent import runs
+from orchestrator.agent import answer, logs, rundir, tmux
 from tests.helpers import wait_for
 from tests.launch.conftest import LocalAgent
 
@@ -21,7 +21,7 @@ def launch(agent: LocalAgent, cmd: str, *extra: str, session: str = "train") -> 
 
 
 def state(agent: LocalAgent, run_id: str, session: str = "train") -> dict:
-    return runs.run_state(agent.workdir / "runs" / run_id, tail=20, session=None) | {
+    return rundir.run_state(agent.workdir / "runs" / run_id, tail=20, session=None).to_dict() | {
         "tmux": session_info(agent, session)
     }
 
@@ -45,7 +45,7 @@ def test_instant_failure_keeps_pane_log_and_exit_status(local_agent: LocalAgent)
     rc, doc = launch(local_agent, "no-such-program", "--run-id", "r1", "--settle", "3")
     elapsed_s = time.monotonic() - t0
     assert rc == 0, doc
-    assert doc["history_limit"] == runs.HISTORY_LIMIT
+    assert doc["history_limit"] == tmux.HISTORY_LIMIT
     # The agent's settle window already saw the death: no waiting for a poll.
     assert doc["state"]["state"] == "exited" and doc["state"]["exit_status"] == 127
     assert any("no-such-program: command not found" in x for x in doc["state"]["log_tail"])
@@ -67,14 +67,14 @@ def test_sigkill_leaves_137(local_agent: LocalAgent) -> None:
     assert rc == 0, doc
     run_dir = local_agent.workdir / "runs" / "k1"
     wait_for(lambda: "ready" in (run_dir / "train.log").read_text(), 10, what="ready line")
-    pids = runs.run_state(run_dir)["command_pids"]
+    pids = rundir.run_state(run_dir).command_pids
     python = [p for p in pids if b"time.sleep" in Path(f"/proc/{p}/cmdline").read_bytes()]
     assert len(python) == 1, pids
     os.kill(python[0], signal.SIGKILL)
     assert wait_for(lambda: exit_status(local_agent, "k1"), 10, what="exit_status") == 137
     info = wait_for(lambda: (i := session_info(local_agent, "train"))["status"] and i, 5)
     assert info["status"] == "137"
-    assert runs.run_state(run_dir)["state"] == "exited"
+    assert rundir.run_state(run_dir).state == "exited"
 
 
 def test_wrapper_killed_by_signal_reads_pane_dead_signal(local_agent: LocalAgent) -> None:
@@ -160,16 +160,16 @@ def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> N
     assert doc["state"] == "exited" and doc["exit_status"] == 0
     assert "checkpoint saved on SIGINT" in (run_dir / "train.log").read_text()
     # The request was written before the first signal, so the end reads as a stop.
-    request = json.loads((run_dir / runs.STOP_REQUEST).read_text())
+    request = json.loads((run_dir / rundir.STOP_REQUEST).read_text())
     assert request == {**doc["stop_requested"]}
     assert request["signal"] == "SIGINT" and request["by"] == "orch stop by alice@laptop"
     assert request["at"] <= (run_dir / "exit_status").stat().st_mtime
-    assert runs.run_state(run_dir)["stop_requested"] == request
+    assert rundir.run_state(run_dir).to_dict()["stop_requested"] == request
     # The session and the run directory stay for the postmortem.
     assert session_info(local_agent, "train")["exists"]
     rc, again = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20")
     assert rc == 0 and again["stopped"] is False and again["exit_status"] == 0
-    assert json.loads((run_dir / runs.STOP_REQUEST).read_text()) == request, "not re-asked"
+    assert json.loads((run_dir / rundir.STOP_REQUEST).read_text()) == request, "not re-asked"
 
 
 def test_stop_escalates_to_sigkill_after_grace(local_agent: LocalAgent) -> None:
@@ -198,9 +198,9 @@ def test_live_session_refused_then_force_keeps_old_run(local_agent: LocalAgent) 
     old_dir = local_agent.workdir / "runs" / "old"
     wait_for(lambda: "training" in (old_dir / "train.log").read_text(), 10, what="training")
     rc, doc = launch(local_agent, "echo new", "--run-id", "new")
-    assert rc == runs.EXIT_REFUSED and doc["error"] == "session-live", doc
+    assert rc == answer.EXIT_REFUSED and doc["error"] == "session-live", doc
     assert not (local_agent.workdir / "runs" / "new").exists()
-    assert runs.run_state(old_dir)["state"] == "running"
+    assert rundir.run_state(old_dir).state == "running"
 
     rc, doc = launch(local_agent, "echo new; sleep 30", "--run-id", "new", "--force")
     assert rc == 0, doc
@@ -215,7 +215,7 @@ def test_live_session_refused_then_force_keeps_old_run(local_agent: LocalAgent) 
         ("new", "running"),
     ]
     rc, doc = launch(local_agent, "echo again", "--run-id", "new", "--force")
-    assert rc == runs.EXIT_REFUSED and doc["error"] == "run-exists"
+    assert rc == answer.EXIT_REFUSED and doc["error"] == "run-exists"
 
 
 def test_logs_tail_and_offsets(local_agent: LocalAgent) -> None:
@@ -253,10 +253,10 @@ def test_tail_reads_only_the_end(tmp_path: Path) -> None:
         fh.write((b"x" * 99 + b"\n") * 400_000)
         fh.write(b"last-1\nlast-2\npartial")
     t0 = time.perf_counter()
-    lines, size = runs.tail_lines(big, 2)
+    lines, size = logs.tail_lines(big, 2)
     assert time.perf_counter() - t0 < 0.05
     assert lines == ["last-2", "partial"] and size == big.stat().st_size
-    chunk = runs.read_from(big, size - len(b"last-2\npartial"))
+    chunk = logs.read_from(big, size - len(b"last-2\npartial"))
     assert chunk["lines"] == ["last-2"] and chunk["offset"] == size - len(b"partial")
 
 
@@ -292,17 +292,17 @@ def test_answers_stay_bounded_after_a_huge_first_line(local_agent: LocalAgent) -
     # read from the end within MAX_TAIL_BYTES: the line's start is out of reach, and said so
     assert doc["state"]["log_tail"] == [f"…[skipped {huge + 1} bytes]", "after-huge"]
     offset = parse_document("ct", answers["logs --offset"])
-    assert offset["lines"][0].endswith("…[cut " + str(runs.MAX_READ_BYTES - 2000) + " bytes]")
+    assert offset["lines"][0].endswith("…[cut " + str(logs.MAX_READ_BYTES - 2000) + " bytes]")
     ev = parse_document("ct", answers["evidence"])
     assert ev["log"]["tail"][-1] == "after-huge"
-    assert all(len(x.encode()) <= runs.MAX_LINE_BYTES + 30 for x in ev["pane"]["lines"])
+    assert all(len(x.encode()) <= logs.MAX_LINE_BYTES + 30 for x in ev["pane"]["lines"])
 
 
 def test_tail_window_says_what_it_skipped(tmp_path: Path) -> None:
     """More than ``max_bytes`` inside one line: the tail says how much it skipped, no more."""
     path = tmp_path / "train.log"
     path.write_bytes(b"y" * 300_000 + b"\nlast\n")
-    lines, size = runs.tail_lines(path, 5, max_bytes=100_000)
+    lines, size = logs.tail_lines(path, 5, max_bytes=100_000)
     assert lines == ["…[skipped 300001 bytes]", "last"] and size == 300_006
-    lines, _ = runs.tail_lines(path, 1, max_bytes=100_000)
+    lines, _ = logs.tail_lines(path, 1, max_bytes=100_000)
     assert lines == ["last"]

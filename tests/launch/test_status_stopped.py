@@ -10,13 +10,13 @@ import sys
 
 from rich.console import Console
 
-from orchestrator.config import ContainerConfig
+from orchestrator.config.inventory import ContainerConfig
 from orchestrator.detect.engine import run_detectors
 from orchestrator.detect.limits import Limits
-from orchestrator.launch import summarize
+from orchestrator.lifecycle.runs import summarize
 from orchestrator.model import Snapshot
+from orchestrator.monitor.state import target_state
 from orchestrator.views.launch import status_table
-from orchestrator.views.state import target_state
 from tests.launch.conftest import LocalAgent
 
 

@@ -2,8 +2,8 @@
 
 Each test starts a real run with ``orch launch`` in its own container and session
 (``pm-e2e``), breaks it the way a real run breaks (SIGKILL, the kernel OOM killer,
-a killed tmux server, a latched GPU, a crash with the FX-race traceback) and checks
-the verdict, the JSON document and the bundle. The HTML report is opened in
+a killed tmux server, a latched GPU, the bundled trainer dying of the seeds' FX race) and
+checks the verdict, the JSON document and the bundle. The HTML report is opened in
 headless Chromium.
 """
 
@@ -29,19 +29,14 @@ pytestmark = pytest.mark.e2e
 SESSION = "pm-e2e"
 SECRET = "hf_postmortemSecretValue42"
 TICKER = (
-    'python3 -c "import time\nfor i in range(3000):\n'
+    'echo "token is $HF_TOKEN"; python3 -c "import time\nfor i in range(3000):\n'
     "    print('tick', i, flush=True); time.sleep(0.1)\""
 )
-FX_CRASH = (
-    'echo "token is $HF_TOKEN"; echo "step=1 loss=2.5 tok/s=21500"; '
-    "printf '%s\\n' 'Traceback (most recent call last):' "
-    "'  File \"/root/dflash/train.py\", line 412, in drafter_worker' "
-    "'    loss = drafter(batch)' "
-    "'  File \"/usr/lib/python3/dist-packages/torch/_dynamo/eval_frame.py\", line 544, in _fn' "
-    "'    raise RuntimeError(' "
-    "'torch._dynamo.exc.InternalTorchDynamoError: RuntimeError: Detected that you are using FX "
-    "to symbolically trace a dynamo-optimized function. This is not supported at the moment.'; "
-    "exit 1"
+# The bundled trainer (orch launch's default command), dying of seed 002's race for real.
+FX_RACE = ("--config", "tiny-cpu", "--steps", "5", "--warmup", "none", "--fault", "fx-race@1")
+SEED_002 = (
+    "RuntimeError: Detected that you are using FX to symbolically trace a dynamo-optimized "
+    "function. This is not supported at the moment."
 )
 
 
@@ -78,6 +73,14 @@ def orch(config: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monke
 def _launch(orch, sandbox, name: str, cmd: str, run_name: str) -> Path:  # type: ignore[no-untyped-def]
     code, out, err = orch("launch", name, "--cmd", cmd, "--name", run_name, "--force",
                           "--grace", "3", "--no-verify", "--json")  # fmt: skip
+    assert code == 0, err + out
+    return sandbox.host_path(name, json.loads(out)["run_dir"])  # the container's path, from here
+
+
+def _launch_trainer(orch, sandbox, name: str, run_name: str, *trainer_args: str) -> Path:  # type: ignore[no-untyped-def]
+    """``orch launch NAME -- TRAINER_ARGS``: the bundled trainer, deployed by orch."""
+    code, out, err = orch("launch", name, "--name", run_name, "--force", "--grace", "3",
+                          "--no-verify", "--json", "--", *trainer_args)  # fmt: skip
     assert code == 0, err + out
     return sandbox.host_path(name, json.loads(out)["run_dir"])  # the container's path, from here
 
@@ -148,6 +151,8 @@ def test_sigkill_is_crashed_137(orch, sandbox, tmp_path) -> None:  # type: ignor
     _check_bundle(tmp_path / "b")
     assert (tmp_path / "b" / "exit_status").read_text() == "137\n"
     assert "tick" in (tmp_path / "b" / "log-tail.txt").read_text()
+    assert SECRET in (run_dir / "train.log").read_text(), "the run itself printed the secret"
+    assert "token is ***" in (tmp_path / "b" / "log-tail.txt").read_text()
     assert "[orch] command exited with status 137" in (tmp_path / "b" / "pane.txt").read_text()
 
 
@@ -235,20 +240,23 @@ def test_ghost_scenario_is_ghost_utilization(orch, sandbox, sandbox_scenario, tm
     assert code == 0 and "ghost-utilization" in stdout and "remedy:" in stdout
 
 
-def test_fx_race_traceback_is_log_signature(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
-    run_dir = _launch(orch, sandbox, "ct201", FX_CRASH, "pmfx")
-    wait_for((run_dir / "exit_status").exists, 15, what="the crash")
-    assert SECRET in (run_dir / "train.log").read_text(), "the run itself printed the secret"
+def test_fx_race_of_the_real_trainer_is_fx_tracing_race(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """``--warmup none --fault fx-race@1``: the trainer's worker threads hit torch's own FX
+    check (``trainer/fxrace.py``); the postmortem names the playbook and its warm-up remedy."""
+    run_dir = _launch_trainer(orch, sandbox, "ct201", "pmfx", *FX_RACE)
+    wait_for((run_dir / "exit_status").exists, 240, 0.5, what="the trainer's crash")
+    log = (run_dir / "train.log").read_text()
+    assert SEED_002 in log and "torch/_dynamo/eval_frame.py" in log, log[-3000:]
 
     out = tmp_path / "b"
     doc = _postmortem(orch, "ct201", out)
     v = doc["verdict"]
     assert v["kind"] == "log-signature" and v["playbook"] == "fx-tracing-race", v
-    assert any("symbolically trace a dynamo-optimized function" in e for e in v["evidence"])
+    assert any(SEED_002 in e for e in v["evidence"]), v["evidence"]
     assert any("warm" in r.lower() for r in v["remedy"])
     assert doc["exit_status"] == 1
     _check_bundle(out)
-    assert "token is ***" in (out / "log-tail.txt").read_text()
+    assert SEED_002 in (out / "log-tail.txt").read_text()
     _screenshot(out / "report.html", tmp_path)
 
 

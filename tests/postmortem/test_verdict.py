@@ -12,7 +12,8 @@ from orchestrator.model import (
     RunManifest,
     Severity,
 )
-from orchestrator.verdict import HEALTHY, STOPPED, Evidence, judge
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import HEALTHY, STOPPED, judge
 
 T0 = 1_700_000_000.0
 FX = (
@@ -160,7 +161,67 @@ def test_an_oom_kill_during_the_grace_is_still_the_oom_killer() -> None:
 
 
 def test_postmortem_reexports_the_pure_names() -> None:
-    from orchestrator import postmortem, verdict
+    from orchestrator.postmortem import collect as postmortem
+    from orchestrator.postmortem import verdict
 
     for name in ("HEALTHY", "STOPPED", "Evidence", "Postmortem", "Verdict", "judge", "decide"):
         assert getattr(postmortem, name) is getattr(verdict, name)
+
+
+# --- confidence and the next check (issue 17) ------------------------------------------------
+
+
+def test_a_log_signature_verdict_carries_the_match_confidence_and_confirm() -> None:
+    ev = _evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited",
+                   log_tail=("[E ProcessGroupNCCL.cpp:341] Some NCCL operations have failed "
+                             "or timed out.",))  # fmt: skip
+    v = judge(ev).verdict
+    assert (v.kind, v.playbook, v.confidence) == ("log-signature", "nccl-timeout", "probable")
+    assert "Watchdog caught collective operation timeout" in v.confirm
+    assert v.to_dict()["confidence"] == "probable" and v.to_dict()["confirm"] == v.confirm
+    certain = judge(_evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited",
+                              log_tail=(FX,))).verdict  # fmt: skip
+    assert certain.confidence == "certain"
+
+
+def test_a_bare_killed_without_a_kernel_log_is_probable_and_names_the_kernel_log() -> None:
+    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                   log_tail=("step=40 loss=2.1", "Killed"))  # fmt: skip
+    v = judge(ev).verdict
+    assert (v.kind, v.playbook, v.confidence) == ("crashed", None, "probable")
+    assert "could not be read" in v.summary and "kernel OOM killer" in v.summary
+    assert "host kernel log" in v.confirm and "Out of memory: Killed process" in v.confirm
+
+
+def test_a_sigkill_the_read_kernel_log_does_not_explain_asks_who_sent_it() -> None:
+    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                   log_tail=("Killed",), kernel_log_source="journalctl",
+                   kernel_log=("[1.0] usb 1-1: new device",))  # fmt: skip
+    v = judge(ev).verdict
+    assert (v.kind, v.confidence) == ("crashed", "probable")
+    assert "no OOM-killer line" in v.summary and "who sent SIGKILL" in v.confirm
+
+
+def test_the_reports_show_confidence_and_confirm() -> None:
+    from orchestrator.views.postmortem import html, markdown
+
+    pm = judge(_evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                         log_tail=("Killed",)))  # fmt: skip
+    md, page = markdown(pm), html(pm)
+    assert "Confidence: **probable**" in md and "To confirm: the host kernel log" in md
+    assert "confidence: <b>probable</b>; to confirm: the host kernel log" in page
+    oom = judge(_evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
+                          probe=_oom(4242, T0 + 29))).verdict  # fmt: skip
+    assert (oom.confidence, oom.confirm) == ("certain", "")
+
+
+def test_the_terminal_verdict_shows_confidence_and_confirm() -> None:
+    from rich.console import Console
+
+    from orchestrator.views.postmortem import print_verdict
+
+    console = Console(record=True, width=200, color_system=None)
+    print_verdict(console, judge(_evidence(exit_status=137, exit_status_at=T0 + 30,
+                                           run_state="exited", log_tail=("Killed",))))  # fmt: skip
+    text = console.export_text()
+    assert "\nconfidence: probable\n" in text and "\nconfirm: the host kernel log" in text

@@ -134,7 +134,7 @@ class Fleet:
     _cleanups: list[Callable[[], None]] = field(default_factory=list)
 
     def inventory(self) -> Any:
-        from orchestrator.config import load_inventory
+        from orchestrator.config.inventory import load_inventory
 
         return load_inventory(self.config)
 

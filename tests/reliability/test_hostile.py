@@ -69,7 +69,7 @@ _MEASURE = textwrap.dedent(
     """
     import json, resource, sys, time
     from pathlib import Path
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.errors import OrchError
     from orchestrator.target import Target
     t = Target(load_inventory(Path(sys.argv[1])), "ct200")
@@ -232,7 +232,7 @@ def test_hostile_script_passes_deploy_through(hostile):
     """Self-check: with no mode set, the hostile python is a plain python3 (deploy works)."""
     config, mode_file = hostile
     mode_file.write_text("")
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.target import Target
 
     assert Target(load_inventory(Path(config)), "ct200").snapshot().reachable

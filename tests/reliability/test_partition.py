@@ -19,6 +19,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.monitor import observe
 from tests.reliability import netns
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -78,7 +79,7 @@ class Streamer:
     def __init__(self, target, interval_s: float, backoff_cap_s: float) -> None:
         self.q: queue.Queue = queue.Queue()
         self._stop = threading.Event()
-        self._gen = target.stream(interval_s, backoff_cap_s=backoff_cap_s)
+        self._gen = observe.stream(target, interval_s, backoff_cap_s=backoff_cap_s)
         self.thread = threading.Thread(target=self._run, name="rel-streamer", daemon=True)
         self.thread.start()
 
@@ -127,7 +128,7 @@ def _sockets() -> int:
     "reachable again after the link returns",
 )
 def test_partition_declared_unreachable(ns_host, fleet, observe):
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.target import Target
     from orchestrator.transport.connect import close_all
 
@@ -160,7 +161,7 @@ def test_partition_declared_unreachable(ns_host, fleet, observe):
     "channel or socket leak (counted before/after)",
 )
 def test_partition_cycles_leak_nothing(ns_host, observe):
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
     from orchestrator.target import Target
     from orchestrator.transport.pct import PctTransport
     from orchestrator.transport.ssh import SshTransport

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.target import BACKOFF_CAP_S
+from orchestrator.monitor.observe import BACKOFF_CAP_S
 from tests.helpers import wait_for
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from orchestrator.target import BACKOFF_CAP_S
+from orchestrator.monitor.observe import BACKOFF_CAP_S
 from tests.reliability.conftest import ROOT
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]

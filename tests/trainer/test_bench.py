@@ -19,7 +19,7 @@ def test_bench_json_last(tmp_path: Path) -> None:
             sys.executable,
             str(ROOT / "bench" / "trainer.py"),
             "--steps",
-            "4",
+            "10",
             "--repeats",
             "1",
             "--json",
@@ -34,7 +34,8 @@ def test_bench_json_last(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1])
-    assert set(result) == {"pipelined_tok_s", "plain_tok_s", "ratio"}
+    assert set(result) == {"pipelined_tok_s", "plain_tok_s", "ratio", "tau"}
+    assert 1.0 <= result["tau"] <= 4.0  # tiny-cpu: block_size 4, measured at step 10
     assert result["pipelined_tok_s"] > 0 and result["plain_tok_s"] > 0
     assert result["ratio"] == pytest.approx(
         result["pipelined_tok_s"] / result["plain_tok_s"], rel=1e-2

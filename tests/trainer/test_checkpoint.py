@@ -21,6 +21,7 @@ from tests.trainer.procs import (
     trainer_env,
 )
 from trainer import checkpoint
+from trainer.checkpoint import NonFiniteError
 from trainer.config import load_config
 from trainer.pipeline import RunOptions, Trainer
 
@@ -104,3 +105,43 @@ def test_sigterm_checkpoints_then_resume_continues(tmp_path: Path) -> None:
     new_steps = [r["step"] for r in read_metrics(run)]
     assert new_steps[-4:] == [step, step + 1, step + 2, step + 3]
     assert f"trainer: finished step={step + 3}" in resumed.stdout
+
+
+def test_a_nonfinite_state_is_never_written(tmp_path: Path) -> None:
+    state = {"drafter": {"w": torch.tensor([1.0, float("nan")])}}
+    with pytest.raises(NonFiniteError, match=r"not writing the checkpoint of step 4: drafter\.w"):
+        checkpoint.save(tmp_path, 4, state, keep=3)
+    assert not [p for p in tmp_path.rglob("*") if p.is_file()]  # no file, no temp file
+
+
+def test_resume_skips_a_nonfinite_checkpoint(tmp_path: Path) -> None:
+    """A NaN checkpoint (as an older trainer wrote after ``nan@N``) is refused, with a warning;
+    ``--resume auto`` continues from the newest finite one."""
+    cfg = load_config(TINY, ["train.ckpt_every=2", "train.steps=4"])
+    Trainer(cfg, RunOptions(tmp_path, log_out=io.StringIO())).run_pipelined(4)
+    good = checkpoint.load_latest(tmp_path)
+    assert good is not None and good.step == 4
+    poisoned = dict(good.state, step=6)
+    poisoned["drafter"] = {k: v * float("nan") for k, v in good.state["drafter"].items()}
+    bad = tmp_path / "checkpoints" / "step_0000006.pt"
+    torch.save(poisoned, bad)
+    proc = run_trainer(tmp_path, "--resume", "auto", "--steps", "5")
+    assert proc.returncode == 0, proc.stderr
+    assert f"trainer: warning: skipping non-finite checkpoint {bad}: drafter." in proc.stderr
+    assert f"resumed from {good.path} at step=4" in proc.stdout
+
+
+def test_resume_with_more_steps_keeps_the_saved_lr_schedule(tmp_path: Path) -> None:
+    """The schedule's length is saved: resuming a 6-step run with ``--steps 12`` continues at
+    the decayed floor (10 % of train.lr), it does not restart a longer cosine."""
+    first = run_trainer(tmp_path, "--steps", "6", "--set", "train.log_every=1",
+                        "--set", "train.warmup_steps=2")  # fmt: skip
+    assert first.returncode == 0, first.stderr
+    second = run_trainer(tmp_path, "--resume", "auto", "--steps", "12",
+                         "--set", "train.log_every=1", "--set", "train.warmup_steps=2")  # fmt: skip
+    assert second.returncode == 0, second.stderr
+    assert "at step=6 lr_schedule_steps=6" in second.stdout
+    lr = {r["step"]: r["lr"] for r in read_metrics(tmp_path)}
+    floor = load_config(TINY).train.lr * 0.1
+    assert lr[6] == pytest.approx(floor)
+    assert all(lr[s] == pytest.approx(floor) for s in range(7, 13)), lr

@@ -13,7 +13,7 @@ import torch
 
 from tests.trainer.procs import ROOT, TINY, trainer_env
 from trainer import checkpoint
-from trainer.config import load_config
+from trainer.config import for_local_rank, load_config
 from trainer.pipeline import RunOptions, Trainer
 
 STEPS = 4
@@ -60,3 +60,24 @@ def test_torchrun_two_processes_match_single_process(tmp_path: Path) -> None:
     assert diff < 1e-5, diff
     print(f"torchrun vs single process: max |delta param| = {diff:.2e}", file=sys.stderr)
     assert torch.isfinite(torch.tensor(diff))
+
+
+def test_devices_follow_torchrun_local_rank(tmp_path: Path) -> None:
+    """Under torchrun the config names one process's devices; ``LOCAL_RANK`` r shifts its CUDA
+    indices by r x (highest + 1), so two ranks on a node never share a GPU. Here torch sees no
+    CUDA device, so the shifted set is refused with a one-line error naming it (exit 2)."""
+    config = tmp_path / "gpus.yaml"
+    config.write_text(TINY.read_text().replace("target: [cpu]", "target: [cuda:0]")
+                      .replace("drafter: [cpu, cpu]", "drafter: [cuda:1, cuda:2]"))  # fmt: skip
+    env = trainer_env() | {"LOCAL_RANK": "1"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "trainer", "--config", str(config), "--run-dir", str(tmp_path / "r")],
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr == (
+        "error: devices: the run needs cuda:3..cuda:5 (LOCAL_RANK=1: each local rank gets its "
+        "own set), but torch sees 0 CUDA device(s)\n"
+    )
+    two = for_local_rank(load_config(config), 2).devices
+    assert (two.target, two.drafter) == (["cuda:6"], ["cuda:7", "cuda:8"])

@@ -8,6 +8,7 @@ import importlib
 import pytest
 
 MODULES = [
+    "trainer.checkpoint",
     "trainer.config",
     "trainer.data",
     "trainer.faults",

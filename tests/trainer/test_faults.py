@@ -8,6 +8,8 @@ import subprocess
 import time
 from pathlib import Path
 
+import torch
+
 from tests.helpers import wait_for
 from tests.trainer.procs import (
     ROOT,
@@ -21,6 +23,12 @@ from trainer.faults import OOM_TEXT
 from trainer.metrics import parse_line
 
 FAST = ("--set", "train.log_every=1", "--set", "train.ckpt_every=1000")
+# The target ~100x the drafter's work: only a stretched target stage slows this pipeline down.
+TARGET_BOUND = ("--set", "train.log_every=4", "--set", "train.eval_every=0",
+                "--set", "target.d_model=256", "--set", "target.d_ff=1024",
+                "--set", "target.n_layers=6", "--set", "drafter.target_layers=[0]",
+                "--set", "drafter.d_model=16", "--set", "drafter.d_ff=16", "--set", "drafter.n_layers=1",
+                "--set", "data.kind=synthetic", "--set", "devices.drafter=[cpu]")  # fmt: skip
 
 
 def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
@@ -33,11 +41,16 @@ def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
     assert "trainer: finished" not in proc.stdout
 
 
-def test_oom_raises_cuda_oom_text(tmp_path: Path) -> None:
+def test_oom_raises_cuda_oom_text_in_the_target_forward(tmp_path: Path) -> None:
+    """``oom@N`` is raised where a real CUDA OOM of the target's GPUs is: inside the
+    coordinator's target forward, while the drafter workers run. The workers are stopped and
+    joined, so the process exits 1 with the traceback (not ``terminate called ...``, 134)."""
     proc = run_trainer(tmp_path, "--steps", "6", "--fault", "oom@2", *FAST)
-    assert proc.returncode == 1
+    assert proc.returncode == 1, proc.stderr[-2000:]
     assert "torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB" in proc.stderr
     assert OOM_TEXT in proc.stderr
+    assert ", in run_target\n" in proc.stderr and ", in _target_fault\n" in proc.stderr
+    assert "terminate called" not in proc.stderr
     assert heartbeat_step(tmp_path) == 1
 
 
@@ -51,25 +64,59 @@ def test_silent_exit_leaves_no_trace(tmp_path: Path) -> None:
     assert not (tmp_path / "checkpoints").exists()
 
 
-def test_nan_poisons_loss_from_that_step(tmp_path: Path) -> None:
-    proc = run_trainer(tmp_path, "--steps", "5", "--fault", "nan@3", *FAST)
+def test_nan_step_is_skipped_counted_and_never_checkpointed(tmp_path: Path) -> None:
+    """``nan@3``: step 3's gradient is NaN; the step is skipped (weights unchanged), counted,
+    and training goes on from finite weights: every checkpoint is finite."""
+    proc = run_trainer(tmp_path, "--steps", "6", "--fault", "nan@3", *FAST[:2],
+                       "--set", "train.ckpt_every=1", "--set", "train.keep_ckpts=10")  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     losses = [parse_line(x)["loss"] for x in proc.stdout.splitlines() if parse_line(x)]
-    assert len(losses) == 5
-    assert all(math.isfinite(v) for v in losses[:2])
-    assert all(math.isnan(v) for v in losses[2:])
-    assert "loss=nan" in proc.stdout
-    assert [r["loss"] for r in read_metrics(tmp_path)][2:] == [None, None, None]
+    assert len(losses) == 6
+    assert math.isnan(losses[2]) and all(math.isfinite(v) for v in losses[:2] + losses[3:])
+    records = read_metrics(tmp_path)
+    assert [r["loss"] for r in records][2] is None
+    assert [r["nonfinite_steps"] for r in records] == [0, 0, 1, 1, 1, 1]
+    assert "trainer: warning: step 3: gradient not finite, step skipped" in proc.stderr
+    saved = sorted((tmp_path / "checkpoints").glob("step_*.pt"))
+    assert len(saved) == 6
+    states = [torch.load(p, weights_only=True)["drafter"] for p in saved]
+    assert all(torch.isfinite(t).all() for s in states for t in s.values())
+    assert all(torch.equal(states[1][k], states[2][k]) for k in states[1])  # step 3 skipped
 
 
-def test_slow_drops_throughput(tmp_path: Path) -> None:
+def test_nonfinite_steps_in_a_row_stop_the_run_with_a_clear_message(tmp_path: Path) -> None:
+    proc = run_trainer(tmp_path, "--steps", "20", "--fault", "nan@3:100", *FAST[:2],
+                       "--set", "train.ckpt_every=2", "--set", "train.max_nonfinite_steps=4")  # fmt: skip
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    last = proc.stderr.rstrip().splitlines()[-1]
+    assert last.startswith("trainer.checkpoint.NonFiniteError: 4 steps in a row had a non-finite "
+                           "gradient (steps 3..6; train.max_nonfinite_steps=4); stopping."), last  # fmt: skip
+    assert heartbeat_step(tmp_path) == 5  # step 6's bookkeeping raised before its beat
+    for path in (tmp_path / "checkpoints").glob("step_*.pt"):
+        state = torch.load(path, weights_only=True)
+        assert all(torch.isfinite(t).all() for t in state["drafter"].values()), path
+
+
+def test_slow_drops_throughput_and_the_banner_names_the_factor(tmp_path: Path) -> None:
     proc = run_trainer(
         tmp_path, "--steps", "16", "--fault", "slow@9:6", "--set", "train.log_every=4"
     )
     assert proc.returncode == 0, proc.stderr
+    assert "trainer: faults slow@9:6\n" in proc.stdout
     tok_s = {r["step"]: r["tok_s"] for r in read_metrics(tmp_path)}
     before = max(tok_s[4], tok_s[8])
     after = max(tok_s[12], tok_s[16])
+    assert after < before / 2.5, tok_s
+
+
+def test_slow_stretches_the_target_stage_too(tmp_path: Path) -> None:
+    """A target-bound pipeline (big target, tiny drafter) slows by the factor as well: the
+    coordinator's target forward is stretched, not only drafter worker 0's step."""
+    proc = run_trainer(tmp_path, "--steps", "24", "--fault", "slow@13:6", *TARGET_BOUND)
+    assert proc.returncode == 0, proc.stderr
+    tok_s = {r["step"]: r["tok_s"] for r in read_metrics(tmp_path)}
+    before = max(tok_s[s] for s in (4, 8, 12))
+    after = max(tok_s[s] for s in (16, 20, 24))
     assert after < before / 2.5, tok_s
 
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.config import HostConfig
+from orchestrator.config.inventory import HostConfig
 from orchestrator.sandbox.sshd import Sshd, start_sshd, stop_sshd
 from orchestrator.transport.ssh import SshTransport
 

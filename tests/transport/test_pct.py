@@ -33,7 +33,7 @@ pytestmark = [
 
 @pytest.fixture(scope="module")
 def inventory(sandbox: object) -> object:
-    from orchestrator.config import load_inventory
+    from orchestrator.config.inventory import load_inventory
 
     return load_inventory(sandbox.config_path)  # type: ignore[attr-defined]
 

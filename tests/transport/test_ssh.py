@@ -232,7 +232,7 @@ def test_connection_refused_is_unreachable(tmp_path: Path) -> None:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    from orchestrator.config import HostConfig
+    from orchestrator.config.inventory import HostConfig
 
     transport = SshTransport(
         HostConfig(name="gone", address="127.0.0.1", port=port, known_hosts=str(tmp_path / "kh"))
@@ -343,7 +343,7 @@ def test_silent_peer_is_declared_dead_by_the_liveness_check(own_sshd: Sshd) -> N
 
 def test_proxyjump_through_ssh_config_alias(sshd: Sshd, tmp_path: Path) -> None:
     """target -> ProxyJump jumphost (both this sshd): a direct-tcpip channel through the jump."""
-    from orchestrator.config import HostConfig
+    from orchestrator.config.inventory import HostConfig
 
     config = tmp_path / "ssh_config"
     config.write_text(

@@ -82,7 +82,7 @@ class Fleet:
         return str(self.info.config_path)
 
     def inventory(self):
-        from orchestrator.config import load_inventory
+        from orchestrator.config.inventory import load_inventory
 
         return load_inventory(Path(self.config))
 

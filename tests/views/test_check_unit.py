@@ -7,6 +7,8 @@ import threading
 import time
 
 from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.monitor import observe, sweep
+from orchestrator.monitor.judge import Judgement, with_unreachable
 from orchestrator.views import check
 from tests.views.snapshots import running
 
@@ -25,12 +27,12 @@ def test_gather_runs_concurrently_and_sequentially():
         return "ok"
 
     started = time.monotonic()
-    got = check.gather({str(i): job for i in range(8)}, workers=8)
+    got = observe.gather({str(i): job for i in range(8)}, workers=8)
     assert time.monotonic() - started < 0.5 and peak[0] == 8
     assert got == {str(i): "ok" for i in range(8)}
     peak[0] = 0
     started = time.monotonic()
-    check.gather({str(i): job for i in range(4)}, workers=1)
+    observe.gather({str(i): job for i in range(4)}, workers=1)
     assert time.monotonic() - started >= 0.4 and peak[0] == 1
 
 
@@ -41,7 +43,7 @@ def test_gather_returns_exceptions_and_timeouts():
         raise ConnectionRefusedError("refused")
 
     started = time.monotonic()
-    got = check.gather({"a": boom, "b": release.wait, "c": lambda: 1}, timeout_s=0.3)
+    got = observe.gather({"a": boom, "b": release.wait, "c": lambda: 1}, timeout_s=0.3)
     release.set()
     assert time.monotonic() - started < 2
     assert isinstance(got["a"], ConnectionRefusedError)
@@ -50,7 +52,7 @@ def test_gather_returns_exceptions_and_timeouts():
 
 
 def result(name, snap, *findings):
-    return check.TargetResult(name, snap, "running", tuple(findings))
+    return Judgement(name, snap, "running", tuple(findings))
 
 
 def test_status_table():
@@ -58,17 +60,17 @@ def test_status_table():
     warn = Finding("stall", Severity.WARNING, "a", "s")
     crit = Finding("crashed", Severity.CRITICAL, "a", "c")
     info = Finding("finished", Severity.INFO, "a", "f")
-    assert check.nagios_status([result("a", up)]) == check.OK
-    assert check.nagios_status([result("a", up, info)]) == check.OK
-    assert check.nagios_status([result("a", up, warn)]) == check.WARNING
-    assert check.nagios_status([result("a", up, warn, crit)]) == check.CRITICAL
+    assert sweep.nagios_status([result("a", up)]) == sweep.OK
+    assert sweep.nagios_status([result("a", up, info)]) == sweep.OK
+    assert sweep.nagios_status([result("a", up, warn)]) == sweep.WARNING
+    assert sweep.nagios_status([result("a", up, warn, crit)]) == sweep.CRITICAL
     assert (
-        check.nagios_status([result("b", down), result("c", Snapshot.unreachable("c", 1, "x"))])
-        == check.UNKNOWN
+        sweep.nagios_status([result("b", down), result("c", Snapshot.unreachable("c", 1, "x"))])
+        == sweep.UNKNOWN
     )
-    unreach = check.ensure_unreachable_finding("b", down, [])
-    assert check.nagios_status([result("a", up), result("b", down, *unreach)]) == check.WARNING
-    assert check.nagios_status([]) == check.UNKNOWN
+    unreach = with_unreachable("b", down, [])
+    assert sweep.nagios_status([result("a", up), result("b", down, *unreach)]) == sweep.WARNING
+    assert sweep.nagios_status([]) == sweep.UNKNOWN
 
 
 def test_json_document_shape():
@@ -81,7 +83,7 @@ def test_json_document_shape():
         playbook="ghost-utilization",
         evidence=("GPU 3: 0 MiB, 100 %",),
     )
-    doc = check.to_json(check.CheckReport(check.CRITICAL, (result("a", running("a"), f),)))
+    doc = check.to_json(sweep.CheckReport(sweep.CRITICAL, (result("a", running("a"), f),)))
     doc = json.loads(json.dumps(doc))
     assert doc["status"] == "CRITICAL"
     [t] = doc["targets"]
@@ -103,11 +105,11 @@ def test_lines_one_per_problem():
     warn = Finding("stall", Severity.WARNING, "a", "no step for 700 s")
     info = Finding("finished", Severity.INFO, "a", "done")
     down = Snapshot.unreachable("b", 1.0, "refused")
-    report = check.CheckReport(
-        check.WARNING,
+    report = sweep.CheckReport(
+        sweep.WARNING,
         (
             result("a", running("a"), warn, info),
-            result("b", down, *check.ensure_unreachable_finding("b", down, [])),
+            result("b", down, *with_unreachable("b", down, [])),
         ),
         problems=("webhook alert not delivered: HTTP 500",),
     )

@@ -11,6 +11,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
 from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.monitor.judge import Judgement
 from orchestrator.views import export
 from tests.views.snapshots import TOTAL_MIB, gpus, running
 
@@ -36,7 +37,7 @@ def scrape(observed) -> dict[str, list]:
 
 def test_dcgm_names_and_labels():
     snap = running("ct200", gpus=gpus({3: 100.0}, {0: 1024.0}))
-    got = scrape([export.Observed("ct200", "pve1", snap, state="running")])
+    got = scrape([Judgement("ct200", snap, "running", host="pve1")])
     used = {s.labels["gpu"]: s for s in got["DCGM_FI_DEV_FB_USED"]}
     assert len(used) == 8
     assert used["0"].value == 1024.0
@@ -61,8 +62,8 @@ def test_run_and_finding_gauges():
     crashed = running("ct201", exit_status=137, pane_dead=True)
     got = scrape(
         [
-            export.Observed("ct200", "pve1", running("ct200"), (ghost,), "running"),
-            export.Observed("ct201", "pve1", crashed, (), "crashed"),
+            Judgement("ct200", running("ct200"), "running", (ghost,), host="pve1"),
+            Judgement("ct201", crashed, "crashed", (), host="pve1"),
         ]
     )
     up = {s.labels["target"]: s.value for s in got["orch_run_up"]}
@@ -85,7 +86,7 @@ def test_run_and_finding_gauges():
 
 def test_unreachable_target_has_no_gpu_series_and_reachable_zero():
     down = Snapshot.unreachable("ct200", 5.0, "connection refused")
-    got = scrape([export.Observed("ct200", "pve1", down, (), "unreachable")])
+    got = scrape([Judgement("ct200", down, "unreachable", (), host="pve1")])
     assert got["orch_target_reachable"][0].value == 0.0
     assert got.get("DCGM_FI_DEV_FB_USED", []) == []
     assert got.get("orch_run_up", []) == []
@@ -94,7 +95,7 @@ def test_unreachable_target_has_no_gpu_series_and_reachable_zero():
 def test_every_metric_the_rules_use_is_exported():
     snap = running("ct200", exit_status=1)
     ghost = Finding("xid", Severity.CRITICAL, "ct200", "x")
-    names = set(scrape([export.Observed("ct200", "pve1", snap, (ghost,), "crashed")]))
+    names = set(scrape([Judgement("ct200", snap, "crashed", (ghost,), host="pve1")]))
     used = set(re.findall(r"\b(DCGM_FI_\w+|orch_\w+)", RULES.read_text()))
     assert used and used <= names, used - names
 
@@ -104,7 +105,7 @@ def test_textfile_is_written_atomically(tmp_path):
     from prometheus_client import write_to_textfile
 
     path = tmp_path / "orch.prom"
-    poller = Fixed([export.Observed("ct200", "pve1", running("ct200"), (), "running")])
+    poller = Fixed([Judgement("ct200", running("ct200"), "running", (), host="pve1")])
     write_to_textfile(str(path), export.registry_for(poller))  # type: ignore[arg-type]
     text = path.read_text()
     assert 'DCGM_FI_DEV_FB_USED{Hostname="pve1"' in text

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from orchestrator.history import AlertState, History, HistoryError, default_path
 from orchestrator.model import Severity, Snapshot
+from orchestrator.monitor.history import AlertState, History, HistoryError, default_path
 
 
 def test_creates_private_dir_and_file_in_wal_mode(tmp_path):
@@ -91,7 +91,7 @@ def test_a_garbage_file_is_one_clear_error(tmp_path):
 HOLDER = """
 import sys, time
 from pathlib import Path
-from orchestrator.history import History
+from orchestrator.monitor.history import History
 h = History.open(Path(sys.argv[1]))
 with h.locked(timeout_s=5):
     print("locked", flush=True)

@@ -10,9 +10,13 @@ import time
 
 from rich.console import Console
 
-from orchestrator.config import ContainerConfig
+from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.monitor import observe
+from orchestrator.monitor.judge import Judgement, with_unreachable
+from orchestrator.monitor.state import target_state
 from orchestrator.views import watch as w
+from orchestrator.views import watch_model
 from tests.helpers import wait_for
 from tests.views.snapshots import gpus, running
 
@@ -28,8 +32,16 @@ GHOST = Finding(
 TITLES = {"ghost-utilization": "GPU busy with no memory"}
 
 
-def fake_detect(history, cfg, now):
-    """Stands in for the detection engine (its own tests cover it): ghost when GPU 3 is 100 %/0 MiB."""
+def fake_judge(name, cfg, history):
+    """Stands in for the monitor's judgement (its own tests cover it): ghost when GPU 3 is
+    100 %/0 MiB, the state as the monitor names it."""
+    last = history[-1]
+    found = _ghost(history)
+    findings = tuple(with_unreachable(name, last, found))
+    return Judgement(name, last, target_state(last, findings), findings)
+
+
+def _ghost(history):
     last = history[-1]
     if (
         last.reachable
@@ -41,14 +53,14 @@ def fake_detect(history, cfg, now):
     return []
 
 
-def model(n: int = 3) -> w.WatchModel:
+def model(n: int = 3) -> watch_model.WatchModel:
     cfg = ContainerConfig(
         name="x", host="sandbox", gpus={"target": (0, 1, 2, 3, 4), "drafter": (5, 6, 7)}
     )
     views = [
-        w.TargetView(f"ct{200 + i}", roles=w.roles_by_gpu(cfg.gpus), config=cfg) for i in range(n)
+        watch_model.TargetView(f"ct{200 + i}", roles=cfg.roles_by_gpu, config=cfg) for i in range(n)
     ]
-    return w.WatchModel(views, fake_detect)
+    return watch_model.WatchModel(views, fake_judge)
 
 
 def render(renderable, width=80, height=24) -> list[str]:
@@ -123,17 +135,17 @@ def test_plain_line_per_change_not_per_step():
 
 
 def test_detector_failure_is_shown_not_raised():
-    def broken(history, cfg, now):
+    def broken(name, cfg, history):
         raise RuntimeError("bug in a detector")
 
-    m = w.WatchModel([w.TargetView("ct200")], broken)
+    m = watch_model.WatchModel([watch_model.TargetView("ct200")], broken)
     m.apply("ct200", running("ct200"))
     assert m.views["ct200"].state == "running"
     assert "ct200: detectors failed: bug in a detector" in m.messages
 
 
 def test_pump_reconnects_with_backoff_and_reports_unreachable():
-    """A stream factory stands in for Target.stream: the failure sequence is the input."""
+    """A connect function stands in for Target.stream_once: the failure sequence is the input."""
     calls = []
 
     def open_stream():
@@ -144,7 +156,7 @@ def test_pump_reconnects_with_backoff_and_reports_unreachable():
 
     out: queue.Queue = queue.Queue()
     stop = threading.Event()
-    th = threading.Thread(target=w.pump, args=("ct200", open_stream, out, stop), daemon=True)
+    th = threading.Thread(target=observe.pump, args=("ct200", open_stream, out, stop), daemon=True)
     th.start()
     got = []
     wait_for(
@@ -167,3 +179,16 @@ def _drain(q):
             items.append(q.get_nowait())
         except queue.Empty:
             return items
+
+
+def test_tau_is_shown_in_the_row_and_the_plain_line():
+    """The bundled trainer's acceptance length (``tau=``) once a log line carried one."""
+    m = model(1)
+    snap = running("ct200")
+    m.apply("ct200", snap)
+    assert "τ" not in "\n".join(render(w.render_dashboard(m, now=1001.0, width=80, height=24)))
+    metrics = dataclasses.replace(snap.metrics, tau=2.31)
+    m.apply("ct200", dataclasses.replace(snap, taken_at=snap.taken_at + 1, metrics=metrics))
+    text = "\n".join(render(w.render_dashboard(m, now=1002.0, width=80, height=24)))
+    assert "τ 2.31" in text
+    assert "tau=2.31" in w.plain_line(m.views["ct200"], now=1002.0)

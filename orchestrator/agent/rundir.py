@@ -1,0 +1,266 @@
+"""The run directory: its layout and what its files say (the one module that reads it).
+
+``<workdir>/runs/<run-id>/`` (docs/ARCHITECTURE.md, "Run layout in the container") holds
+``manifest.json``, ``command``, ``wrapper.sh``, ``train.log`` (tee -a), ``exit_status``
+(written by the wrapper, also on signals), ``wrapper.pid`` (the pane's PID and start time),
+``pgid`` (the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
+reserved at launch, so a full disk can still take tee's complaint and the exit status),
+``tee_status``, ``stop_requested`` (JSON ``{"at", "signal", "by", "grace_s"}``, written by
+``stop`` before its first signal), ``heartbeat`` and ``metrics.jsonl`` (the trainer), ``gpu.jsonl``
+(the flight recorder). ``<workdir>/runs/current`` holds the newest run id (atomic).
+
+Runs inside the container (standard library and the agent package only).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from orchestrator.agent.answer import EXIT_FAILED, RunError
+from orchestrator.agent.logs import tail_lines
+from orchestrator.agent.procs import group_members, proc_stat
+from orchestrator.agent.tmux import TmuxReader
+from orchestrator.answers import RunStatus, StopRequest, run_phase
+from orchestrator.model import SchemaError
+
+RUNS, CURRENT = "runs", "current"
+"""``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""
+MANIFEST, LOG, EXIT_STATUS, HEARTBEAT = "manifest.json", "train.log", "exit_status", "heartbeat"
+STOP_REQUEST = "stop_requested"
+"""File in the run directory that says an operator asked the run to stop (JSON)."""
+
+
+TEE_ERR = "tee.err"
+"""tee's stderr, written in place into blanks reserved at launch (a full disk takes no new file)."""
+
+
+STATUS_RESERVE = ".exit_status.reserve"
+"""Blanks reserved at launch; the wrapper writes ``exit_status`` into them when the disk is full."""
+
+
+RESERVE_BYTES = 4096
+"""Bytes reserved (spaces) for each of ``tee.err`` and the exit status: one page, one block."""
+
+
+MAX_TEE_ERR_BYTES = 2000
+"""Most bytes of ``tee.err`` an answer carries."""
+
+
+NAME_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,99}$")
+
+
+def reserve(path: Path, size: int = RESERVE_BYTES) -> None:
+    """Create ``path`` holding ``size`` spaces: blocks a writer can overwrite in place on a
+    full disk (``<>`` in bash). Copy-on-write file systems (btrfs, ZFS) may still refuse."""
+    with path.open("wb") as f:
+        f.write(b" " * size)
+
+
+def read_tee_error(run_dir: Path) -> str | None:
+    """tee's complaint from ``tee.err`` (padding blanks dropped, lines joined by ``; ``), or
+    ``None`` when tee said nothing (or the file is missing). Reads at most
+    ``MAX_TEE_ERR_BYTES``."""
+    try:
+        with (run_dir / TEE_ERR).open("rb") as f:
+            raw = f.read(MAX_TEE_ERR_BYTES)
+    except OSError:
+        return None
+    lines = [x.strip() for x in raw.decode("utf-8", "replace").splitlines()]
+    return "; ".join(x for x in lines if x) or None
+
+
+def read_text(path: Path) -> str | None:
+    try:
+        return path.read_text().strip()
+    except (FileNotFoundError, NotADirectoryError):
+        return None
+
+
+def read_int(path: Path) -> int | None:
+    text = read_text(path)
+    try:
+        return int(text) if text else None
+    except ValueError:
+        return None
+
+
+def parse_stop_request(text: str | None) -> StopRequest | None:
+    """The ``stop_requested`` file's document, or ``None`` when absent or unreadable.
+
+    >>> parse_stop_request('{"at": 5.0, "signal": "SIGINT", "by": "orch stop by me@pc"}').at
+    5.0
+    >>> parse_stop_request("garbage") is None, parse_stop_request('{"at": "x"}') is None
+    (True, True)
+    """
+    if not text:
+        return None
+    try:
+        doc = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(doc, dict) or not isinstance(doc.get("at"), (int, float)):
+        return None
+    try:
+        return StopRequest.from_dict(doc)
+    except SchemaError:
+        return StopRequest(at=float(doc["at"]))
+
+
+def read_stop_request(run_dir: Path) -> StopRequest | None:
+    """The run's ``stop_requested`` (``None``: nobody asked, or the file is unreadable)."""
+    return parse_stop_request(read_text(run_dir / STOP_REQUEST))
+
+
+def wrapper_pid(run_dir: Path) -> tuple[int, int] | None:
+    """(PID, start time in clock ticks) from ``wrapper.pid``; written by the agent at launch."""
+    parts = (read_text(run_dir / "wrapper.pid") or "").split()
+    if len(parts) != 2 or not all(p.isdigit() for p in parts):
+        return None
+    return int(parts[0]), int(parts[1])
+
+
+def wrapper_alive(run_dir: Path) -> bool:
+    """The run's wrapper still exists (its start time guards against PID reuse)."""
+    rec = wrapper_pid(run_dir)
+    st = proc_stat(rec[0]) if rec else None
+    return rec is not None and st is not None and st[0] != "Z" and st[3] == rec[1]
+
+
+def runs_root(workdir: str | Path) -> Path:
+    return Path(workdir) / RUNS
+
+
+def parse_run_id(text: str) -> str | None:
+    """The run id ``runs/current`` holds, ``None`` when empty or not a plain name (it must not
+    lead out of ``runs/``).
+
+    >>> parse_run_id("20260101-000000-lr\\n"), parse_run_id("../x"), parse_run_id("")
+    ('20260101-000000-lr', None, None)
+    """
+    run_id = text.strip()
+    if not run_id or "/" in run_id or run_id in (".", ".."):
+        return None
+    return run_id
+
+
+def current_run_id(workdir: str | Path) -> str | None:
+    return parse_run_id(read_text(runs_root(workdir) / CURRENT) or "")
+
+
+def read_small(path: str, limit: int = 65536) -> tuple[bytes | None, float | None]:
+    """(content, mtime) of a small file; ``(None, None)`` when it does not exist."""
+    try:
+        with open(path, "rb") as fh:
+            mtime = os.fstat(fh.fileno()).st_mtime
+            return fh.read(limit), mtime
+    except OSError:
+        return None, None
+
+
+def parse_exit_status(text: str) -> int | None:
+    """The wrapper's exit status file: an integer, maybe with a note after it.
+
+    >>> parse_exit_status("137\\n"), parse_exit_status("exit=2 signal=none"), parse_exit_status("")
+    (137, 2, None)
+    """
+    for token in text.replace("=", " ").split():
+        if token.lstrip("-").isdigit():
+            return int(token)
+    return None
+
+
+def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> RunStatus:
+    """What one run directory says: running / exited N / vanished (:func:`run_phase`), and why.
+
+    ``exited``: the wrapper wrote ``exit_status``; ``running``: no exit status
+    and the wrapper or the command is alive; ``vanished``: neither (the
+    container or the tmux server died, SIGKILL): the silent death of seed 000.
+    ``tail`` log lines are included; ``session`` adds that tmux session's state.
+    """
+    exit_status = parse_exit_status(read_text(run_dir / EXIT_STATUS) or "")
+    alive = wrapper_alive(run_dir)
+    pgid = read_int(run_dir / "pgid")
+    members = group_members(pgid) if pgid and exit_status is None else []
+    log = run_dir / LOG
+    lines, size = tail_lines(log, tail) if tail else ([], None)
+    if size is None:
+        try:
+            size = log.stat().st_size
+        except FileNotFoundError:
+            size = None
+    try:
+        manifest = json.loads((run_dir / MANIFEST).read_text())
+    except (OSError, ValueError):
+        manifest = None
+    if not isinstance(manifest, dict):
+        manifest = {}
+    started_at = manifest.get("started_at")
+    tmux_state, this_run = None, None
+    if session:
+        tmux_state = TmuxReader().state(session, 0)
+        rec = wrapper_pid(run_dir)
+        this_run = bool(rec and tmux_state.exists and tmux_state.pane_pid == rec[0])
+    return RunStatus(
+        run_id=run_dir.name,
+        run_dir=str(run_dir),
+        state=run_phase(exit_status, alive or bool(members)),
+        exit_status=exit_status,
+        wrapper_alive=alive,
+        started=(run_dir / "go").exists(),
+        command_alive=bool(members),
+        command_pids=tuple(members),
+        log_path=str(log),
+        log_exists=log.exists(),
+        log_size_bytes=size,
+        log_tail=tuple(lines),
+        stop_requested=read_stop_request(run_dir),
+        tee_error=read_tee_error(run_dir),
+        tee_status=read_int(run_dir / "tee_status"),
+        started_at=float(started_at) if isinstance(started_at, (int, float)) else None,
+        command=_text(manifest.get("command")),
+        session=_text(manifest.get("session")),
+        tmux=tmux_state,
+        tmux_is_this_run=this_run,
+    )
+
+
+def _text(value: object) -> str | None:
+    return value if isinstance(value, str) else None
+
+
+def list_runs(workdir: str | Path) -> list[RunStatus]:
+    """Every run directory under ``<workdir>/runs``, oldest first."""
+    root = runs_root(workdir)
+    if not root.is_dir():
+        return []
+    out = [run_state(d) for d in root.iterdir() if d.is_dir() and not d.name.startswith(".")]
+    out.sort(key=lambda r: (r.started_at or 0.0, r.run_id))
+    return out
+
+
+def git_rev(workdir: Path) -> str | None:
+    try:
+        res = subprocess.run(
+            ["git", "-C", str(workdir), "rev-parse", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            check=False,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return res.stdout.strip() or None if res.returncode == 0 else None
+
+
+def resolve_run_dir(workdir: str, run_id: str | None) -> Path:
+    rid = run_id or current_run_id(workdir)
+    if not rid:
+        raise RunError(EXIT_FAILED, "no-run", f"no runs in {runs_root(workdir)}")
+    path = runs_root(workdir) / rid
+    if not path.is_dir():
+        raise RunError(EXIT_FAILED, "no-run", f"no run {rid!r} in {runs_root(workdir)}")
+    return path

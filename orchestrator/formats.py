@@ -1,0 +1,91 @@
+"""Text formats both sides read, each parsed in this one place: GPU lists (``0-3,6``), the
+output of ``pct status``, and run ids.
+
+Standard library only: it ships in the agent bundle (the agent parses ``launch --gpus`` and
+``pct status`` too), so the operator and the agent cannot disagree about a format.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Iterable
+
+MAX_GPU_INDEX = 1023
+"""GPU indices above this are refused, so a range like ``0-999999999`` cannot eat memory."""
+_GPU_RANGE = re.compile(r"\s*(\d+)\s*(?:-\s*(\d+)\s*)?")
+
+
+def parse_gpu_spec(text: str) -> list[int]:
+    """GPU indices from ``"0-4"``, ``"5"`` or ``"0-2,6"``, sorted, each once; raises ``ValueError``
+    saying why (hosts.yaml, ``orch launch --gpus``, ``orch init``, the agent's ``launch``).
+
+    >>> parse_gpu_spec("0-4"), parse_gpu_spec("0-2, 6"), parse_gpu_spec("6,0-1,1")
+    ([0, 1, 2, 3, 4], [0, 1, 2, 6], [0, 1, 6])
+    >>> parse_gpu_spec("4-2")
+    Traceback (most recent call last):
+    ValueError: range '4-2' runs backwards
+    >>> parse_gpu_spec("0-5000")
+    Traceback (most recent call last):
+    ValueError: GPU index 5000 is above 1023
+    >>> parse_gpu_spec("0,x")
+    Traceback (most recent call last):
+    ValueError: 'x' is not a GPU index or range like '0-4'
+    """
+    out: set[int] = set()
+    for part in text.split(","):
+        m = _GPU_RANGE.fullmatch(part)
+        if not m:
+            raise ValueError(f"{part.strip()!r} is not a GPU index or range like '0-4'")
+        lo, hi = int(m[1]), int(m[2] if m[2] is not None else m[1])
+        if hi < lo:
+            raise ValueError(f"range {part.strip()!r} runs backwards")
+        if hi > MAX_GPU_INDEX:
+            raise ValueError(f"GPU index {hi} is above {MAX_GPU_INDEX}")
+        out.update(range(lo, hi + 1))
+    return sorted(out)
+
+
+def gpu_ranges(ids: Iterable[int]) -> str:
+    """GPU indices written compactly, the inverse of :func:`parse_gpu_spec`.
+
+    >>> gpu_ranges([0, 1, 2, 3, 4]), gpu_ranges([5, 7, 8]), gpu_ranges([])
+    ('0-4', '5,7-8', '')
+    """
+    parts: list[str] = []
+    for i in sorted(set(ids)):
+        if parts and parts[-1].split("-")[-1] == str(i - 1):
+            parts[-1] = f"{parts[-1].split('-')[0]}-{i}"
+        else:
+            parts.append(str(i))
+    return ",".join(parts)
+
+
+def parse_pct_status(text: str) -> str:
+    """The state word of ``pct status VMID`` output (``running``, ``stopped``...), ``unknown``
+    when there is none.
+
+    >>> parse_pct_status("status: running\\n"), parse_pct_status("  status: stopped")
+    ('running', 'stopped')
+    >>> parse_pct_status("garbage"), parse_pct_status("status:")
+    ('unknown', 'unknown')
+    """
+    for line in text.splitlines():
+        if line.strip().startswith("status:"):
+            words = line.split(":", 1)[1].split()
+            return words[0] if words else "unknown"
+    return "unknown"
+
+
+RUN_ID_STAMP = "%Y%m%d-%H%M%S"
+"""A run id's time, in UTC: ``YYYYmmdd-HHMMSS``."""
+
+
+def new_run_id(name: str | None, now: float | None = None) -> str:
+    """``YYYYmmdd-HHMMSS[-NAME]`` in UTC, at ``now`` (Unix s; default the current time).
+
+    >>> new_run_id("lr3e4", now=0), new_run_id(None, now=86399)
+    ('19700101-000000-lr3e4', '19700101-235959')
+    """
+    stamp = time.strftime(RUN_ID_STAMP, time.gmtime(time.time() if now is None else now))
+    return f"{stamp}-{name}" if name else stamp

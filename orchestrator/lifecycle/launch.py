@@ -1,0 +1,353 @@
+"""Start and verify a run (changes state): ``orch launch``; its siblings in ``lifecycle/`` hold
+the preflight, the trainer bundle, ``stop`` and the read-only ``runs``/``logs``/``status``.
+
+:func:`launch` goes through five phases, each reported to an ``on_phase``
+callback (the CLI draws them): **preflight** (container running, no live
+session unless ``--force``, assigned GPUs idle, disk free, torch and every
+``requires`` module import), **deploy** (the bundled trainer, same content-hash
+bundle as the agent, unless a command is given), **start** (the agent's
+``launch``: run directory, manifest, wrapper, tmux), **verify** (within the
+container's ``startup_timeout_s``: session alive, log exists and grows, process
+alive) and **done**. A run that dies during verify fails the launch (exit 1)
+with its exit status, last log lines and the playbook diagnosis.
+
+Exit codes: 0 verified; 1 the run died or never proved itself alive
+(:class:`~orchestrator.errors.LaunchFailed`); 3 unreachable; 4 refused by
+preflight (:class:`PreflightRefused`, nothing was started).
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from orchestrator import __version__, deploy
+from orchestrator.answers import LaunchAnswer, RunStatus, StopAnswer
+from orchestrator.config.inventory import ContainerConfig, Inventory
+from orchestrator.errors import (
+    LaunchFailed,
+    OrchError,
+    Refused,
+    UsageError,
+)
+from orchestrator.formats import new_run_id, parse_gpu_spec
+from orchestrator.lifecycle.bundle import (
+    check_trainer_args,
+    configured_command,
+    trainer_bundle,
+    trainer_command,
+    trainer_config,
+)
+from orchestrator.lifecycle.preflight import PreflightRefused, busy_gpus, preflight
+from orchestrator.lifecycle.runs import run_args
+from orchestrator.lifecycle.stop import operator, stop
+from orchestrator.secrets import redact, secret_values
+from orchestrator.target import Target, read_answer
+
+log = logging.getLogger(__name__)
+
+PhaseCallback = Callable[[str, str, str], None]
+"""``on_phase(phase, status, detail)``: status is ``start``, ``ok``, ``fail`` or ``skip``."""
+
+VERIFY_MIN_ALIVE_S = 5.0
+"""A run must stay alive this long (and write to its log) before launch calls it verified."""
+VERIFY_POLL_S = 0.5
+
+
+class RunDied(LaunchFailed):
+    """The run died during launch verification; its facts are attributes (exit 1)."""
+
+    def __init__(
+        self,
+        message: str,
+        state: RunStatus,
+        exit_status: int | None,
+        log_tail: list[str],
+        diagnosis: str | None,
+    ) -> None:
+        self.state, self.exit_status = state, exit_status
+        self.log_tail, self.diagnosis = log_tail, diagnosis
+        super().__init__(message)
+
+
+@dataclass(frozen=True, slots=True)
+class LaunchResult:
+    """What ``orch launch`` reports. ``verified`` is ``None`` with ``--no-verify``."""
+
+    target: str
+    run_id: str
+    run_dir: str
+    log_path: str
+    session: str
+    command: str
+    gpus: tuple[int, ...]
+    verified: bool | None
+    elapsed_s: float
+    state: RunStatus | None = None
+    replaced: StopAnswer | None = None
+    phases: tuple[dict[str, Any], ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "target": self.target,
+            "run_id": self.run_id,
+            "run_dir": self.run_dir,
+            "log_path": self.log_path,
+            "session": self.session,
+            "command": self.command,
+            "gpus": list(self.gpus),
+            "verified": self.verified,
+            "elapsed_s": round(self.elapsed_s, 3),
+            "state": self.state.to_dict() if self.state is not None else {},
+            "replaced": self.replaced.to_dict() if self.replaced is not None else None,
+            "phases": list(self.phases),
+        }
+
+
+def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...]:
+    """``--gpus`` (``0-3,6``) or the container's assignment.
+
+    >>> from orchestrator.config.inventory import ContainerConfig
+    >>> c = ContainerConfig(name="ct", host="h", gpus={"target": (0, 1), "drafter": (5,)})
+    >>> resolve_gpus(c, None), resolve_gpus(c, "2-3")
+    ((0, 1, 5), (2, 3))
+    """
+    if text is None or text == "":
+        return container.gpu_indices
+    try:
+        return tuple(parse_gpu_spec(text))
+    except ValueError as exc:
+        raise UsageError(f"--gpus: {exc}") from None
+
+
+def parse_env_options(items: Sequence[str]) -> dict[str, str]:
+    """``--env K=V`` options to a dict (``UsageError`` on a bad item)."""
+    from orchestrator.agent.runs import parse_env
+
+    try:
+        return parse_env(items)
+    except ValueError as exc:
+        raise UsageError(f"--env: {exc}") from None
+
+
+def diagnose(lines: Sequence[str], exit_status: int | None) -> str | None:
+    """The playbook diagnosis for a dead run: the best log match, else one for the exit code."""
+    try:
+        from orchestrator.playbooks import for_exit_code, load_playbooks, match_log
+
+        books = load_playbooks()
+        matches = match_log(lines, books)
+        if matches:
+            m = matches[0]
+            fix = f"; fix: {m.remedy[0]}" if m.remedy else ""
+            return f"{m.title} (playbook {m.id}, line: {m.line.strip()[:160]}){fix}"
+        if exit_status is not None:
+            pb = for_exit_code(exit_status, books)
+            if pb is not None:
+                fix = f"; fix: {pb.remedy[0]}" if pb.remedy else ""
+                return f"{pb.title} (playbook {pb.id}){fix}"
+    except (OrchError, ImportError, OSError) as exc:  # a broken playbook must not hide the death
+        log.warning("playbooks unavailable for the diagnosis: %s", exc)
+    if exit_status == 127:
+        return "command not found: check the program name and PATH in the container"
+    if exit_status == 126:
+        return "command not executable: check its permissions"
+    return None
+
+
+# --- operator side ---------------------------------------------------------------------------
+
+
+def _noop(_phase: str, _status: str, _detail: str) -> None:
+    pass
+
+
+def launch(
+    inventory: Inventory,
+    name: str,
+    *,
+    cmd: str | None = None,
+    gpus: str | None = None,
+    env: Sequence[str] = (),
+    run_name: str | None = None,
+    force: bool = False,
+    verify: bool = True,
+    grace_s: float = 60.0,
+    on_phase: PhaseCallback | None = None,
+    target: Target | None = None,
+    trainer_args: Sequence[str] = (),
+) -> LaunchResult:
+    """Preflight, deploy, start and verify a run in container ``name`` (see the module doc).
+
+    ``trainer_args`` go to the bundled trainer after orch's own (``orch launch T -- ARGS``);
+    with a command (``--cmd`` or hosts.yaml's ``command``) they are a ``UsageError``.
+
+    Raises:
+        PreflightRefused: nothing was started (exit 4).
+        LaunchFailed: the run died or never proved itself within the startup timeout (exit 1).
+        TransportError / ContainerError / AgentError: as they come.
+    """
+    report = on_phase or _noop
+    t0 = time.monotonic()
+    phases: list[dict[str, Any]] = []
+
+    def phase(name_: str, status: str, detail: str = "") -> None:
+        phases.append({"phase": name_, "status": status, "detail": detail,
+                       "at_s": round(time.monotonic() - t0, 3)})  # fmt: skip
+        report(name_, status, detail)
+
+    tgt = target or Target(inventory, name)
+    c = tgt.container
+    assigned = resolve_gpus(c, gpus)
+    user_env = {**c.env, **parse_env_options(env)}
+    command = cmd or configured_command(c)
+    bundled = command is None
+    if trainer_args and not bundled:
+        raise UsageError(
+            "arguments after -- go to the bundled trainer; this launch runs "
+            + ("--cmd" if cmd else f"{name}'s command from hosts.yaml")
+            + ": put them in that command"
+        )
+    check_trainer_args(trainer_args)
+    config = trainer_config(c, trainer_args) if bundled else None
+    run_id = new_run_id(run_name)
+
+    phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
+    try:
+        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config)
+    except OrchError as exc:
+        phase("preflight", "fail", str(exc).splitlines()[0])
+        raise
+    replaced = None
+    if pre["live"] and force:
+        phase("preflight", "ok", f"live session {c.session!r}: stopping it first (--force)")
+        replaced = stop(inventory, name, grace_s=grace_s, target=tgt,
+                        by=f"orch launch --force by {operator()}")  # fmt: skip
+        snap = tgt.snapshot()
+        busy = busy_gpus(snap, assigned, c.limits.busy_mem_mib)
+        if busy:
+            phase("preflight", "fail", busy[0])
+            raise PreflightRefused(name, [f"{b}; after stopping the old run" for b in busy])
+    else:
+        phase("preflight", "ok", "container running, GPUs idle, disk free"
+              + (", imports ok" if pre["imports"] else ""))  # fmt: skip
+
+    run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
+    if bundled:
+        phase("deploy", "start", "bundled trainer")
+        bundle_dir = deploy.ensure_agent(
+            tgt.transport, c.workdir, c.python, bundle=trainer_bundle()
+        )
+        command = trainer_command(c, bundle_dir, run_dir, trainer_args)
+        phase("deploy", "ok", bundle_dir)
+    else:
+        phase("deploy", "skip", "custom command")
+    assert command is not None
+
+    phase("start", "start", command)
+    args = ["launch", *run_args(c), "--cmd", command, "--run-id", run_id, "--gpus",
+            ",".join(str(g) for g in assigned), "--grace", str(grace_s), "--settle", "1.0",
+            "--orch-version", __version__, "--target", name]  # fmt: skip
+    if force:
+        args.append("--force")
+    for key, value in user_env.items():
+        args += ["--env", f"{key}={value}"]
+    doc = tgt.agent(args, timeout=grace_s + 60.0)
+    secrets = secret_values(user_env)
+    if not doc.get("ok"):
+        msg = redact(str(doc.get("message") or doc), secrets)
+        phase("start", "fail", msg)
+        if doc.get("error") in ("session-live", "run-exists"):
+            raise Refused(f"{name}: {msg}")
+        raise LaunchFailed(f"{name}: could not start the run: {msg}")
+    answer = read_answer(name, doc, LaunchAnswer)
+    replaced = replaced or answer.replaced
+    phase("start", "ok", f"run {run_id} in tmux session {c.session!r}")
+    state = answer.state
+    result = dict(
+        target=name, run_id=run_id, run_dir=answer.run_dir, log_path=answer.log_path,
+        session=c.session, command=redact(command, secrets), gpus=assigned, replaced=replaced,
+    )  # fmt: skip
+    if not verify:
+        phase("verify", "skip", "--no-verify")
+        return LaunchResult(**result, verified=None, elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
+                            state=state, phases=tuple(phases))  # fmt: skip
+
+    phase("verify", "start", f"up to {c.limits.startup_timeout_s:g} s")
+    try:
+        state = verify_run(tgt, run_id, state, timeout_s=c.limits.startup_timeout_s,
+                           started=t0, secrets=secrets, on_phase=phase)  # fmt: skip
+    except LaunchFailed as exc:
+        phase("verify", "fail", str(exc).splitlines()[0])
+        raise
+    phase("verify", "ok", f"alive, log growing ({state.log_size_bytes} bytes)")
+    return LaunchResult(**result, verified=True, elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
+                        state=state, phases=tuple(phases))  # fmt: skip
+
+
+def _gpu_text(gpus: Sequence[int]) -> str:
+    return ",".join(str(g) for g in gpus) or "none"
+
+
+def verify_run(
+    target: Target,
+    run_id: str,
+    first: RunStatus,
+    *,
+    timeout_s: float,
+    started: float,
+    secrets: Sequence[str] = (),
+    on_phase: PhaseCallback = _noop,
+) -> RunStatus:
+    """Poll the run until it proves itself or dies; return its last state.
+
+    Proven: alive (wrapper and command), its session pane alive, the log grew
+    since launch, and at least :data:`VERIFY_MIN_ALIVE_S` after start.
+
+    Raises:
+        LaunchFailed: it exited or vanished (with exit status, last log lines and
+            diagnosis), or it stayed silent for ``timeout_s`` (left running).
+    """
+    c = target.container
+    state = first
+    deadline = time.monotonic() + timeout_s
+    alive_since = time.monotonic()
+    while True:
+        if state.state in ("exited", "vanished"):
+            raise _died(target.name, state, secrets)
+        pane_ok = state.tmux is not None and state.tmux.exists and not state.tmux.pane_dead
+        grew = (state.log_size_bytes or 0) > 0
+        if (state.state == "running" and state.command_alive and pane_ok and grew
+                and time.monotonic() - alive_since >= VERIFY_MIN_ALIVE_S):  # fmt: skip
+            return state
+        if time.monotonic() >= deadline:
+            why = "wrote nothing to its log" if not grew else "did not settle"
+            raise LaunchFailed(
+                f"{target.name}: run {run_id} is alive but {why} within {timeout_s:g} s "
+                f"(it is still running: orch logs -f {target.name}, orch attach {target.name}, "
+                f"or orch stop {target.name})"
+            )
+        time.sleep(VERIFY_POLL_S)
+        doc = target.agent(["runs", *run_args(c), "--run-id", run_id, "--tail", "30"], timeout=30)
+        state = read_answer(target.name, doc, RunStatus)
+
+
+def _died(name: str, state: RunStatus, secrets: Sequence[str]) -> RunDied:
+    code = state.exit_status
+    if code is None and state.tmux is not None and state.tmux.pane_dead_signal:
+        code = 128 + state.tmux.pane_dead_signal
+    lines = [redact(str(x), secrets) for x in state.log_tail]
+    how = f"exit status {code}" if code is not None else "no exit status (vanished)"
+    diagnosis = diagnose(lines, code)
+    tail = "\n".join(f"    | {x}" for x in lines[-15:]) or "    (the log is empty)"
+    text = (
+        f"{name}: run {state.run_id} died during startup: {how}\n"
+        f"  last log lines ({state.log_path}):\n{tail}"
+        + (f"\n  diagnosis: {diagnosis}" if diagnosis else "")
+        + f"\n  the session and run directory are kept: orch logs {name}, orch postmortem {name}"
+    )
+    return RunDied(text, state, code, lines, diagnosis)

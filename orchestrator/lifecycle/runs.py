@@ -1,0 +1,161 @@
+"""Reading runs (changes nothing): ``orch runs``, ``orch logs`` (tail or follow by byte offset),
+``orch status`` (one row per target) and ``orch attach``'s command line.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from orchestrator.answers import LogAnswer, RunsAnswer, run_phase
+from orchestrator.config.inventory import ContainerConfig, Inventory
+from orchestrator.errors import (
+    OrchError,
+    UsageError,
+)
+from orchestrator.lifecycle.preflight import container_status
+from orchestrator.model import Snapshot
+from orchestrator.target import Target, agent_argv, parse_document, read_answer
+from orchestrator.transport.quoting import command_line, with_env
+
+
+def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> RunsAnswer:
+    """Every run in the container's workdir with its state and log size."""
+    tgt = target or Target(inventory, name)
+    doc = tgt.agent(["runs", *run_args(tgt.container)], timeout=30)
+    if doc.get("ok") is False:
+        raise UsageError(f"{name}: {doc.get('message')}")
+    return read_answer(name, doc, RunsAnswer)
+
+
+def logs(
+    inventory: Inventory,
+    name: str,
+    *,
+    lines: int = 50,
+    run_id: str | None = None,
+    target: Target | None = None,
+) -> LogAnswer:
+    """The last ``lines`` lines of a run's log (read from the end, never the whole file)."""
+    tgt = target or Target(inventory, name)
+    args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines)]
+    if run_id:
+        args += ["--run-id", run_id]
+    doc = tgt.agent(args, timeout=30)
+    if doc.get("ok") is False:
+        raise UsageError(f"{name}: {doc.get('message')}")
+    return read_answer(name, doc, LogAnswer)
+
+
+def follow_logs(
+    inventory: Inventory,
+    name: str,
+    *,
+    lines: int = 50,
+    run_id: str | None = None,
+    target: Target | None = None,
+    interval_s: float = 0.5,
+) -> Iterator[LogAnswer]:
+    """Chunks of new log lines over one long-lived agent command, by byte offset; ends after exit."""
+    tgt = target or Target(inventory, name)
+    args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines), "-f",
+            "--interval", str(interval_s)]  # fmt: skip
+    if run_id:
+        args += ["--run-id", run_id]
+    stream = tgt.transport.stream(agent_argv(tgt.container.python, tgt.bundle_dir(), args))
+    with stream:
+        for line in stream:
+            doc = parse_document(tgt.name, line)
+            if doc.get("ok") is False:
+                raise UsageError(f"{name}: {doc.get('message')}")
+            yield read_answer(name, doc, LogAnswer)
+
+
+def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
+    """One row of ``orch status``: never raises; problems are in ``error``.
+
+    ``state`` is the word ``watch`` and ``check`` show (:func:`views.state.target_state`).
+    """
+    row: dict[str, Any] = {"target": name, "reachable": False, "container": None, "error": None,
+                           "state": "unreachable"}  # fmt: skip
+    try:
+        tgt = Target(inventory, name)
+        row["container"] = container_status(tgt)
+        if row["container"] != "running":
+            row["reachable"], row["state"] = True, "stopped"
+            return row
+        snap = tgt.snapshot()
+    except OrchError as exc:
+        row["error"] = str(exc)
+        return row
+    row["reachable"] = snap.reachable
+    return {**row, **summarize(snap, tgt.container)}
+
+
+def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
+    """The status columns from one snapshot (pure)."""
+    from orchestrator.monitor.state import target_state
+
+    sess = snap.session
+    run = snap.run
+    started = run.manifest.started_at if run and run.manifest else None
+    gpus = [g for g in snap.gpus if not container.gpu_indices or g.index in container.gpu_indices]
+    used = sum(g.memory_used_mib or 0.0 for g in gpus)
+    total = sum(g.memory_total_mib or 0.0 for g in gpus)
+    run_state = None
+    if run is not None:  # the run directory's word (answers.run_phase), from what the snapshot saw
+        live = bool(sess and sess.exists and sess.pane_dead is False)
+        run_state = run_phase(run.exit_status, live)
+        run_state = f"exited {run.exit_status}" if run_state == "exited" else run_state
+    return {
+        "session": None if sess is None else ("live" if sess.exists and sess.pane_dead is False
+                                              else "dead pane" if sess.exists else "none"),
+        "run_id": run.run_id if run else None,
+        "run_state": run_state,
+        "state": target_state(snap, startup_grace_s=container.limits.startup_grace_s),
+        "age_s": round(snap.taken_at - started, 1) if started else None,
+        "step": snap.metrics.step if snap.metrics else None,
+        "tokens_per_s": snap.metrics.tokens_per_s if snap.metrics else None,
+        "gpus": len(gpus),
+        "gpu_mem_used_gib": round(used / 1024, 1),
+        "gpu_mem_total_gib": round(total / 1024, 1),
+        "gpus_busy": sum(1 for g in gpus if (g.memory_used_mib or 0) > container.limits.busy_mem_mib),
+        "errors": list(snap.errors),
+    }  # fmt: skip
+
+
+def status(inventory: Inventory, names: Sequence[str]) -> list[dict[str, Any]]:
+    """``orch status``: every target queried concurrently, in the order given."""
+    if not names:
+        return []
+    with ThreadPoolExecutor(max_workers=min(16, len(names))) as pool:
+        return list(pool.map(lambda n: status_one(inventory, n), names))
+
+
+def attach_argv(inventory: Inventory, name: str) -> list[str]:
+    """The interactive command that attaches to the run's tmux session.
+
+    Local: ``tmux attach -t =SESSION``. Remote: ``ssh -t`` to the host, then
+    ``pct exec VMID -- tmux attach``, the remote part quoted by ``command_line``.
+    """
+    c = inventory.container(name)
+    tmux = ["tmux", "attach-session", "-t", f"={c.session}"]
+    if c.is_local:
+        return tmux
+    host = inventory.host_of(c)
+    assert host is not None
+    ssh = ["ssh", "-t", "-p", str(host.port), "-o", "StrictHostKeyChecking=yes"]
+    if host.identity_file:
+        ssh += ["-i", host.identity_file]
+    if host.known_hosts:
+        ssh += ["-o", f"UserKnownHostsFile={host.known_hosts}"]
+    if host.proxy_jump:
+        ssh += ["-J", host.proxy_jump]
+    dest = host.ssh_config if host.ssh_config and not host.address else host.address
+    remote = ["pct", "exec", str(c.vmid), "--", *with_env(tmux, {"TERM": "xterm-256color"})]
+    return [*ssh, f"{host.user}@{dest}", command_line(remote)]
+
+
+def run_args(c: ContainerConfig) -> list[str]:
+    return ["--workdir", c.workdir, "--session", c.session]

@@ -1,0 +1,48 @@
+"""``orch stop``: SIGINT, SIGTERM at half the grace, SIGKILL at the grace; the session and the
+run directory stay (the agent's ``stop`` does the signalling)."""
+
+from __future__ import annotations
+
+from orchestrator.answers import StopAnswer
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import (
+    AgentError,
+)
+from orchestrator.target import Target, read_answer
+
+
+def operator() -> str:
+    """``user@host`` of whoever runs orch here (for ``stop_requested``); never raises."""
+    import getpass
+    import socket
+
+    try:
+        user = getpass.getuser()
+    except (KeyError, OSError):
+        user = "?"
+    return f"{user}@{socket.gethostname()}"
+
+
+def stop(
+    inventory: Inventory,
+    name: str,
+    *,
+    grace_s: float = 60.0,
+    run_id: str | None = None,
+    target: Target | None = None,
+    by: str | None = None,
+) -> StopAnswer:
+    """SIGINT, SIGTERM at half the grace, SIGKILL at ``grace_s``; idempotent. Session and run stay.
+
+    The agent first writes ``stop_requested`` in the run directory (time, signal,
+    ``by``, default ``orch stop by user@host``): the end reads as a stop, not a crash.
+    """
+    tgt = target or Target(inventory, name)
+    args = ["stop", "--workdir", tgt.container.workdir, "--grace", str(grace_s),
+            "--by", by or f"orch stop by {operator()}"]  # fmt: skip
+    if run_id:
+        args += ["--run-id", run_id]
+    doc = tgt.agent(args, timeout=grace_s + 30.0)
+    if doc.get("ok") is False:
+        raise AgentError(f"{name}: stop: {doc.get('message')}")
+    return read_answer(name, doc, StopAnswer)

@@ -1,0 +1,475 @@
+"""Matching logs against signature playbooks: linear in the log, one line in memory.
+
+A :class:`Signature` is one ``match.log`` entry of a playbook: a regex searched on one
+line, or a *stack*, regexes that must match on successive lines (in order, each on a
+later line) within a window of ``within`` lines, the way a traceback's frames show a
+failure whose message line is missing. :class:`LogMatcher` feeds lines one at a time:
+
+* every regex carries the literal text a line must contain for it to match
+  (:func:`literal_needles`); one compiled prefilter over those literals (a trie, so its
+  cost does not grow with the number of playbooks) rejects a line that holds none of them
+  with a single regex search, which is what almost every line of a healthy log costs;
+* a stack keeps, per step, the newest line its partial match could have started on, so
+  memory is a few integers per stack whatever the log's length, and a partial match
+  older than the window is ignored when the next step arrives.
+
+Each :class:`Match` says how sure it is (``certain`` when the signature names the
+failure, ``probable`` when it is the usual cause of a generic symptom) and what to check
+next to confirm it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Protocol
+
+from orchestrator.model import Severity
+
+CERTAIN = "certain"
+PROBABLE = "probable"
+CONFIDENCES = (CERTAIN, PROBABLE)
+"""Best first: a ``certain`` signature names the failure; a ``probable`` one names the usual
+cause of a generic symptom (a bare "Killed" is usually, not always, the OOM killer)."""
+MAX_LINE_CHARS = 65536
+"""Longer log lines are matched on their first this-many characters."""
+READ_CHUNK_BYTES = 1 << 20
+""":func:`iter_log_lines` reads this much at a time (the only buffer besides one line)."""
+
+Needles = tuple[frozenset[str], ...]
+
+
+class Matchable(Protocol):
+    """What the matcher reads of a playbook (``orchestrator.playbooks.Playbook`` is one): the
+    matcher sits below the loader, so it names the fields instead of importing the class."""
+
+    @property
+    def id(self) -> str: ...
+    @property
+    def title(self) -> str: ...
+    @property
+    def kind(self) -> str: ...
+    @property
+    def severity(self) -> Severity: ...
+    @property
+    def priority(self) -> int: ...
+    @property
+    def confirm(self) -> str: ...
+    @property
+    def signatures(self) -> tuple[Signature, ...]: ...
+    @property
+    def remedy(self) -> tuple[str, ...]: ...
+
+
+@dataclass(frozen=True, slots=True)
+class Signature:
+    """One ``match.log`` entry: ``patterns`` are one regex (a line) or 2+ (a stack, in order).
+
+    ``within`` is the most lines a stack may span, first frame to last (1 for a line).
+    ``needles`` hold, per pattern, the lower-cased literals a line needs (:func:`literal_needles`).
+    """
+
+    patterns: tuple[str, ...]
+    confidence: str = CERTAIN
+    confirm: str = ""
+    within: int = 1
+    compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
+    needles: tuple[Needles, ...] = field(default=(), repr=False, compare=False)
+    bounded: tuple[frozenset[str], ...] = field(default=(), repr=False, compare=False)
+
+    @property
+    def is_stack(self) -> bool:
+        return len(self.patterns) > 1
+
+    @classmethod
+    def build(
+        cls, patterns: Sequence[str], confidence: str = CERTAIN, confirm: str = "", within: int = 1
+    ) -> Signature:
+        """Compile ``patterns`` (``re.error`` on a bad one) and work out their needles.
+
+        >>> s = Signature.build([r"Killed process \\d+"])
+        >>> (s.is_stack, s.needles)
+        (False, ((frozenset({'killed process '}),),))
+        """
+        compiled = tuple(re.compile(p) for p in patterns)
+        parsed = [_needles(p) for p in patterns]
+        return cls(
+            patterns=tuple(patterns),
+            confidence=confidence,
+            confirm=confirm,
+            within=within,
+            compiled=compiled,
+            needles=tuple(tuple(n) for n, _ in parsed),
+            bounded=tuple(b for _, b in parsed),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class Match:
+    """A signature playbook that matched a log: its evidence line (1-based ``lineno``).
+
+    The evidence is the first line of the best ``confidence`` seen; ``count`` is every
+    matching line (a stack counts once, on the line that completed it). ``confirm`` is
+    the next check that would confirm the diagnosis.
+    """
+
+    id: str
+    title: str
+    severity: Severity
+    priority: int
+    line: str
+    lineno: int
+    count: int
+    remedy: tuple[str, ...] = ()
+    confidence: str = CERTAIN
+    confirm: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "id": self.id,
+            "title": self.title,
+            "severity": str(self.severity),
+            "confidence": self.confidence,
+            "confirm": self.confirm,
+            "line": self.line,
+            "lineno": self.lineno,
+            "count": self.count,
+            "remedy": list(self.remedy),
+        }
+
+
+def literal_needles(pattern: str) -> list[frozenset[str]]:
+    r"""Lower-cased literals a line must contain for ``pattern`` to match (a cheap pre-check).
+
+    Each entry is a set of alternatives (any one must be present); all entries are
+    required. An empty list means no pre-check is possible: always run the regex.
+
+    >>> literal_needles(r"No space left on device")
+    [frozenset({'no space left on device'})]
+    >>> sorted(map(sorted, literal_needles(r"(?i)\bloss is (nan|inf)")))
+    [['inf', 'nan'], ['loss is ']]
+    >>> literal_needles(r"a|b"), literal_needles(r"(?:nan|inf)\\b|x")
+    ([], [])
+    >>> [sorted(n) for n in literal_needles(r"exits? (?:with|via) signal")]
+    [['exit'], ['via', 'with'], [' signal']]
+    """
+    return _needles(pattern)[0]
+
+
+def _needles(pattern: str) -> tuple[list[frozenset[str]], frozenset[str]]:
+    r""":func:`literal_needles`, and those of its literals the pattern always follows with
+    ``\b``: the prefilter may ask for the boundary too ("inf" must not let "info" in).
+
+    >>> _needles(r"(?i)loss[=:] ?(?:nan|inf)\b")[1] == {"nan", "inf"}
+    True
+    """
+    try:
+        from re import _parser as sre  # type: ignore[attr-defined]
+    except ImportError:  # Python 3.10
+        import sre_parse as sre  # type: ignore[no-redef]
+    from re import _constants as c  # type: ignore[attr-defined]
+
+    def literal_seq(items: Any) -> str | None:
+        chars = []
+        for op, av in items:
+            if op is not c.LITERAL:
+                return None
+            chars.append(chr(av))
+        return "".join(chars)
+
+    out: list[frozenset[str]] = []
+    bounded: set[str] = set()
+    run: list[str] = []
+    items = list(sre.parse(pattern))
+
+    def at_boundary(i: int) -> bool:
+        return i < len(items) and items[i] == (c.AT, c.AT_BOUNDARY)
+
+    def flush(next_i: int) -> None:
+        if len(run) >= 3:
+            word = "".join(run).lower()
+            out.append(frozenset({word}))
+            if at_boundary(next_i):
+                bounded.add(word)
+        run.clear()
+
+    def alternation(branch: Any, next_i: int) -> None:
+        alts = [literal_seq(b) for b in branch[1]]
+        if all(a and len(a) >= 3 for a in alts):
+            words = frozenset(a.lower() for a in alts if a)
+            out.append(words)
+            if at_boundary(next_i):
+                bounded.update(words)
+
+    for i, (op, av) in enumerate(items):
+        if op is c.LITERAL:
+            run.append(chr(av))
+            continue
+        flush(i)
+        if op is c.BRANCH:  # (?:a|b) is inlined by the parser; a whole-pattern a|b too
+            alternation(av, i + 1)
+        elif op is c.SUBPATTERN:
+            body = list(av[-1])
+            if len(body) == 1 and body[0][0] is c.BRANCH:
+                alternation(body[0][1], i + 1)
+            else:
+                lit = literal_seq(body)
+                if lit and len(lit) >= 3:
+                    out.append(frozenset({lit.lower()}))
+                    if at_boundary(i + 1):
+                        bounded.add(lit.lower())
+    flush(len(items))
+    return out, frozenset(bounded)
+
+
+def trie_regex(words: Iterable[str], bounded: frozenset[str] = frozenset()) -> str:
+    """One regex matching any of ``words``, factored as a trie (shared prefixes once).
+
+    Python's ``re`` tries an alternation's branches one after another; a trie branches on
+    one character at each level, so the cost of a search barely grows with the word count.
+    A word in ``bounded`` matches only where a word boundary follows it.
+
+    >>> trie_regex(["kill", "killed", "nan"])
+    '(?:kill(?:ed)?|nan)'
+    >>> re.search(trie_regex(["a.b"]), "axb") is None
+    True
+    >>> rx = re.compile(trie_regex(["inf", "nan"], bounded=frozenset({"inf"})))
+    >>> [bool(rx.search(s)) for s in ("[info]", "loss: inf", "nano")]
+    [False, True, True]
+    """
+    root: dict[str, Any] = {}
+    for w in sorted(set(words)):
+        node = root
+        for ch in w:
+            node = node.setdefault(ch, {})
+        node["" if w not in bounded else "\\b"] = {}
+
+    def build(node: dict[str, Any]) -> str:
+        ends = "" in node
+        alts = [
+            ("\\b" if ch == "\\b" else re.escape(ch)) + build(node[ch])
+            for ch in sorted(k for k in node if k)
+        ]
+        if not alts:
+            return ""
+        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
+        if ends:
+            return f"(?:{body})?"
+        return body
+
+    body = build(root)
+    return body if body.startswith("(?:") else f"(?:{body})"
+
+
+@dataclass(slots=True)
+class _Check:
+    """One regex to try on a line: a line signature, or one step of a stack."""
+
+    pb: int
+    sig: int
+    step: int
+    regex: re.Pattern[str]
+    needles: Needles
+    bounded: frozenset[str]
+
+
+@dataclass(slots=True)
+class _Seen:
+    """What matched for one playbook so far: first (lineno, line, confirm) per confidence."""
+
+    first: dict[str, tuple[int, str, str]] = field(default_factory=dict)
+    count: int = 0
+    last_line: int = 0
+
+
+class LogMatcher:
+    """Feed lines one at a time (or :meth:`run` an iterable); :meth:`matches` ranks the result.
+
+    A line that holds none of the signatures' needles costs a lower-casing and one search
+    of the prefilter; only a line that holds one runs the regexes that need it.
+    """
+
+    def __init__(self, playbooks: Sequence[Matchable]) -> None:
+        self._pbs = [p for p in playbooks if p.kind == "signature" and p.signatures]
+        self._sigs = [s for pb in self._pbs for s in pb.signatures]
+        self._checks: list[_Check] = []
+        si = 0
+        for pi, pb in enumerate(self._pbs):
+            for sig in pb.signatures:
+                # a stack's later steps first, so one line never advances a stack twice
+                for step in reversed(range(len(sig.patterns))):
+                    self._checks.append(
+                        _Check(
+                            pi, si, step, sig.compiled[step], sig.needles[step], sig.bounded[step]
+                        )
+                    )
+                si += 1
+        index: dict[str, list[int]] = {}
+        unbounded: set[str] = set()  # keys some check needs without a word boundary after
+        self._always: list[int] = []
+        for i, chk in enumerate(self._checks):
+            if not chk.needles:
+                self._always.append(i)
+                continue
+            # index on one requirement: an alternation (nan|inf) is usually the telling part
+            key = max(chk.needles, key=lambda alts: (len(alts) > 1, min(map(len, alts))))
+            for alt in key:
+                index.setdefault(alt, []).append(i)
+                if alt not in chk.bounded:
+                    unbounded.add(alt)
+        self._index = index
+        keys = sorted(index)
+        self._keys = keys
+        trie = trie_regex(keys, bounded=frozenset(keys) - unbounded) if keys else None
+        self._quick = re.compile(trie) if trie else None
+        self._seen: dict[int, _Seen] = {}
+        self._starts: dict[int, list[int | None]] = {}
+
+    # --- feeding ---
+
+    def feed(self, line: str, lineno: int) -> list[str]:
+        """Match one line (1-based ``lineno``); returns the ids it matched (stacks: completed)."""
+        low = line[:MAX_LINE_CHARS].lower()
+        if not self._always and (self._quick is None or self._quick.search(low) is None):
+            return []
+        return self._feed_hit(line, lineno)
+
+    def run(self, lines: Iterable[str], start: int = 1) -> int:
+        """Feed every line of ``lines`` (numbered from ``start``); returns the count fed."""
+        n = start - 1
+        quick = self._quick
+        if self._always or quick is None:
+            for n, line in enumerate(lines, start):
+                self.feed(line, n)
+            return n - start + 1
+        search = quick.search
+        for n, line in enumerate(lines, start):
+            if search(line.lower()) is not None:  # rare: a needle is present
+                self._feed_hit(line, n)
+        return n - start + 1
+
+    def _feed_hit(self, line: str, lineno: int) -> list[str]:
+        text = line[:MAX_LINE_CHARS].rstrip("\r\n")
+        low = text.lower()
+        cands = set(self._always)
+        for needle in self._keys:  # exact (keys may overlap); only lines the prefilter let in
+            if needle in low:
+                cands.update(self._index[needle])
+        hit: list[str] = []
+        for i in sorted(cands):
+            chk = self._checks[i]
+            pb = self._pbs[chk.pb]
+            sig = self._sigs[chk.sig]
+            seen = self._seen.get(chk.pb)
+            if (
+                seen is not None
+                and seen.last_line == lineno
+                and CERTAIN in seen.first
+                and not sig.is_stack
+            ):
+                continue  # this line already counts, with the best confidence
+            if not all(any(a in low for a in alts) for alts in chk.needles):
+                continue
+            if chk.regex.search(text) is None:
+                continue
+            if sig.is_stack and not self._advance(chk, sig, lineno):
+                continue
+            if seen is None:
+                seen = self._seen[chk.pb] = _Seen()
+            if seen.last_line != lineno:
+                seen.count += 1
+                seen.last_line = lineno
+                hit.append(pb.id)
+            confirm = sig.confirm or pb.confirm
+            seen.first.setdefault(sig.confidence, (lineno, text, confirm))
+        return hit
+
+    def _advance(self, chk: _Check, sig: Signature, lineno: int) -> bool:
+        """Move ``sig``'s stack on: True when this line completes it within the window."""
+        starts = self._starts.setdefault(chk.sig, [None] * len(sig.patterns))
+        if chk.step == 0:
+            starts[0] = lineno
+            return len(sig.patterns) == 1
+        prev = starts[chk.step - 1]
+        if prev is None or prev >= lineno or lineno - prev >= sig.within:
+            return False
+        cur = starts[chk.step]
+        starts[chk.step] = prev if cur is None else max(cur, prev)
+        return chk.step == len(sig.patterns) - 1
+
+    # --- result ---
+
+    def matches(self) -> list[Match]:
+        """Matching playbooks, best first: priority, confidence, severity, earliest line."""
+        out = []
+        for pi, seen in self._seen.items():
+            pb = self._pbs[pi]
+            confidence = next(c for c in CONFIDENCES if c in seen.first)
+            lineno, line, confirm = seen.first[confidence]
+            out.append(
+                Match(
+                    id=pb.id,
+                    title=pb.title,
+                    severity=pb.severity,
+                    priority=pb.priority,
+                    line=line,
+                    lineno=lineno,
+                    count=seen.count,
+                    remedy=pb.remedy,
+                    confidence=confidence,
+                    confirm=confirm,
+                )
+            )
+        out.sort(
+            key=lambda m: (-m.priority, CONFIDENCES.index(m.confidence), -int(m.severity), m.lineno)
+        )
+        return out
+
+
+def match_log(lines: Iterable[str], playbooks: Sequence[Matchable]) -> list[Match]:
+    """Signature playbooks whose ``match.log`` signatures hit ``lines``, ranked best first."""
+    matcher = LogMatcher(playbooks)
+    matcher.run(lines)
+    return matcher.matches()
+
+
+def iter_log_lines(
+    path: Path | str, max_chars: int = MAX_LINE_CHARS, chunk_bytes: int = READ_CHUNK_BYTES
+) -> Iterator[str]:
+    """Stream a log file's lines, without their newline, decoded leniently (UTF-8, replaced).
+
+    Reads ``chunk_bytes`` at a time and splits in C; memory stays one chunk plus one line.
+    A line longer than ``max_chars`` characters yields its start and the rest is skipped
+    (a line is buffered up to 4 bytes per character, UTF-8's widest). A newline byte never
+    occurs inside a UTF-8 sequence, so cutting at newlines never splits a character.
+    Raises OSError when the file cannot be opened or read.
+    """
+    limit = 4 * max_chars
+    carry = b""
+    skipping = False  # inside an over-long line whose start was yielded: drop to its newline
+    with open(path, "rb") as fh:
+        while chunk := fh.read(chunk_bytes):
+            last = chunk.rfind(b"\n")
+            if last < 0:
+                if not skipping:
+                    carry += chunk
+                    if len(carry) > limit:
+                        yield carry.decode("utf-8", errors="replace")[:max_chars]
+                        carry, skipping = b"", True
+                continue
+            first = 0
+            if skipping:
+                first, carry, skipping = chunk.find(b"\n") + 1, b"", False
+            if first <= last:
+                lines = (carry + chunk[first:last]).decode("utf-8", errors="replace").split("\n")
+                if max(map(len, lines)) > max_chars:
+                    lines = [s[:max_chars] for s in lines]
+                yield from lines
+            carry = chunk[last + 1 :]
+            if len(carry) > limit:
+                yield carry.decode("utf-8", errors="replace")[:max_chars]
+                carry, skipping = b"", True
+    if carry and not skipping:
+        yield carry.decode("utf-8", errors="replace")[:max_chars]

@@ -1,0 +1,1 @@
+"""``orch postmortem``: ``collect`` (evidence, I/O; the bundle) and ``verdict`` (pure judgement)."""

@@ -1,0 +1,304 @@
+"""``orch postmortem``: collect the evidence of a run, reach a verdict, write a bundle (reads state).
+
+This module is the I/O half. Evidence (:func:`collect`), all reads bounded: the
+agent's ``evidence`` command (manifest, exit status, ``stop_requested``, the
+log's last lines read from the end, the last pane screen kept by
+``remain-on-exit``, the flight recorder's ``gpu.jsonl``, ``metrics.jsonl``),
+one ``snapshot`` (the GPUs and processes now), and from the Proxmox host
+``pct status``, the kernel log since the launch and its parsed events
+(:meth:`orchestrator.target.Host.probe`). The bundle (:func:`write_bundle`).
+
+Judgement is pure and lives in :mod:`orchestrator.postmortem.verdict` (history
+reconstruction, OOM matching, :func:`~orchestrator.postmortem.verdict.decide` and its
+precedence); its public names are re-exported here. Alive with no problem is
+``healthy`` (nothing to explain; the CLI exits 1).
+
+Secrets: every text that leaves the container is redacted with the container's
+secret-looking ``env`` values, and the manifest's env is masked again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import paths
+from orchestrator.answers import EvidenceAnswer
+from orchestrator.config.inventory import Inventory
+from orchestrator.errors import AgentError, Refused, UsageError
+from orchestrator.formats import parse_pct_status
+from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
+from orchestrator.postmortem.evidence import Evidence, final_snapshot, reconstruct_history
+from orchestrator.postmortem.verdict import (
+    HEALTHY,
+    OOM_WINDOW_S,
+    STOPPED,
+    Postmortem,
+    Verdict,
+    decide,
+    died_at,
+    judge,
+    our_oom_kills,
+    run_pids_and_names,
+)
+from orchestrator.secrets import mask_env, redact, redact_tree, secret_values
+from orchestrator.target import read_answer
+
+__all__ = [
+    "HEALTHY",
+    "OOM_WINDOW_S",
+    "STOPPED",
+    "Evidence",
+    "Postmortem",
+    "Verdict",
+    "collect",
+    "decide",
+    "default_bundle_dir",
+    "died_at",
+    "final_snapshot",
+    "judge",
+    "our_oom_kills",
+    "postmortem",
+    "reconstruct_history",
+    "run_pids_and_names",
+    "write_bundle",
+]
+
+log = logging.getLogger(__name__)
+
+LOG_TAIL_LINES = 200
+PANE_LINES = 200
+KERNEL_LOG_LINES = 2000
+KERNEL_MARGIN_S = 120.0
+"""The kernel log is read from this long before the launch (clock skew, the kill's lead-up)."""
+
+# --- collect (I/O) ---------------------------------------------------------------------------
+
+
+def _host_run(transport: Any, argv: list[str], timeout: float = 30.0) -> tuple[bool, str]:
+    res = transport.run(argv, timeout=timeout)
+    return res.ok, res.out if res.ok else (res.err or res.out)
+
+
+def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None]:
+    """The host kernel log since ``since`` (last :data:`KERNEL_LOG_LINES` lines): journalctl, else dmesg."""
+    argv = ["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q"]
+    ok, text = _host_run(transport, [*argv, f"--since=@{int(since)}", "-n", str(KERNEL_LOG_LINES)])
+    if ok:
+        return text.splitlines(), "journalctl"
+    ok, text = _host_run(transport, ["dmesg"])
+    if ok:
+        return text.splitlines()[-KERNEL_LOG_LINES:], "dmesg"
+    return [], None
+
+
+def collect(
+    inventory: Inventory,
+    name: str,
+    *,
+    run_id: str | None = None,
+    log_lines: int = LOG_TAIL_LINES,
+    target: Any = None,
+) -> Evidence:
+    """Gather the evidence for ``run_id`` (default: ``runs/current``) of container ``name``.
+
+    Raises:
+        UsageError: ``run_id`` does not exist (exit 2).
+        TransportError: the host or container cannot be reached (exit 3).
+    """
+    from orchestrator.target import Host, Target
+    from orchestrator.transport.connect import host_transport
+
+    tgt = target or Target(inventory, name)
+    c = tgt.container
+    secrets = secret_values(c.env)
+    errors: list[str] = []
+    status, pct_text = ("running", "local target: no pct\n") if c.is_local else (None, "")
+    host_tp = None
+    if not c.is_local:
+        host_tp = host_transport(inventory, c.host)
+        ok, pct_text = _host_run(host_tp, ["pct", "status", str(c.vmid)])
+        status = parse_pct_status(pct_text) if ok else "unknown"
+        if not ok:
+            errors.append(f"pct status {c.vmid}: {pct_text.strip()[:200]}")
+    answer: EvidenceAnswer | None = None
+    final: Snapshot | None = None
+    if status == "running":
+        args = ["evidence", "--workdir", c.workdir, "--session", c.session,
+                "--log-lines", str(log_lines), "--pane-lines", str(PANE_LINES)]  # fmt: skip
+        if run_id:
+            args += ["--run-id", run_id]
+        doc = tgt.agent(args, timeout=60.0)
+        if doc.get("ok") is False:
+            if doc.get("error") == "no-run" and run_id:
+                raise UsageError(f"{name}: {doc.get('message')}; see orch runs {name}")
+            errors.append(f"evidence: {doc.get('message') or doc.get('error')}")
+        else:
+            answer = read_answer(name, doc, EvidenceAnswer)
+        try:
+            final = tgt.snapshot(timeout=60.0)
+        except AgentError as exc:
+            errors.append(f"snapshot: {exc}")
+    else:
+        errors.append(
+            f"container {c.vmid} is {status}: its files cannot be read until it runs "
+            f"(pct start {c.vmid})"
+        )
+    manifest = _manifest(answer.manifest if answer else None, secrets, errors)
+    started = manifest.started_at if manifest else None
+    probe: HostProbe | None = None
+    kernel: list[str] = []
+    source = None
+    if host_tp is not None:
+        since = (started or time.time() - 3600.0) - KERNEL_MARGIN_S
+        try:
+            probe = Host(inventory, c.host).probe(since)
+        except (AgentError, OSError) as exc:
+            errors.append(f"host probe: {exc}")
+        kernel, source = _kernel_log(host_tp, since)
+    return _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
+                     secrets, errors)  # fmt: skip
+
+
+def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:
+    if not isinstance(raw, dict):
+        return None
+    try:
+        m = RunManifest.from_dict(raw)
+    except (SchemaError, TypeError, ValueError) as exc:
+        errors.append(f"manifest.json: {exc}")
+        return None
+    return dataclasses.replace(m, env=mask_env(m.env), command=redact(m.command, secrets))
+
+
+_AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_running",
+               "pane", "heartbeat", "files", "manifest_error", "stop_requested", "tee")  # fmt: skip
+"""The parts of the agent's evidence document kept as ``Evidence.agent`` (state.json)."""
+
+
+def _evidence(
+    name: str,
+    answer: EvidenceAnswer | None,
+    manifest: RunManifest | None,
+    final: Snapshot | None,
+    status: str | None,
+    pct_text: str,
+    probe: HostProbe | None,
+    kernel: list[str],
+    source: str | None,
+    secrets: Sequence[str],
+    errors: list[str],
+) -> Evidence:
+    if answer is None:
+        return Evidence(target=name, collected_at=time.time(), manifest=manifest,
+                        container_status=status, pct_status_text=pct_text,
+                        kernel_log=tuple(redact(x, secrets) for x in kernel),
+                        kernel_log_source=source, probe=probe, final=final,
+                        errors=tuple(redact(e, secrets) for e in errors))  # fmt: skip
+    state, log_tail, stop = answer.state, answer.log, answer.stop_requested
+    pids = {*state.command_pids, *(p for p in (answer.pgid, answer.wrapper_pid) if p is not None)}
+    tee_error = answer.tee.error
+    doc = answer.to_dict()
+    return Evidence(
+        target=name,
+        collected_at=answer.now,
+        run_id=answer.run_id,
+        run_dir=answer.run_dir,
+        manifest=manifest,
+        container_status=status,
+        pct_status_text=pct_text,
+        exit_status=answer.exit_status,
+        exit_status_at=answer.exit_status_at,
+        run_state=state.state,
+        log_tail=tuple(redact(x, secrets) for x in log_tail.tail),
+        log_exists=log_tail.exists,
+        log_mtime=log_tail.mtime,
+        log_size_bytes=log_tail.size_bytes,
+        pane=tuple(redact(x, secrets) for x in answer.pane.lines),
+        gpu_history=answer.gpu_history,
+        metrics=answer.metrics,
+        kernel_log=tuple(redact(x, secrets) for x in kernel),
+        kernel_log_source=source,
+        probe=probe,
+        final=final,
+        run_pids=tuple(sorted(pids)),
+        agent=redact_tree({k: doc.get(k) for k in _AGENT_KEYS}, secrets),
+        errors=tuple(redact(e, secrets) for e in errors),
+        stop_requested_at=stop.at if stop else None,
+        stop_requested_by=redact(stop.by, secrets) if stop and stop.by else None,
+        stop_signal=stop.signal if stop else None,
+        tee_error=redact(tee_error, secrets)[:2000] if tee_error else None,
+    )
+
+
+# --- bundle (I/O) ----------------------------------------------------------------------------
+
+
+def default_bundle_dir(ev: Evidence, now: float | None = None) -> Path:
+    """``<state>/postmortems/<target>-<run>-<UTC stamp>/``."""
+    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    return paths.state_dir() / "postmortems" / f"{ev.target}-{ev.run_id or 'none'}-{stamp}"
+
+
+Report = Callable[[Postmortem], tuple[str, str]]
+"""``report(pm) -> (report.md, report.html)``: the view's rendering, handed in by the caller
+(``orchestrator.views.postmortem``; this layer never imports the views)."""
+
+
+def write_bundle(pm: Postmortem, out: Path | str | None = None, *, report: Report) -> Postmortem:
+    """Write the raw files, findings.json, report.md and report.html (``report``'s); 0700 dir,
+    0600 files.
+
+    Raises:
+        Refused: ``out`` exists and is not empty (a bundle is never overwritten; exit 4).
+    """
+    ev = pm.evidence
+    target = Path(out).expanduser() if out else default_bundle_dir(ev)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise Refused(f"{target}: exists and is not empty; choose another --out")
+    paths.ensure_private_dir(target)
+    pm = dataclasses.replace(pm, bundle=str(target))
+    manifest = ev.manifest.to_dict() if ev.manifest else {"error": "no manifest"}
+    files: dict[str, str] = {
+        "manifest.json": json.dumps(manifest, indent=2) + "\n",
+        "exit_status": f"{ev.exit_status}\n" if ev.exit_status is not None else "missing\n",
+        "log-tail.txt": "".join(f"{x}\n" for x in ev.log_tail),
+        "pane.txt": "".join(f"{x}\n" for x in ev.pane),
+        "gpu.jsonl": "".join(json.dumps(r, separators=(",", ":")) + "\n" for r in ev.gpu_history),
+        "kernel.log": "".join(f"{x}\n" for x in ev.kernel_log),
+        "pct-status.txt": ev.pct_status_text,
+        "findings.json": json.dumps(pm.to_dict(), indent=2, default=str) + "\n",
+        "state.json": json.dumps(ev.agent, indent=2, default=str) + "\n",
+    }
+    if ev.metrics:
+        files["metrics.jsonl"] = "".join(json.dumps(r) + "\n" for r in ev.metrics)
+    files["report.md"], files["report.html"] = report(pm)
+    for fname, text in files.items():
+        paths.write_private(target / fname, text)
+    return pm
+
+
+def postmortem(
+    inventory: Inventory,
+    name: str,
+    *,
+    run_id: str | None = None,
+    out: Path | str | None = None,
+    write: bool = True,
+    report: Report | None = None,
+) -> Postmortem:
+    """Collect, judge and (by default) write the bundle, with ``report``'s rendering, for
+    ``name``'s run."""
+    c = inventory.container(name)
+    ev = collect(inventory, name, run_id=run_id)
+    pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
+    if not write:
+        return pm
+    if report is None:
+        raise ValueError("postmortem(write=True) needs report=, the view's rendering")
+    return write_bundle(pm, out, report=report)

@@ -1,0 +1,286 @@
+"""``orch watch``: a live dashboard of every target (rich Live), or one line per change.
+
+Three layers, kept apart:
+
+- **observations** (the monitor's :func:`~orchestrator.monitor.observe.pump`, one daemon
+  thread per target): each target's stream, reconnected with the one reconnect policy,
+  ``Snapshot.unreachable`` markers while down, onto one queue.
+- **model** (:class:`~orchestrator.views.watch_model.WatchModel`, main thread only): the
+  monitor's judgement per snapshot plus what only the screen needs.
+- **rendering** (:mod:`orchestrator.views.watch`, pure): model + clock + size -> renderable
+  or text line.
+
+Keys (TTY only): ``q`` quits, up/down or ``j``/``k`` select, Enter opens the
+detail of the selected target, Esc or ``b`` goes back. Ctrl-C quits cleanly too;
+the terminal (alternate screen, cbreak mode) is restored on every exit path.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import queue
+import select
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from typing import Any
+
+from rich.console import Console, RenderableType
+
+from orchestrator.config.inventory import Inventory
+from orchestrator.model import Snapshot
+from orchestrator.monitor.observe import Connect, pump, select_targets
+from orchestrator.monitor.sweep import playbook_titles
+from orchestrator.target import Target
+from orchestrator.views.watch import plain_line, render_dashboard, render_detail
+from orchestrator.views.watch_model import Judge, TargetView, WatchModel
+
+
+@contextlib.contextmanager
+def _cbreak(fd: int | None) -> Iterator[None]:
+    """Single-key input without echo; ISIG stays on so Ctrl-C still interrupts."""
+    if fd is None:
+        yield
+        return
+    import termios
+    import tty
+
+    saved = termios.tcgetattr(fd)
+    try:
+        tty.setcbreak(fd)
+        yield
+    finally:
+        termios.tcsetattr(fd, termios.TCSADRAIN, saved)
+
+
+def _keys(fd: int, out: queue.Queue[tuple[str, Any]], stop: threading.Event) -> None:
+    while not stop.is_set():
+        ready, _, _ = select.select([fd], [], [], 0.2)
+        if not ready:
+            continue
+        data = os.read(fd, 32)
+        if not data:
+            return
+        for key in parse_keys(data.decode("utf-8", "replace")):
+            out.put(("", ("key", key)))
+
+
+_ARROWS = {"\x1b[A": "up", "\x1b[B": "down", "\x1bOA": "up", "\x1bOB": "down"}
+
+
+def parse_keys(text: str) -> list[str]:
+    r"""Split one read from the terminal into keys (several may arrive together).
+
+    >>> parse_keys("\x1b[Aj\r\x1b")
+    ['up', 'j', '\r', '\x1b']
+    """
+    keys = []
+    i = 0
+    while i < len(text):
+        seq = next((s for s in _ARROWS if text.startswith(s, i)), None)
+        if seq is not None:
+            keys.append(_ARROWS[seq])
+            i += len(seq)
+        elif text.startswith("\x1b[", i) and i + 2 < len(text):
+            i += 3  # another CSI key (right, left...): ignored
+        else:
+            keys.append(text[i])
+            i += 1
+    return keys
+
+
+class _RingHandler(logging.Handler):
+    """Log records into the model's message line instead of over the full-screen view."""
+
+    def __init__(self, sink: collections.deque[str]) -> None:
+        super().__init__(logging.WARNING)
+        self.sink = sink
+
+    def emit(self, record: logging.LogRecord) -> None:
+        self.sink.append(f"{record.levelname.lower()}: {record.getMessage()}"[:200])
+
+
+def watch(
+    inventory: Inventory,
+    names: Sequence[str],
+    *,
+    interval_s: float = 2.0,
+    plain: bool = False,
+    console: Console | None = None,
+    stream_factory: Callable[[str], Connect] | None = None,
+    judge: Judge | None = None,
+    stop: threading.Event | None = None,
+) -> int:
+    """Run the dashboard (or plain lines) until ``q``, Ctrl-C or ``stop``; returns 0.
+
+    ``stream_factory(name)`` returns a zero-argument callable opening ONE connection's
+    snapshot stream (default: ``Target(inventory, name).stream_once(interval_s)``, one Target
+    per name so each connection resumes the log); the monitor's pump reconnects it.
+    """
+    detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
+    names = select_targets(inventory, names)
+    if not names:
+        from orchestrator.errors import UsageError
+
+        raise UsageError("no targets to watch: add containers to hosts.yaml or name one")
+    console = console or Console()
+    stop = stop or threading.Event()
+    targets: dict[str, Any] = {}
+
+    def default_factory(name: str) -> Connect:
+        t = targets[name] = Target(inventory, name)
+
+        def connect() -> Iterable[Snapshot]:
+            return t.stream_once(interval_s)
+
+        return connect
+
+    factory = stream_factory or default_factory
+    views = []
+    for n in names:
+        cfg = inventory.container(n)
+        views.append(TargetView(n, roles=cfg.roles_by_gpu, config=cfg))
+    model = WatchModel(views, judge) if judge is not None else WatchModel(views)
+    titles = playbook_titles()
+    events: queue.Queue[tuple[str, Any]] = queue.Queue()
+    for n in names:
+        threading.Thread(
+            target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
+        ).start()
+
+    interactive = not plain and console.is_terminal
+    try:
+        if interactive:
+            _run_live(model, events, stop, console, titles, detail=detail)
+        else:
+            _run_plain(model, events, stop, titles)
+    except KeyboardInterrupt:
+        pass
+    finally:
+        stop.set()
+        _close_all(targets.values())
+    return 0
+
+
+def _run_plain(
+    model: WatchModel,
+    events: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+    titles: Mapping[str, str],
+) -> None:
+    while not stop.is_set():
+        try:
+            name, snap = events.get(timeout=0.5)
+        except queue.Empty:
+            continue
+        if not name:
+            continue
+        if model.apply(name, snap):
+            print(plain_line(model.views[name], now=time.time(), titles=titles), flush=True)
+
+
+def _run_live(
+    model: WatchModel,
+    events: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+    console: Console,
+    titles: Mapping[str, str],
+    detail: str | None,
+) -> None:
+    from rich.live import Live
+
+    fd: int | None = None
+    try:
+        if sys.stdin.isatty():
+            fd = sys.stdin.fileno()
+    except (AttributeError, ValueError, OSError):
+        fd = None
+    if fd is not None:
+        threading.Thread(
+            target=_keys, args=(fd, events, stop), name="watch-keys", daemon=True
+        ).start()
+
+    root = logging.getLogger()
+    handlers = [h for h in root.handlers if isinstance(h, logging.StreamHandler)]
+    ring = _RingHandler(model.messages)
+    for h in handlers:
+        root.removeHandler(h)
+    root.addHandler(ring)
+    names = list(model.views)
+    selected = 0
+
+    def frame() -> RenderableType:
+        w, h = console.size
+        now = time.time()
+        if detail is not None:
+            return render_detail(
+                model.views[detail],
+                now=now,
+                width=w,
+                height=h,
+                titles=titles,
+                messages=list(model.messages),
+            )
+        return render_dashboard(model, now=now, width=w, height=h, selected=selected, titles=titles)
+
+    try:
+        with (
+            _cbreak(fd),
+            Live(
+                frame(),
+                console=console,
+                screen=True,
+                auto_refresh=False,
+                redirect_stdout=False,
+                redirect_stderr=False,
+            ) as live,
+        ):
+            last_draw = 0.0
+            while not stop.is_set():
+                dirty = False
+                try:
+                    name, item = events.get(timeout=0.25)
+                    while True:
+                        if name:
+                            model.apply(name, item)
+                            dirty = True
+                        else:
+                            key = item[1]
+                            if key in ("q", "Q"):
+                                return
+                            if key in ("down", "j"):
+                                selected = min(len(names) - 1, selected + 1)
+                            elif key in ("up", "k"):
+                                selected = max(0, selected - 1)
+                            elif key in ("\r", "\n") and detail is None:
+                                detail = names[selected]
+                            elif key in ("\x1b", "b") and len(names) > 1:
+                                detail = None
+                            dirty = True
+                        name, item = events.get_nowait()
+                except queue.Empty:
+                    pass
+                if dirty or time.monotonic() - last_draw >= 1.0:
+                    live.update(frame(), refresh=True)
+                    last_draw = time.monotonic()
+    finally:
+        root.removeHandler(ring)
+        for h in handlers:
+            root.addHandler(h)
+
+
+def _close_all(targets: Iterable[Any]) -> None:
+    """Close transports in the background: a dead peer must not hold up the exit."""
+
+    def close() -> None:
+        for t in list(targets):
+            with contextlib.suppress(Exception):
+                t.close()
+
+    th = threading.Thread(target=close, name="watch-close", daemon=True)
+    th.start()
+    th.join(timeout=2.0)

@@ -1,0 +1,105 @@
+"""``orch watch``'s model: what is shown about each target, fed one snapshot at a time (main
+thread only). The judgement (history window, findings, state word) is the monitor's
+(:func:`orchestrator.monitor.judge.judge`); this keeps what only the screen needs: the
+newest readings, "unreachable since", the tokens/s sparkline and the log tail.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from orchestrator.config.inventory import ContainerConfig
+from orchestrator.model import Finding, Snapshot
+from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
+from orchestrator.monitor.state import target_state
+
+log = logging.getLogger(__name__)
+
+Judge = Callable[[str, ContainerConfig, Sequence[Snapshot]], Judgement]
+"""``judge(name, config, history) -> Judgement``: the monitor's, or a stand-in in tests."""
+
+
+@dataclass
+class TargetView:
+    """Everything shown about one target. Mutated by :class:`WatchModel` only.
+
+    ``config`` defaults to a bare container of that name (default limits, no GPU roles).
+    """
+
+    name: str
+    roles: dict[int, str] = field(default_factory=dict)
+    config: ContainerConfig | None = None
+    history: collections.deque[Snapshot] = field(
+        default_factory=lambda: collections.deque(maxlen=DETECT_WINDOW)
+    )
+    current: Snapshot | None = None
+    last_good: Snapshot | None = None
+    unreachable_since: float | None = None
+    findings: tuple[Finding, ...] = ()
+    state: str = "connecting"
+    tokens_per_s: collections.deque[float] = field(
+        default_factory=lambda: collections.deque(maxlen=60)
+    )
+    log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
+    run_id: str | None = None
+
+    def signature(self) -> tuple[Any, ...]:
+        """What counts as a change for ``--plain``: state, run, findings (not every step)."""
+        return (
+            self.state,
+            self.run_id,
+            self.unreachable_since,
+            tuple(sorted((f.kind, int(f.severity), f.gpus) for f in self.findings)),
+        )
+
+    @property
+    def shown(self) -> Snapshot | None:
+        """The snapshot to draw readings from: the newest one that has data."""
+        return self.last_good
+
+    @property
+    def container(self) -> ContainerConfig:
+        return self.config or ContainerConfig(name=self.name, host="local")
+
+
+class WatchModel:
+    """The state of every watched target, fed one snapshot at a time (main thread)."""
+
+    def __init__(self, views: Iterable[TargetView], judge: Judge = judge) -> None:
+        self.views: dict[str, TargetView] = {v.name: v for v in views}
+        self.judge = judge
+        self.messages: collections.deque[str] = collections.deque(maxlen=3)
+
+    def apply(self, name: str, snap: Snapshot) -> bool:
+        """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature` changed."""
+        v = self.views[name]
+        before = v.signature()
+        v.current = snap
+        v.history.append(snap)
+        if snap.reachable:
+            v.unreachable_since = None
+            v.last_good = snap
+            if snap.run is not None:
+                if snap.run.run_id != v.run_id:
+                    v.tokens_per_s.clear()
+                    v.log_tail.clear()
+                v.run_id = snap.run.run_id
+                v.log_tail.extend(snap.run.new_log_lines)
+            if snap.metrics is not None and snap.metrics.tokens_per_s is not None:
+                v.tokens_per_s.append(snap.metrics.tokens_per_s)
+        elif v.unreachable_since is None:
+            v.unreachable_since = snap.taken_at
+        try:
+            j = self.judge(name, v.container, list(v.history))
+            v.findings, v.state = j.findings, j.state
+        except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
+            log.debug("detectors failed for %s", name, exc_info=True)
+            self.messages.append(f"{name}: detectors failed: {exc}")
+            v.findings = tuple(with_unreachable(name, snap, []))
+            grace = v.container.limits.startup_grace_s
+            v.state = target_state(snap, v.findings, startup_grace_s=grace)
+        return v.signature() != before

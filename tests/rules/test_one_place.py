@@ -1,0 +1,125 @@
+"""Every rule of issue 14, part 3, exists once: each test here checks the one place and that
+no second copy came back (a copy that drifts is how two of them came to disagree)."""
+
+from __future__ import annotations
+
+import json
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from orchestrator import deploy, formats, paths, secrets
+from orchestrator.config.inventory import ContainerConfig
+from orchestrator.detect import base
+from orchestrator.errors import UsageError
+from orchestrator.model import RunState, Snapshot
+from orchestrator.monitor.state import stopped_on_request, target_state
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import stop_was_requested
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = {
+    p: p.read_text()
+    for p in sorted((ROOT / "orchestrator").rglob("*.py"))
+    if "sandbox" not in p.parts  # the sandbox stands in for Proxmox; its rewrite is issue 13's
+}
+
+
+def _defining(pattern: str) -> list[str]:
+    rx = re.compile(pattern, re.M)
+    return [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if rx.search(text)]
+
+
+def test_gpu_lists_are_parsed_in_one_place_with_the_cap() -> None:
+    assert _defining(r"^def parse_gpu(s|_spec|_list)?\b") == ["orchestrator/formats.py"]
+    from orchestrator.lifecycle.launch import resolve_gpus
+
+    ct = ContainerConfig(name="ct", host="h", gpus={"target": (0, 1)})
+    assert resolve_gpus(ct, "6,0-1") == (0, 1, 6)
+    with pytest.raises(UsageError, match="--gpus: GPU index 5000 is above 1023"):
+        resolve_gpus(ct, "0-5000")  # was 5001 indices through agent/runs.parse_gpus
+
+
+def test_the_agent_refuses_a_gpu_list_past_the_cap(tmp_path: Path) -> None:
+    """The agent parses ``launch --gpus`` with the same function (it ships in the bundle)."""
+    res = subprocess.run(
+        [sys.executable, "-m", "orchestrator.agent", "launch", "--workdir", str(tmp_path),
+         "--cmd", "true", "--run-id", "r1", "--gpus", "0-5000"],
+        capture_output=True, text=True, timeout=60, cwd=ROOT,
+    )  # fmt: skip
+    assert res.returncode == 2, res.stderr
+    doc = json.loads(res.stdout)
+    assert doc["error"] == "bad-argument" and "above 1023" in doc["message"]
+    assert not (tmp_path / "runs").exists(), "nothing may be created for a refused launch"
+
+
+@pytest.mark.parametrize(("ended", "stopped"), [(9.0, True), (8.9, False), (None, True)])
+def test_stopped_on_request_is_one_rule(ended: float | None, stopped: bool) -> None:
+    """The state word, the exit-status detector and the verdict use one grace (1 s)."""
+    assert _defining(r"^STOP_SLACK_S\b") == ["orchestrator/detect/base.py"]
+    asked = 10.0
+    assert base.ended_on_request(asked, ended) is stopped
+    run = RunState("r", "/r", exit_status=130, exit_status_at=ended, stop_requested_at=asked)
+    snap = Snapshot("ct", 20.0, run=run)
+    assert stopped_on_request(run, 20.0) is stopped or ended is None
+    assert (target_state(snap) == "stopped") is (stopped or ended is None)
+    ev = Evidence("ct", 20.0, stop_requested_at=asked, exit_status_at=ended)
+    assert stop_was_requested(ev) is stopped
+
+
+def test_secret_masking_ships_to_the_agent() -> None:
+    assert _defining(r"^SECRET_WORDS\b") == ["orchestrator/secrets.py"]
+    assert _defining(r"^def redact_tree\b|^def redact\(") == ["orchestrator/secrets.py"]
+    from orchestrator.agent import runs
+
+    assert runs.mask_env is secrets.mask_env
+    assert "orchestrator/secrets.py" in deploy.build_bundle().files
+
+
+def test_run_ids_have_one_utc_format() -> None:
+    assert _defining(r"^def new_run_id\b") == ["orchestrator/formats.py"]
+    assert re.fullmatch(r"\d{8}-\d{6}-x", formats.new_run_id("x"))
+    from orchestrator.agent import runs
+    from orchestrator.lifecycle import launch
+
+    assert runs.new_run_id is launch.new_run_id is formats.new_run_id
+    assert "token_hex" not in SOURCES[ROOT / "orchestrator/agent/runs.py"]
+
+
+def test_atomic_writes_have_one_implementation(tmp_path: Path) -> None:
+    assert _defining(r"^def (atomic_write|_write_atomic)\b") == ["orchestrator/paths.py"]
+    from orchestrator.agent import runs
+
+    assert runs.atomic_write is paths.atomic_write
+    assert "orchestrator/paths.py" in deploy.build_bundle().files
+    target = paths.atomic_write(tmp_path / "f", "text\n")
+    assert target.read_text() == "text\n" and target.stat().st_mode & 0o777 == 0o644
+    assert [p.name for p in tmp_path.iterdir()] == ["f"]
+
+
+def test_pct_status_is_parsed_in_one_place() -> None:
+    assert _defining(r"^def parse_(pct_)?status\b") == ["orchestrator/formats.py"]
+    from orchestrator.agent import probe
+    from orchestrator.postmortem import collect
+    from orchestrator.transport import pct
+
+    assert pct.parse_pct_status is probe.parse_pct_status is collect.parse_pct_status
+    assert formats.parse_pct_status("status: running\n") == "running"
+
+
+def test_the_bundle_marker_is_one_constant() -> None:
+    literal = [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if ".orch-bundle" in text]
+    assert literal == ["orchestrator/deploy.py"]
+    assert SOURCES[ROOT / "orchestrator/deploy.py"].count(".orch-bundle") == 1
+    from orchestrator import target
+
+    assert deploy.MARKER in target._BOOT and "__MARKER__" not in target._BOOT
+    assert deploy.MARKER in deploy._CHECK and deploy.MARKER in deploy._UNPACK
+
+
+def test_dead_names_are_gone() -> None:
+    assert not _defining(r"^_OOM_INVOKED\b|^STATES = ")
+    assert not _defining(r"getattr\([^)]*\"stderr_tail\"")
