@@ -23,23 +23,11 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Protocol
 
+from orchestrator.sandbox.pct.die import Die, die
+
 NODE = "sandbox"
-PCT_PM = "/usr/share/perl5/PVE/CLI/pct.pm"
 CLI_PATH = "/sbin:/bin:/usr/sbin:/usr/bin"  # pve-common CLIHandler::run_cli_handler
 ENOENT_EXIT = 2
-
-
-class Die(Exception):
-    """A Perl ``die``: message on stderr, exit ``status`` (255 unless ``$!`` was set)."""
-
-    def __init__(self, message: str, status: int = 255) -> None:
-        super().__init__(message)
-        self.status = status
-
-
-def die(msg: str, line: int | None = None) -> None:
-    # Perl appends " at FILE line N." to a die message that lacks a trailing newline.
-    raise Die(msg if line is None else f"{msg} at {PCT_PM} line {line}.")
 
 
 USAGE = {

@@ -19,7 +19,7 @@ import subprocess
 import sys
 import tempfile
 
-from orchestrator.sandbox.pct.cli import Die
+from orchestrator.sandbox.pct.die import Die
 
 CLONE_NEWNS = 0x00020000
 
