@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
-from orchestrator.config import load_inventory
+from orchestrator.config.inventory import load_inventory
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
