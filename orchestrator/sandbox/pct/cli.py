@@ -140,9 +140,13 @@ def owner(user: str | None, group: str | None) -> tuple[int, int]:
     )
 
 
-def create_file(path: str, perms: str | None, user: str | None, group: str | None) -> int:
+def create_file(
+    path: str, perms: str | None, user: str | None, group: str | None, shown: str | None = None
+) -> int:
     """pct.pm create_file: owner and mode parsed here; new files get 0666 & ~umask unless
-    ``perms``; the parent must exist. Returns an fd open for writing."""
+    ``perms``; the parent must exist. Returns an fd open for writing. Messages name ``shown``
+    (the path as the caller gave it; process mode opens it elsewhere)."""
+    shown = shown or path
     uid, gid = owner(user, group)
     mode = parse_perms(perms)
     try:
@@ -154,12 +158,12 @@ def create_file(path: str, perms: str | None, user: str | None, group: str | Non
     except FileExistsError:
         fd = -1
     except OSError as exc:
-        raise Die(f"failed to create file: {path}: {exc.strerror}\n") from None
+        raise Die(f"failed to create file: {shown}: {exc.strerror}\n") from None
     if fd < 0:
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC)
         except OSError as exc:
-            raise Die(f"failed to create file: {path}: {exc.strerror}\n") from None
+            raise Die(f"failed to create file: {shown}: {exc.strerror}\n") from None
     if mode is not None:
         os.fchmod(fd, mode)
     if uid != -1 or gid != -1:
@@ -295,7 +299,8 @@ class Pct:
                     raise Die(f"failed to open {pos[1]} for reading\n") from None
                 self.backend.enter(vmid)
                 dst = self.backend.path(vmid, pos[2])
-                copy_fd(src, create_file(dst, perms, opts.get("user"), opts.get("group")))
+                fd = create_file(dst, perms, opts.get("user"), opts.get("group"), pos[2])
+                copy_fd(src, fd)
 
             return worker(task)
 
