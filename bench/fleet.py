@@ -139,7 +139,9 @@ class Fleet:
             state_dir = self.workdir / f"host{h}"
             self.state_dirs.append(state_dir)
             # its bin/ and each container's usr/bin/ hold python3 -> the real interpreter
-            info = manager.up(state_dir, containers=self.per_host, gpus=8, scenario="healthy")
+            info = manager.up(  # process mode: 64 containers; this bench measures orch, not LXC
+                state_dir, containers=self.per_host, gpus=8, scenario="healthy", isolation="process"
+            )
             ns, veth_host, veth_ns = f"{self.tag}n{h}", f"{self.tag}h{h}", f"{self.tag}c{h}"
             host_ip, ns_ip = f"10.213.{base + h}.1", f"10.213.{base + h}.2"
             sh("ip", "netns", "add", ns)

@@ -235,7 +235,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps({**tmux_fig, "samples": n}))
         return 0
     state = Path(tempfile.mkdtemp(prefix="orch-bench-poll-"))
-    info = manager.up(state, containers=1, gpus=8, scenario="healthy")
+    # process mode: the agent is timed as a local process with the container's variables
+    info = manager.up(state, containers=1, gpus=8, scenario="healthy", isolation="process")
     try:
         inv = load_inventory(info.config_path)
         target = Target(inv, "ct200")

@@ -14,16 +14,22 @@ import pytest
 def sandbox(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """A running sandbox for the whole session: 3 containers (ct200-ct202), 8 GPUs, healthy.
 
-    Yields ``orchestrator.sandbox.manager.SandboxInfo`` (``config_path`` is its hosts.yaml);
-    tears everything down (sshd, container processes, tmux servers) at the end.
-    Skips when tmux, sshd or a C compiler is missing (the message names the apt package).
+    Real LXC containers where they can run (root, the lxc package), else process mode;
+    ``ORCH_TEST_ISOLATION=lxc|process`` forces one. Yields
+    ``orchestrator.sandbox.manager.SandboxInfo`` (``config_path`` is its hosts.yaml;
+    ``workdir(ct)`` the host path of a workdir, ``container_workdir(ct)`` orch's);
+    tears everything down (containers, sshd, cgroups) at the end. Skips when tmux,
+    sshd or a C compiler is missing (the message names the apt package).
     """
     from orchestrator.sandbox import manager
     from orchestrator.sandbox.fakenvml import MissingTool
+    from tests.helpers import SANDBOX_ISOLATION
 
     state_dir: Path = tmp_path_factory.mktemp("sandbox")
     try:
-        info = manager.up(state_dir, containers=3, gpus=8, scenario="healthy")
+        info = manager.up(
+            state_dir, containers=3, gpus=8, scenario="healthy", isolation=SANDBOX_ISOLATION
+        )
     except MissingTool as exc:
         pytest.skip(str(exc))
     try:

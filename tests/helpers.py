@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable
 from typing import TypeVar
 
 T = TypeVar("T")
+
+# how test sandboxes isolate their containers: auto (LXC where it can run, as CI), lxc, process
+SANDBOX_ISOLATION = os.environ.get("ORCH_TEST_ISOLATION", "auto")
 
 
 def wait_for(

@@ -130,6 +130,12 @@ def sandbox_up(
     scenario: str = typer.Option(
         "healthy", "--scenario", help="Bundled scenario name or JSON file."
     ),
+    isolation: str = typer.Option(
+        "auto",
+        "--isolation",
+        help="lxc: real LXC containers (root, lxc package); process: directories, no "
+        "namespaces; auto: lxc where it can run, else process (says why).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help='Print {"config": ..., "state_dir": ..., ...}.'
     ),
@@ -137,17 +143,22 @@ def sandbox_up(
     """Start a sandbox (as the current user) and print its hosts.yaml path.
 
     Then try: orch -c <config> hosts. Exit codes: 0 running (also when it already ran);
-    1 something failed to start; 2 a needed tool (tmux, sshd, cc) is missing or a flag is bad.
+    1 something failed to start (or --isolation lxc cannot run here); 2 a needed tool
+    (tmux, sshd, cc) is missing or a flag is bad.
     """
     from orchestrator.sandbox import manager
 
-    info = manager.up(state_dir, containers=containers, gpus=gpus, scenario=scenario)
+    info = manager.up(
+        state_dir, containers=containers, gpus=gpus, scenario=scenario, isolation=isolation
+    )
+    if info.fallback:
+        sys.stderr.write(f"sandbox: {info.fallback}\n")
     if as_json:
         print_json(info.to_dict())
         return
     print(
-        f"sandbox up: sshd on 127.0.0.1:{info.port}, containers {', '.join(info.containers)}, "
-        f"{info.gpus} GPUs, scenario {info.scenario}"
+        f"sandbox up ({info.isolation}): sshd on 127.0.0.1:{info.port}, containers "
+        f"{', '.join(info.containers)}, {info.gpus} GPUs, scenario {info.scenario}"
     )
     print(f"config: {info.config_path}")
     print(f"try: orch -c {info.config_path} hosts")
@@ -190,13 +201,15 @@ def sandbox_status(
         print_json(st)
     else:
         print(
-            f"sandbox {st['state_dir']}: {'running' if st['running'] else 'stopped'}, "
+            f"sandbox {st['state_dir']} ({st['isolation']}): "
+            f"{'running' if st['running'] else 'stopped'}, "
             f"port {st['port']}, scenario {st['scenario']}, {st['gpus']} GPUs"
         )
         for c in st["containers"]:
+            init = f", init pid {c['init_pid']}" if c["init_pid"] else ""
             print(
-                f"  {c['name']} (vmid {c['vmid']}): {c['status']}, {c['processes']} processes, "
-                f"workdir {c['workdir']}"
+                f"  {c['name']} (vmid {c['vmid']}): {c['status']}{init}, {c['processes']} "
+                f"processes, workdir {c['workdir']}"
             )
     if not st["running"]:
         raise typer.Exit(1)

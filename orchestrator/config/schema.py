@@ -164,7 +164,10 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
         "env",
         "mapping NAME -> string",
         "`{}`",
-        "Environment of the run, passed explicitly (pct would otherwise keep the host's). "
+        "Environment of every command orch runs in the container (the agent, the run), laid "
+        "over `PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin`, "
+        "`HOME=/root`, `LANG=C.UTF-8`; nothing of the host's environment is passed (pct "
+        "would keep it, with its PATH forced to `/sbin:/bin:/usr/sbin:/usr/bin`). "
         "Values are taken literally; names that look secret (`*TOKEN*`, `*KEY*`, "
         "`*SECRET*`, `*PASSWORD*`) are masked in everything orch writes. Merged key by "
         "key with `defaults.env`.",

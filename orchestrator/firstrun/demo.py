@@ -316,8 +316,10 @@ def run_demo(
             info = manager.up(state, containers=1, gpus=8, scenario="idle")
             up = True
             write_demo_config(state, trainer_config)
-            return (f"1 container ({CONTAINER}), {info.gpus} simulated GPUs, "
-                    f"sshd on 127.0.0.1:{info.port}, state in {state}")  # fmt: skip
+            kind = "LXC container" if info.isolation == "lxc" else "process-mode container"
+            return (f"1 {kind} ({CONTAINER}), {info.gpus} simulated GPUs, "
+                    f"sshd on 127.0.0.1:{info.port}, state in {state}"
+                    + (f"; {info.fallback}" if info.fallback else ""))  # fmt: skip
 
         clock.run("sandbox", "starting sshd, the pct stand-in and the fake NVML", sandbox)
         _loop(ui, clock, result, fault, watch_s, detect_timeout_s, interactive)

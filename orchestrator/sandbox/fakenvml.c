@@ -3,7 +3,10 @@
  *
  * Build: cc -shared -fPIC -O2 -o libnvidia-ml.so.1 fakenvml.c
  *
- * Every call re-reads the JSON scenario named by $ORCH_FAKE_NVML_SCENARIO, so a
+ * Every call re-reads the JSON scenario: /dev/orch-nvidia/scenario.json where that
+ * exists (inside a sandbox LXC container, which gets the directory bind-mounted as a
+ * real one gets the GPUs' device nodes; the host's environment that pct leaks in is
+ * ignored there), else the file named by $ORCH_FAKE_NVML_SCENARIO, so a
  * test can switch scenario (atomically, temp + rename) while a process keeps
  * NVML initialised. The exported functions, their argument structs and their
  * return codes follow nvml.h as REAL pynvml (nvidia-ml-py) calls them:
@@ -24,8 +27,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define EXPORT __attribute__((visibility("default")))
+#define DEFAULT_SCENARIO "/dev/orch-nvidia/scenario.json"
 
 typedef int nvmlReturn_t;
 typedef struct nvmlDevice_st *nvmlDevice_t;
@@ -256,6 +261,7 @@ static nvmlReturn_t scenario_load(scenario *s) {
     long size;
     jparser ps;
     memset(s, 0, sizeof *s);
+    if (access(DEFAULT_SCENARIO, F_OK) == 0) path = DEFAULT_SCENARIO;
     if (!path || !*path) return NVML_ERROR_DRIVER_NOT_LOADED;
     f = fopen(path, "rb");
     if (!f) return NVML_ERROR_DRIVER_NOT_LOADED;

@@ -1,18 +1,28 @@
 """Run inside an LXC container through the Proxmox host's ``pct`` (wraps a host transport).
 
-Traps of real ``pct`` (pve-container's pct.pm, lxc-attach) handled here:
+Traps of real ``pct`` (pve-container's pct.pm, pve-common's CLIHandler.pm and
+RESTEnvironment.pm, lxc-attach) handled here:
 
 - options are parsed by Getopt::Long, so ``pct exec VMID -- argv`` needs the ``--``;
 - ``pct exec`` runs argv without a shell and without a login profile (callers that
   want one say ``bash -lc``);
-- ``--keep-env`` is the default, so the host's environment leaks in: orch passes the
-  variables it wants explicitly (``env K=V ...`` inside the container);
-- exit codes pass through, 128+N for a signal; pct's own failures are ``die`` -> exit
-  255 with a message on stderr, mapped to :class:`ContainerNotRunning` /
-  :class:`ContainerNotFound`;
+- pct forces ``PATH=/sbin:/bin:/usr/sbin:/usr/bin`` (no ``/usr/local/bin``: pip's
+  ``torchrun`` is "command not found") and then, ``--keep-env`` being the default
+  (``--keep-env 0`` only exists since pve-container 5.0.9), hands the host's whole
+  environment (``SSH_*``, ``XDG_*``, ...) to the command: orch runs every command
+  under ``env -i`` with an explicit environment, :data:`BASE_ENV` under the
+  container's ``env`` from hosts.yaml under the call's own;
+- exit codes pass through, 128+N for a signal; pct's own failures are a Perl ``die``
+  whose exit status is ``$!`` when set (2 for a missing config) else 255, so they
+  are recognised by their message, whatever the status, as
+  :class:`ContainerNotRunning` / :class:`ContainerNotFound`;
+- neither a closed channel nor a killed ``pct exec`` stops the command (lxc-attach
+  forwards no signal without a pty), so every bounded command runs under
+  ``timeout -k`` inside the container, in its own process group (:func:`deadline`);
 - ``pct push`` needs the source on the host and an existing parent directory, and
-  drops the exec bit unless ``--perms``; pushes to one container serialize on its
-  config lock, so orch serializes them too (one lock per container).
+  drops the exec bit unless ``--perms``; it exits 0 when the copy fails (the error
+  is only on stderr); pushes to one container serialize on its config lock, so orch
+  serializes them too (one lock per container).
 """
 
 from __future__ import annotations
@@ -27,8 +37,15 @@ from orchestrator.formats import parse_pct_status
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line, with_env
 
-PCT_DIE_STATUS = 255
 HOST_TMP_DIR = "/tmp"
+# what every command in a container gets (a Debian root login's PATH), before hosts.yaml's env
+BASE_ENV = {
+    "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+    "HOME": "/root",
+    "LANG": "C.UTF-8",
+}
+DEADLINE_SLACK_S = 1.0  # the in-container deadline fires after orch's own: orch reports the timeout
+KILL_GRACE_S = 2.0  # SIGKILL this long after the deadline's SIGTERM
 
 _push_locks: dict[tuple[str, int], threading.Lock] = {}
 _push_locks_guard = threading.Lock()
@@ -57,6 +74,19 @@ def pct_failure(stderr: str, vmid: int) -> str | None:
     return None
 
 
+def deadline(argv: Sequence[str], timeout_s: float) -> list[str]:
+    """``argv`` under a deadline enforced inside the container: ``timeout`` makes its own
+    process group, SIGTERMs it :data:`DEADLINE_SLACK_S` after orch gave up waiting and
+    SIGKILLs it :data:`KILL_GRACE_S` later, children included.
+
+    >>> deadline(["nvidia-smi", "-L"], 30)
+    ['timeout', '-k', '2', '31', 'nvidia-smi', '-L']
+    >>> deadline(["true"], 0.25)
+    ['timeout', '-k', '2', '1.25', 'true']
+    """
+    return ["timeout", "-k", f"{KILL_GRACE_S:g}", f"{timeout_s + DEADLINE_SLACK_S:g}", *argv]
+
+
 class PctTransport(Transport):
     """Commands inside container ``vmid`` on the host reached by ``host``.
 
@@ -64,8 +94,9 @@ class PctTransport(Transport):
         host: the transport to the Proxmox host (usually the pooled SshTransport).
         vmid: the container id (>= 100).
         name: what messages call the container (the hosts.yaml name).
-        env: variables every command gets (the container's ``env`` in hosts.yaml);
-            per-call ``env`` is laid over them.
+        env: variables every command gets (the container's ``env`` in hosts.yaml), laid
+            over :data:`BASE_ENV`; per-call ``env`` is laid over them. Nothing else of
+            the host's environment reaches the command.
     """
 
     def __init__(
@@ -80,19 +111,30 @@ class PctTransport(Transport):
         self.name = name or f"{host.name}/{vmid}"
         self.env = dict(env or {})
 
-    def argv(self, argv: Sequence[str], env: Mapping[str, str] | None = None) -> list[str]:
-        """The host-side argv for ``argv`` run in the container.
+    def argv(
+        self,
+        argv: Sequence[str],
+        env: Mapping[str, str] | None = None,
+        timeout: float | None = None,
+    ) -> list[str]:
+        """The host-side argv for ``argv`` run in the container (under :func:`deadline`
+        when ``timeout`` is given).
 
         >>> from orchestrator.transport.local import LocalTransport
-        >>> PctTransport(LocalTransport(), 200).argv(["tmux", "ls"], {"A": "1"})
-        ['pct', 'exec', '200', '--', 'env', 'A=1', 'tmux', 'ls']
+        >>> PctTransport(LocalTransport(), 200, env={"LANG": "de_DE.UTF-8"}).argv(["tmux", "ls"], {"A": "1"})[4:]
+        ['env', '-i', 'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', 'LANG=de_DE.UTF-8', 'A=1', 'tmux', 'ls']
+        >>> PctTransport(LocalTransport(), 200).argv(["true"], timeout=5)[:8]
+        ['pct', 'exec', '200', '--', 'timeout', '-k', '2', '6']
         """
         command_line(argv)  # validates before anything is sent
-        merged = {**self.env, **(env or {})}
-        return ["pct", "exec", str(self.vmid), "--", *with_env(argv, merged)]
+        inner = with_env(argv, {**BASE_ENV, **self.env, **(env or {})}, clear=True)
+        if timeout is not None:
+            inner = deadline(inner, timeout)
+        return ["pct", "exec", str(self.vmid), "--", *inner]
 
     def _raise_for_pct(self, result: Result) -> None:
-        if result.exit_status != PCT_DIE_STATUS:
+        """Raise what pct's own failure means; by its message, whatever its exit status."""
+        if result.exit_status == 0:
             return
         failure = pct_failure(result.err, self.vmid)
         if failure == "not-running":
@@ -111,15 +153,20 @@ class PctTransport(Transport):
     ) -> Result:
         """Run ``argv`` in the container (no shell); exit codes pass through.
 
+        The command is gone from the container at most ``timeout`` + :data:`DEADLINE_SLACK_S`
+        + :data:`KILL_GRACE_S` seconds after it started, whatever happens to the channel.
         ``max_output_bytes`` bounds stdout as in :meth:`Transport.run` (the host transport
         cuts ``pct exec``'s output, which is the command's).
 
         Raises:
-            ContainerNotRunning, ContainerNotFound: pct refused (exit 255 with its message).
+            ContainerNotRunning, ContainerNotFound: pct refused (by its message).
             TransportError: from the host transport (timeout, unreachable, host key).
         """
         result = self.host.run(
-            self.argv(argv, env), timeout=timeout, stdin=stdin, max_output_bytes=max_output_bytes
+            self.argv(argv, env, timeout),
+            timeout=timeout,
+            stdin=stdin,
+            max_output_bytes=max_output_bytes,
         )
         self._raise_for_pct(result)
         return result
@@ -155,7 +202,8 @@ class PctTransport(Transport):
         Stages the bytes in a host temp file (pct push reads its source on the host),
         pushes to a temp name beside ``path`` with ``--perms`` (pct push drops the exec
         bit otherwise), renames it into place inside the container, and always removes
-        the host temp file. The parent directory must exist.
+        the host temp file. The parent directory must exist. pct push exits 0 when the
+        copy fails: the rename then finds no file, and push's stderr is the error.
 
         Raises:
             ContainerNotRunning, ContainerNotFound: as for :meth:`run`.
@@ -177,6 +225,8 @@ class PctTransport(Transport):
             moved = self.run(["mv", "-f", ct_tmp, path], timeout=timeout)
             if not moved.ok:
                 self.run(["rm", "-f", ct_tmp], timeout=timeout)
+                if result.err.strip():  # the copy failed; pct push said why and exited 0
+                    raise CommandFailed(self.host.name, command_line(push), 0, result.err)
                 raise CommandFailed(
                     self.name, f"mv -f {ct_tmp} {path}", moved.exit_status, moved.err
                 )

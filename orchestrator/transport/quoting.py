@@ -32,17 +32,24 @@ def command_line(argv: Sequence[str]) -> str:
     return " ".join(shlex.quote(arg) for arg in argv)
 
 
-def with_env(argv: Sequence[str], env: Mapping[str, str] | None) -> list[str]:
+def with_env(
+    argv: Sequence[str], env: Mapping[str, str] | None, *, clear: bool = False
+) -> list[str]:
     """Prefix ``argv`` with ``env K=V ...`` so variables travel as argv, not as shell text.
+
+    With ``clear`` (``env -i``) the command gets exactly ``env`` and nothing it would inherit.
 
     >>> with_env(["python3", "-c", "pass"], {"A": "1 2"})
     ['env', 'A=1 2', 'python3', '-c', 'pass']
     >>> with_env(["true"], None)
     ['true']
+    >>> with_env(["true"], {"HOME": "/root"}, clear=True)
+    ['env', '-i', 'HOME=/root', 'true']
     """
-    if not env:
+    if not env and not clear:
         return list(argv)
-    for key in env:
+    for key in env or {}:
         if not key or "=" in key or not (key[0].isalpha() or key[0] == "_"):
             raise ValueError(f"not a valid environment variable name: {key!r}")
-    return ["env", *(f"{k}={v}" for k, v in env.items()), *argv]
+    head = ["env", "-i"] if clear else ["env"]
+    return [*head, *(f"{k}={v}" for k, v in (env or {}).items()), *argv]

@@ -4,7 +4,6 @@ fake libnvidia-ml, the nvidia-smi / journalctl stand-ins on the "host"."""
 from __future__ import annotations
 
 import json
-import os
 import time
 from pathlib import Path
 
@@ -78,22 +77,17 @@ def test_1gb_log_costs_the_same_bytes_read_as_1kb(sandbox, inv) -> None:  # type
     assert costs["e2e-1kb"] == costs["e2e-1gb"] < 1024
 
 
-def _stream_agents(marker: str) -> list[int]:
+def _stream_agents(sandbox, container: str = "ct200") -> list[int]:  # type: ignore[no-untyped-def]
+    """Host PIDs of live agent ``stream`` processes in the container."""
     out = []
-    for name in os.listdir("/proc"):
-        if name.isdigit():
-            try:
-                cmd = Path(f"/proc/{name}/cmdline").read_bytes()
-                stat = Path(f"/proc/{name}/stat").read_bytes()
-            except OSError:
-                continue
-            if (
-                b"orchestrator.agent" in cmd
-                and b"\0stream\0" in cmd
-                and marker.encode() in cmd
-                and b") Z " not in stat
-            ):
-                out.append(int(name))
+    for pid in sandbox.container_pids(container):
+        try:
+            cmd = Path(f"/proc/{pid}/cmdline").read_bytes()
+            stat = Path(f"/proc/{pid}/stat").read_bytes()
+        except OSError:
+            continue
+        if b"orchestrator.agent" in cmd and b"\0stream\0" in cmd and b") Z " not in stat:
+            out.append(pid)
     return out
 
 
@@ -107,7 +101,7 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
         [
             "bash",
             "-c",
-            f"cd {sandbox.workdir('ct200')} && tmux kill-session -t train 2>/dev/null; "
+            f"cd {sandbox.container_workdir('ct200')} && tmux kill-session -t train 2>/dev/null; "
             f"tmux new-session -d -s train bash -c {json.dumps(script)} && "
             f"tmux set-option -t train remain-on-exit on",
         ]
@@ -122,7 +116,7 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
             if sum(1 for s in seen if s.session and s.session.pane_dead) >= 3:
                 break
             assert len(seen) < 100
-        pids = _stream_agents(str(sandbox.workdir("ct200")))
+        pids = _stream_agents(sandbox)
         assert pids, "the stream agent runs while we read"
     finally:
         stream.close()
@@ -131,7 +125,7 @@ def test_stream_survives_death_and_leaves_no_agent_after_disconnect(sandbox, inv
     assert any(s.processes for s in seen if s.session and s.session.pane_dead is False)
     assert (run / "train.log").exists()
     wait_for(
-        lambda: not _stream_agents(str(sandbox.workdir("ct200"))),
+        lambda: not _stream_agents(sandbox),
         timeout_s=10,
         what="no stream agent left in the container after disconnect",
     )
@@ -150,7 +144,7 @@ def test_host_probe_finds_xid_79_and_maps_a_gpu_process_to_vmid_200(sandbox, inv
         ]
     )
     assert res.ok, res.err
-    pid = int(res.out.split()[-1])
+    pid = sandbox.host_pid("ct200", int(res.out.split()[-1]))  # the driver reports host PIDs
     since = time.time() - 1
     try:
         doc = manager.read_scenario(sandbox.state_dir)

@@ -217,6 +217,7 @@ def contract_config(sandbox: Any, tmp_path_factory: pytest.TempPathFactory) -> P
             "vmid": src["vmid"],
             "workdir": f"{src['workdir']}-{SESSION}-{name}",
             "session": f"{SESSION}-{name}",
+            "python": src.get("python", "python3"),  # an LXC sandbox names the operator's
             "thresholds": dict(THRESHOLDS),
             "poll_interval": 1,
         }
@@ -363,8 +364,13 @@ def _findings(doc: dict[str, Any]) -> list[dict[str, Any]]:
     return [f for t in doc["targets"] for f in t["findings"]]
 
 
+def _host(sandbox: Any, inventory: Any, name: str, path: str) -> Path:
+    """A path orch reported for target ``name`` (inside its container) as the host reads it."""
+    return Path(sandbox.host_path(inventory.container(name).vmid, path))
+
+
 def _exited(sandbox: Any, fr: FaultRuns, key: str, timeout_s: float = 150.0) -> int:
-    run_dir = Path(fr.launched[key]["run_dir"])
+    run_dir = _host(sandbox, fr.inventory, f"f-{key}", fr.launched[key]["run_dir"])
 
     def status() -> str | None:
         p = run_dir / "exit_status"
@@ -381,7 +387,10 @@ def _postmortem(orch: Callable[..., tuple[int, str]], name: str, tmp: Path) -> d
 
 @pytest.mark.e2e
 def test_launch_default_bundled_trainer_is_verified_and_snapshot_reads_its_log(
-    orch: Callable[..., tuple[int, str]], contract_config: Path, fault_runs: FaultRuns
+    orch: Callable[..., tuple[int, str]],
+    contract_config: Path,
+    fault_runs: FaultRuns,
+    sandbox: Any,
 ) -> None:
     from orchestrator.target import Target
 
@@ -410,13 +419,14 @@ def test_launch_default_bundled_trainer_is_verified_and_snapshot_reads_its_log(
         step, tok_s = snap.metrics.step, snap.metrics.tokens_per_s
         assert step is not None and step % 10 == 0, "tiny-cpu logs every 10 steps"
         assert tok_s is not None and tok_s > 0
-        logged = [x for x in Path(doc["log_path"]).read_text().splitlines()
+        inv = _inventory(contract_config)
+        logged = [x for x in _host(sandbox, inv, "ct200", doc["log_path"]).read_text().splitlines()
                   if x.startswith(f"step={step} ")]  # fmt: skip
         assert logged and f"tok/s={int(tok_s)} " in logged[0], (logged, tok_s)
         assert snap.metrics.loss is not None and 0 < snap.metrics.loss < 10
         # the trainer's heartbeat, in orch's run directory, beats every step
         assert snap.run.heartbeat_age_s is not None and snap.run.heartbeat_age_s < 10
-        beat = (Path(doc["run_dir"]) / "heartbeat").read_text().split()
+        beat = (_host(sandbox, inv, "ct200", doc["run_dir"]) / "heartbeat").read_text().split()
         assert int(beat[0]) >= step
     finally:
         orch("stop", "ct200", "--grace", "4")
@@ -463,8 +473,8 @@ def test_oom_postmortem_verdict_is_the_cuda_oom_playbook(
 
 def _silent_facts(fr: FaultRuns, sandbox: Any) -> tuple[int, list[str]]:
     code = _exited(sandbox, fr, "silent")
-    log = Path(fr.launched["silent"]["log_path"]).read_text().splitlines()
-    return code, log
+    log = _host(sandbox, fr.inventory, "f-silent", fr.launched["silent"]["log_path"])
+    return code, log.read_text().splitlines()
 
 
 @pytest.mark.e2e

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
+from orchestrator.config.inventory import load_inventory
 from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
@@ -118,16 +119,17 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
 
 
 def test_clean_env_dry_run_lists_every_step_and_refuses_to_overwrite(orch, sandbox) -> None:  # type: ignore[no-untyped-def]
-    workdir = sandbox.workdir("ct202")
+    workdir, inside = sandbox.workdir("ct202"), sandbox.container_workdir("ct202")
     code, out, _ = orch("playbook", "run", "clean-env", "ct202")
     assert code == 0
-    venv = f"{workdir}/.venv-orch"
+    venv = f"{inside}/.venv-orch"
+    python = load_inventory(sandbox.config_path).container("ct202").python
     for expected in (
         "1. stop the current run",
-        f"python3 -m venv {venv}",
-        f"{venv}/bin/python -m pip install -r {workdir}/requirements.txt",
-        f"git -C {workdir} stash push --include-untracked",
-        f"[orch action] archive {workdir}/inductor-cache",
+        f"{python} -m venv {venv}",
+        f"{venv}/bin/python -m pip install -r {inside}/requirements.txt",
+        f"git -C {inside} stash push --include-untracked",
+        f"[orch action] archive {inside}/inductor-cache",
         "warm up one device at a time (GPU 6)",
         "warm up one device at a time (GPU 7)",
         "8. relaunch the run",
@@ -175,8 +177,11 @@ def test_force_archives_instead_of_deleting(orch, sandbox, tmp_path: Path) -> No
     code, out, err = orch(*args, "--force", "--json")
     assert code == 0, err
     steps = json.loads(out)["steps"]
-    assert steps[0]["output"].startswith(f"archived {cache} -> {cache}.orch-")
-    assert steps[1]["output"].startswith(f"archived {workdir}/.venv-orch -> ")
+    inside = sandbox.container_workdir("ct202")
+    assert steps[0]["output"].startswith(
+        f"archived {inside}/inductor-cache -> {inside}/inductor-cache.orch-"
+    )
+    assert steps[1]["output"].startswith(f"archived {inside}/.venv-orch -> ")
 
     added = set(workdir.iterdir()) - before
     archived = {p.name.split(".orch-")[0] for p in added}

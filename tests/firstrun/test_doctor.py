@@ -179,18 +179,30 @@ def sandbox_config(sandbox: Any, tmp_path: Path, private_env: Path) -> Iterator[
     yield write
 
 
-def _path_without(tmp_path: Path, tool: str, first: list[str]) -> str:
-    """A PATH holding every program of ours but ``tool``: one directory of symlinks."""
-    farm = tmp_path / f"path-without-{tool}"
-    farm.mkdir()
-    for directory in os.environ.get("PATH", "/usr/bin:/bin").split(":"):
-        if not os.path.isdir(directory):
+def _path_without(sandbox: Any, vmid: int, tmp_path: Path, tool: str) -> str:
+    """A PATH for container ``vmid`` holding every program of ours but ``tool``: one directory
+    of symlinks (in an LXC container: made in its /root, from its own /usr)."""
+    if sandbox.isolation == "lxc":
+        inside = f"/root/path-without-{tool}"
+        farm = sandbox.host_path(vmid, inside)
+        dirs = [
+            (sandbox.host_path(vmid, d), d) for d in ("/usr/local/bin", "/usr/bin", "/usr/sbin")
+        ]
+    else:  # the container's own usr/bin (nvidia-smi) first, then this machine's PATH
+        farm = tmp_path / f"path-without-{tool}"
+        inside = str(farm)
+        first = str(sandbox.container_root(vmid) / "usr" / "bin")
+        path = [first, *os.environ.get("PATH", "/usr/bin:/bin").split(":")]
+        dirs = [(Path(d), d) for d in path]
+    farm.mkdir(exist_ok=True)
+    for host_dir, in_dir in dirs:
+        if not host_dir.is_dir():
             continue
-        for entry in os.scandir(directory):
+        for entry in os.scandir(host_dir):
             link = farm / entry.name
-            if entry.name != tool and not link.exists() and not link.is_symlink():
-                link.symlink_to(entry.path)
-    return ":".join([*first, str(farm)])
+            if entry.name != tool and not os.path.lexists(link):
+                link.symlink_to(f"{in_dir}/{entry.name}")
+    return inside
 
 
 @pytest.mark.e2e
@@ -269,8 +281,7 @@ def test_missing_tmux_in_the_container(
     runs with it, so tmux is missing for orch exactly as in a container without the package."""
     if shutil.which("tmux") is None:
         pytest.skip("needs tmux")
-    ct_bin = str(sandbox.container_root(201) / "usr" / "bin")  # the container's nvidia-smi
-    env = {"PATH": _path_without(tmp_path, "tmux", [ct_bin])}
+    env = {"PATH": _path_without(sandbox, 201, tmp_path, "tmux")}
     code, checks = doctor(capsys, sandbox_config(containers={"ct201": {"env": env}}), "ct201")
     assert code == 1
     assert failing(checks) == {"tmux in ct201"}

@@ -210,7 +210,7 @@ def test_interactive_init_then_trust_records_the_sandbox_key(
         pane.answer("[200]:", "200")
         pane.answer("[lxc200]:", "ct200")
         pane.answer("[all]:", "0-7")
-        pane.answer("[/root/orch]:", str(info.workdir("ct200")))  # type: ignore[attr-defined]
+        pane.answer("[/root/orch]:", info.container_workdir("ct200"))  # type: ignore[attr-defined]
         pane.answer("(orch trust sandbox)? [Y/n]:", "y")
         pane.wait_text("fingerprint SHA256:")
         pane.answer("known_hosts? [y/N]:", "y")

@@ -67,7 +67,7 @@ def test_bundled_trainer_happy_path_logs_and_stop(orch, idle, sandbox) -> None: 
     assert [p["phase"] for p in doc["phases"] if p["status"] == "ok"] == [
         "preflight", "deploy", "start", "verify",
     ]  # fmt: skip
-    log = Path(doc["log_path"])
+    log = sandbox.host_path("ct200", doc["log_path"])
     assert log.read_text().startswith("trainer: version="), "first line of the program in the log"
     manifest = json.loads((log.parent / "manifest.json").read_text())
     assert manifest["gpus"] == list(range(8)) and manifest["target"] == "ct200"
@@ -118,12 +118,12 @@ def test_live_session_refused_then_force_keeps_old_run(orch, idle, sandbox) -> N
                           "--grace", "10", "--json")  # fmt: skip
     assert code == 0, err
     second = json.loads(out)
-    old = Path(first["run_dir"])
+    old = sandbox.host_path("ct202", first["run_dir"])
     assert (old / "train.log").read_text().startswith("tick 0")
     assert (old / "manifest.json").exists() and (old / "exit_status").exists()
     assert (old / "pane.txt").exists(), "the old pane's last screen is archived"
     assert second["replaced"]["run_id"] == first["run_id"]
-    assert (Path(second["run_dir"]) / "train.log").exists()
+    assert (sandbox.host_path("ct202", second["run_dir"]) / "train.log").exists()
 
 
 def test_busy_gpus_refused_before_anything_starts(orch, sandbox, sandbox_scenario) -> None:  # type: ignore[no-untyped-def]

@@ -29,6 +29,7 @@ from typing import Any
 import pytest
 import yaml
 
+from tests.helpers import SANDBOX_ISOLATION
 from tests.reliability import table
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -176,13 +177,13 @@ class Fleet:
     def kill_trainer(self, container: str = "ct200", sig: int = signal.SIGKILL) -> None:
         """Signal the trainer's process group; the wrapper records 128+N as the exit status."""
         pgid = int((self.run_dir(container) / "pgid").read_text().split()[0])
-        os.killpg(pgid, sig)
+        self.info.kill(container, pgid, sig, group=True)  # a PID from inside the container
 
     def vanish(self, container: str = "ct200") -> None:
         """SIGKILL the wrapper, the trainer's group and the tmux server at once (seed 000's shape)."""
         run = self.run_dir(container)
-        os.kill(int((run / "wrapper.pid").read_text().split()[0]), signal.SIGKILL)
-        os.killpg(int((run / "pgid").read_text().split()[0]), signal.SIGKILL)
+        self.info.kill(container, int((run / "wrapper.pid").read_text().split()[0]))
+        self.info.kill(container, int((run / "pgid").read_text().split()[0]), group=True)
         self.kill_tmux(container)
 
     def kill_tmux(self, container: str = "ct200") -> int:
@@ -246,7 +247,9 @@ def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
 
     state_dir = tmp_path_factory.mktemp("rel")
     try:
-        info = manager.up(state_dir, containers=2, gpus=8, scenario="healthy")
+        info = manager.up(
+            state_dir, containers=2, gpus=8, scenario="healthy", isolation=SANDBOX_ISOLATION
+        )
     except MissingTool as exc:
         pytest.skip(str(exc))
     fleet = Fleet(info, state_dir, tuned_config(info, state_dir / "tuned.yaml", interval_s=1.0))

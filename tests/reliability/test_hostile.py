@@ -48,17 +48,22 @@ MODES = {
 
 @pytest.fixture(scope="module")
 def hostile(fleet, tmp_path_factory):
-    """(config, mode file): ct200's python is the hostile script."""
+    """(config, mode file): ct200's python is the hostile script (in the container's own
+    file system: an LXC container sees no host path)."""
     d = tmp_path_factory.mktemp("hostile")
-    script = d / "python"
+    where, python = d, str(d / "python")  # process mode: the container's paths are the host's
+    if fleet.info.isolation == "lxc":
+        where, python = fleet.info.host_path("ct200", "/root/hostile"), "/root/hostile/python"
+    where.mkdir(parents=True, exist_ok=True)
+    script = where / "python"
     script.write_text(HOSTILE)
     script.chmod(0o755)
     doc = yaml.safe_load(fleet.config.read_text())
-    doc["containers"]["ct200"]["python"] = str(script)
+    doc["containers"]["ct200"]["python"] = python
     path = d / "hostile.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     fleet.scenario("idle")
-    return path, d / "mode"
+    return path, where / "mode"
 
 
 _MEASURE = textwrap.dedent(

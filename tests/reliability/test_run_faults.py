@@ -83,7 +83,7 @@ def test_tmux_server_killed_is_a_death(fleet, fresh_run, observe, tmp_path):
     check(fleet, db, "ct200")
     pid = fleet.kill_tmux("ct200")
     exit_file = fleet.run_dir("ct200") / "exit_status"
-    wait_for(lambda: not _alive_pid(fleet.run_dir("ct200") / "wrapper.pid"), 10,
+    wait_for(lambda: not _alive_pid(fleet, fleet.run_dir("ct200") / "wrapper.pid"), 10,
              what="the wrapper to go with its pane")  # fmt: skip
     rc, doc = check(fleet, db, "ct200")
     t = target(doc)
@@ -95,12 +95,15 @@ def test_tmux_server_killed_is_a_death(fleet, fresh_run, observe, tmp_path):
     assert rc == 2
 
 
-def _alive_pid(pidfile: Path) -> bool:
+def _alive_pid(fleet, pidfile: Path) -> bool:
+    """Whether the process whose container PID ``pidfile`` holds still runs in ct200."""
+    from orchestrator.agent.procs import alive
+
     try:
-        os.kill(int(pidfile.read_text().split()[0]), 0)
+        host = fleet.info.host_pid("ct200", int(pidfile.read_text().split()[0]))
     except (OSError, ValueError):
         return False
-    return True
+    return host is not None and alive(host)
 
 
 @pytest.mark.fault(
@@ -160,12 +163,19 @@ def test_trainer_sigkill_is_crashed_137(fleet, fresh_run, observe, tmp_path):
     fault="trainer SIGKILLed with an OOM-killer line in the host kernel log",
     must="verdict 'oom-killer': the crash is explained by the kernel OOM killer",
 )
-def test_trainer_sigkill_with_oom_line_is_oom_killer(fleet, fresh_run, observe, tmp_path):
+def test_trainer_sigkill_with_oom_line_is_oom_killer(fleet, fresh_run, observe, tmp_path, request):
+    if fleet.info.isolation == "lxc":
+        request.applymarker(pytest.mark.xfail(
+            strict=True,
+            reason="the kernel names the victim by host PID; tying it to the container's run "
+            "(NSpid, task_memcg=/lxc/<vmid>/) is issue 13's kernel-event attribution",
+        ))  # fmt: skip
     db = tmp_path / "orch.db"
     check(fleet, db, "ct200")
     pgid = int((fleet.run_dir("ct200") / "pgid").read_text().split()[0])
+    victim = fleet.info.host_pid("ct200", pgid)  # the kernel names the host PID, as on Proxmox
     fleet.kernel_line(
-        f"Out of memory: Killed process {pgid} (python3) total-vm:53312244kB, "
+        f"Out of memory: Killed process {victim} (python3) total-vm:53312244kB, "
         "anon-rss:31451456kB, file-rss:74816kB, shmem-rss:12296kB, UID:0 pgtables:69068kB "
         "oom_score_adj:0"
     )
@@ -203,18 +213,24 @@ def test_log_deleted_is_flagged_agent_keeps_working(fleet, fresh_run, observe, t
 
 @pytest.fixture
 def tiny_disk(fleet):
-    """ct201's runs/ on a 256 KiB tmpfs (a full disk in seconds); unmounted afterwards."""
+    """ct201's runs/ on a 256 KiB tmpfs (a full disk in seconds); unmounted afterwards.
+
+    In an LXC container the tmpfs is mounted in its mount namespace (nsenter), where its
+    processes see it; the host reaches it through /proc/<init>/root."""
     runs = fleet.info.workdir("ct201") / "runs"
     runs.mkdir(parents=True, exist_ok=True)
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", str(runs)],
+    init = fleet.info.init_pid("ct201")
+    inside = ["nsenter", "-t", str(init), "-m"] if init else []
+    where = fleet.info.container_workdir("ct201") + "/runs"
+    res = subprocess.run([*inside, "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", where],
                          capture_output=True, text=True)  # fmt: skip
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     try:
-        yield runs
+        yield Path(f"/proc/{init}/root{where}") if init else runs
     finally:
         fleet.orch("stop", "ct201", "--grace", "2")
-        subprocess.run(["umount", "-l", str(runs)], capture_output=True)
+        subprocess.run([*inside, "umount", "-l", where], capture_output=True)
 
 
 @pytest.mark.fault(
@@ -247,19 +263,15 @@ def test_disk_full_is_flagged_agent_keeps_working(fleet, tiny_disk, observe, tmp
 
 
 def _agent_streams(fleet) -> list[int]:
-    """PIDs of agent ``stream`` processes in ct200 (found by cmdline and container marker)."""
-    marker = f"ORCH_SANDBOX_CT={fleet.state_dir}:200".encode()
+    """Host PIDs of agent ``stream`` processes in ct200 (by cmdline, among the container's)."""
     found = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
+    for pid in fleet.info.container_pids("ct200"):
         try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-            env = (p / "environ").read_bytes().split(b"\0")
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if b"stream" in argv and marker in env and any(b"orchestrator.agent" in a for a in argv):
-            found.append(int(p.name))
+        if b"stream" in argv and any(b"orchestrator.agent" in a for a in argv):
+            found.append(pid)
     return found
 
 

@@ -55,15 +55,13 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
     launched = orch("launch --json", "launch", "ct201", "--cmd", TRAINER, "--env",
                     f"WANDB_API_KEY={LAUNCH_CANARY}", "--force", "--grace", "2", "--no-verify", "--json")  # fmt: skip
     assert launched.returncode == 0, launched.stderr[-2000:]
-    run_dir = Path(json.loads(launched.stdout)["run_dir"])
+    run_dir = fleet.info.host_path("ct201", json.loads(launched.stdout)["run_dir"])
     orch("status --json", "status", "ct201", "--json")
     orch("snapshot --json", "snapshot", "ct201", "--json")
     orch("runs --json", "runs", "ct201", "--json")
     orch("check --json", "check", "ct201", "--json", "--db", str(db), "--notify", webhook.url)
     pgid = int((run_dir / "pgid").read_text().split()[0])
-    import os
-
-    os.killpg(pgid, signal.SIGKILL)  # a crash: the next check sends a webhook
+    fleet.info.kill("ct201", pgid, signal.SIGKILL, group=True)  # a crash: the next check alerts
     wait_for((run_dir / "exit_status").exists, 10, what="the exit status")
     orch(
         "check (crash alert)", "check", "ct201", "--json", "--db", str(db), "--notify", webhook.url

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.sandbox.fakenvml import SCENARIO_ENV, build_fake_nvml, source_hash
-from orchestrator.sandbox.manager import SCENARIO_DIR, resize_scenario, scenario_names
+from orchestrator.sandbox.scenario import SCENARIO_DIR, resize_scenario, scenario_names
 from tests.sandbox.gpu3_reader import Gpu3Reader
 
 READ_ALL = r"""
@@ -81,8 +81,8 @@ def test_build_is_cached_by_source_hash(tmp_path: Path) -> None:
     lib = build_fake_nvml(tmp_path)
     mtime = lib.stat().st_mtime_ns
     assert build_fake_nvml(tmp_path) == lib and lib.stat().st_mtime_ns == mtime
-    assert (tmp_path / ".fakenvml.sha").read_text().strip() == source_hash()
-    (tmp_path / ".fakenvml.sha").write_text("stale\n")
+    assert (tmp_path / ".libnvidia-ml.so.1.sha").read_text().strip() == source_hash()
+    (tmp_path / ".libnvidia-ml.so.1.sha").write_text("stale\n")
     build_fake_nvml(tmp_path)
     assert lib.stat().st_mtime_ns != mtime
 

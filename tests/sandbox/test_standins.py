@@ -11,8 +11,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.sandbox.files import STANDIN_DIR
 from orchestrator.sandbox.kernel import append_kernel_line
-from orchestrator.sandbox.manager import SCENARIO_DIR, STANDIN_DIR
+from orchestrator.sandbox.scenario import SCENARIO_DIR
 
 
 def smi(scenario: str | Path, *args: str) -> subprocess.CompletedProcess[str]:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 import json
-import os
-import signal
 import subprocess
 import sys
 import threading
@@ -14,6 +12,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 import pytest
+
+from tests.helpers import SANDBOX_ISOLATION
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -134,26 +134,16 @@ class Fleet:
     def kill_trainer(self, container: str = "ct200") -> None:
         """SIGKILL the trainer's process group: the wrapper records exit status 137."""
         pgid = int((self.run_dir(container) / "pgid").read_text().split()[0])
-        os.killpg(pgid, signal.SIGKILL)
+        self.info.kill(container, pgid, group=True)  # a PID from inside the container
 
     def vanish(self, container: str = "ct200") -> None:
         """SIGKILL the wrapper, the trainer and the tmux server: no exit status, no session (seed 000)."""
         from orchestrator.sandbox import manager
 
         run = self.run_dir(container)
-        server = manager.run_pct(
-            self.state_dir,
-            "exec",
-            container.removeprefix("ct"),
-            "--",
-            "tmux",
-            "display-message",
-            "-p",
-            "#{pid}",
-        ).stdout.strip()
-        os.kill(int((run / "wrapper.pid").read_text().split()[0]), signal.SIGKILL)
-        os.killpg(int((run / "pgid").read_text().split()[0]), signal.SIGKILL)
-        os.kill(int(server), signal.SIGKILL)
+        self.info.kill(container, int((run / "wrapper.pid").read_text().split()[0]))
+        self.info.kill(container, int((run / "pgid").read_text().split()[0]), group=True)
+        assert manager.kill_tmux_server(self.state_dir, container)
 
     def stop_sshd(self) -> None:
         from orchestrator.sandbox import sshd
@@ -176,7 +166,9 @@ def fleet(tmp_path_factory) -> Iterator[Fleet]:
     from orchestrator.sandbox import manager
 
     state_dir = tmp_path_factory.mktemp("views-sandbox")
-    info = manager.up(state_dir, containers=2, gpus=8, scenario="healthy")
+    info = manager.up(
+        state_dir, containers=2, gpus=8, scenario="healthy", isolation=SANDBOX_ISOLATION
+    )
     try:
         yield Fleet(info, state_dir)
     finally:

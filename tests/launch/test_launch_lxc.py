@@ -1,0 +1,62 @@
+"""A run launched into a real LXC container sees what it would on Proxmox, minus pct's traps:
+its own small PIDs, ``/usr/local/bin`` on PATH (pip's torchrun), nothing of the operator's
+environment. Skipped in process mode (no namespaces, no /usr/local of its own)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator.cli import run
+from orchestrator.transport.pct import BASE_ENV
+from tests.helpers import wait_for
+
+pytestmark = pytest.mark.e2e
+
+SESSION = "lxc-e2e"
+TOOL = "/usr/local/bin/orch-lxc-e2e-tool"  # where `pip install` puts torchrun & co.
+CMD = 'echo "pid=$$"; echo "ppid=$PPID"; orch-lxc-e2e-tool; env | sed "s/^/env:/"; sleep 60'
+
+
+@pytest.fixture
+def lxc_sandbox(sandbox):  # type: ignore[no-untyped-def]
+    if sandbox.isolation != "lxc":
+        pytest.skip(f"the session sandbox runs in {sandbox.isolation} mode, not LXC")
+    return sandbox
+
+
+def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
+    lxc_sandbox, sandbox_config, sandbox_scenario, capsys, monkeypatch
+) -> None:  # type: ignore[no-untyped-def]
+    sb = lxc_sandbox
+    sandbox_scenario("idle")
+    monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/operator-agent.sock")  # the operator's own
+    monkeypatch.setenv("XDG_RUNTIME_DIR", "/run/user/1000")
+    config = str(sandbox_config(SESSION))
+    tool = sb.host_path("ct200", TOOL)
+    tool.write_text("#!/bin/sh\necho tool-ran\n")
+    tool.chmod(0o755)
+    try:
+        code = run(["-c", config, "launch", "ct200", "--cmd", CMD, "--name", "lxc",
+                    "--no-verify", "--json"])  # fmt: skip
+        out, err = capsys.readouterr()
+        assert code == 0, err + out
+        log = sb.host_path("ct200", json.loads(out)["log_path"])
+        text = wait_for(lambda: "env:PATH=" in log.read_text() and log.read_text(), 30,
+                        what="the run's output in its log")  # fmt: skip
+        pid = int(next(x for x in text.splitlines() if x.startswith("pid="))[4:])
+        host = sb.host_pid("ct200", pid)  # the same shell, as the host numbers it
+    finally:
+        run(["-c", config, "stop", "ct200", "--grace", "3"])
+        capsys.readouterr()
+        Path(tool).unlink()
+    lines = text.splitlines()
+    env = dict(x[4:].split("=", 1) for x in lines if x.startswith("env:") and "=" in x)
+    assert "tool-ran" in lines, lines  # found by name on the PATH orch gave it
+    assert env["PATH"] == BASE_ENV["PATH"] and env["HOME"] == "/root", env
+    leaked = sorted(k for k in env if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB")))
+    assert not leaked, leaked
+    # its PID is the container's own: small, and not the one the host knows it by
+    assert host is not None and pid != host and pid < sb.init_pid("ct200"), (pid, host)
