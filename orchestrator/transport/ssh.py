@@ -76,6 +76,19 @@ def _translate(name: str, exc: BaseException, doing: str) -> HostUnreachable:
 NET_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
 
+def _refused(exc: BaseException, transport: paramiko.Transport) -> bool:
+    """Whether a failed channel open was the server saying no on a live connection.
+
+    paramiko keeps ONE ``saved_exception`` per transport: when two threads' opens are refused
+    at once, one thread can take the other's ``ChannelException`` and the other is left with
+    ``SSHException("Unable to open channel.")`` while the connection is fine. Dropping the
+    connection then would kill every command running on it.
+    """
+    if isinstance(exc, paramiko.ChannelException):
+        return True
+    return transport.is_active() and str(exc) == "Unable to open channel."
+
+
 def open_socket(ep: Endpoint, jump: SshTransport | None) -> Any:
     """A TCP socket to ``ep`` (or a ``direct-tcpip`` channel through ``jump``)."""
     if jump is not None:
@@ -298,18 +311,19 @@ class SshTransport(Transport):
                 open_timeout = max(0.1, min(deadline - time.monotonic(), self._dead_after_s))
                 try:
                     return transport.open_session(timeout=open_timeout)
-                except paramiko.ChannelException as exc:
+                except NET_ERRORS as exc:
+                    if not _refused(exc, transport):
+                        self._drop(transport)
+                        net_failures += 1
+                        if "Timeout opening channel" in str(exc) or net_failures > 1:
+                            raise _translate(self.name, exc, "opening a channel") from None
+                        continue
                     # sshd frees a closed session only once its process is reaped: wait, retry
                     # (nothing has run yet), until the command's own deadline
                     pause = min(0.05 * 2**attempt, 0.5)
                     if time.monotonic() + pause >= deadline:
                         raise HostUnreachable(self.name, f"channel refused: {exc}") from None
                     time.sleep(pause)
-                except NET_ERRORS as exc:
-                    self._drop(transport)
-                    net_failures += 1
-                    if "Timeout opening channel" in str(exc) or net_failures > 1:
-                        raise _translate(self.name, exc, "opening a channel") from None
         except BaseException:
             self._slots.release()
             raise

@@ -140,16 +140,24 @@ def test_twenty_concurrent_commands_share_one_connection(sshd: Sshd, tmp_path: P
     transport = SshTransport(host_config(sshd))
     live = tmp_path / "live"
     live.mkdir()
+    done = tmp_path / "done"
+    done.mkdir()
+    # Each command stays until it has seen another one live (or one already ended), so the
+    # overlap is proven however slowly the interpreters start; it prints the most it saw.
     count = (
-        "import os,sys,time; d=sys.argv[1]; p=os.path.join(d, sys.argv[2]); open(p,'w').close();"
-        " n=len(os.listdir(d)); time.sleep(0.4); os.unlink(p); print(n)"
+        "import os,sys,time; d,e=sys.argv[1],sys.argv[3]; p=os.path.join(d, sys.argv[2]);"
+        " open(p,'w').close(); n=len(os.listdir(d)); end=time.monotonic()+60\n"
+        "while n < 2 and not os.listdir(e) and time.monotonic() < end:\n"
+        "    time.sleep(0.02); n=max(n, len(os.listdir(d)))\n"
+        "time.sleep(0.1); n=max(n, len(os.listdir(d))); os.unlink(p);"
+        " open(os.path.join(e, sys.argv[2]),'w').close(); print(n)"
     )
     results: list[int] = []
     errors: list[BaseException] = []
 
     def one(i: int) -> None:
         try:
-            res = transport.run([PY, "-c", count, str(live), str(i)], timeout=60)
+            res = transport.run([PY, "-c", count, str(live), str(i), str(done)], timeout=90)
             assert res.ok, res.err
             results.append(int(res.out))
         except BaseException as exc:  # collected: asserted below
@@ -366,3 +374,25 @@ def test_proxyjump_through_ssh_config_alias(sshd: Sshd, tmp_path: Path) -> None:
         transport.close()
         if transport._jump is not None:
             transport._jump.close()
+
+
+def test_a_refused_open_on_a_live_connection_is_retried_not_dropped() -> None:
+    """paramiko's one saved_exception per transport: under load a thread whose open was refused
+    may see only SSHException("Unable to open channel."); on a live connection that is a refusal
+    (retry), on a dead one the connection is gone (drop). The 20-command test above is the real
+    case; this pins the classification."""
+    import socket
+
+    import paramiko
+
+    from orchestrator.transport.ssh import _refused
+
+    a, b = socket.socketpair()
+    try:
+        idle = paramiko.Transport(a)  # never started: not active
+        assert _refused(paramiko.ChannelException(2, "Connect failed"), idle)
+        assert not _refused(paramiko.SSHException("Unable to open channel."), idle)
+        assert not _refused(paramiko.SSHException("Timeout opening channel."), idle)
+    finally:
+        a.close()
+        b.close()
