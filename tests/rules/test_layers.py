@@ -17,6 +17,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("transport", "deploy"),
     ("target",),
     ("monitor", "lifecycle", "postmortem", "sandbox", "firstrun"),
+    ("heal",),
     ("views",),
     ("commands", "cli"),
 )
