@@ -77,6 +77,7 @@ class Diagnosis:
     playbook: str | None = None
     summary: str = ""
     remedy: tuple[str, ...] = ()
+    evidence: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,6 +147,7 @@ def _evidence(node: NodeView, diagnosis: Diagnosis | None, trigger: str) -> tupl
     out: list[str] = []
     if diagnosis is not None and diagnosis.summary:
         out.append(f"verdict: {diagnosis.kind}: {diagnosis.summary}")
+        out += list(diagnosis.evidence[:3])
     for f in node.findings:
         if f.kind in ("crashed", "silent-death", "stall", "log-signature", "container-stopped"):
             out.append(f"{f.kind}: {f.summary}")

@@ -128,7 +128,7 @@ def collect_diagnosis(inventory: Inventory, name: str) -> Diagnosis | None:
     except OrchError as exc:
         log.info("%s: no verdict (%s); deciding on the findings", name, exc)
         return None
-    return Diagnosis(v.kind, v.playbook, v.summary, v.remedy)
+    return Diagnosis(v.kind, v.playbook, v.summary, v.remedy, v.evidence)
 
 
 def restart_rules(playbooks: Sequence[Playbook]) -> dict[str, RestartRule]:
