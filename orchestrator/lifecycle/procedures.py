@@ -49,6 +49,7 @@ from typing import Any
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
 from orchestrator.playbooks import Playbook
+from orchestrator.secrets import secret_values
 
 SETTLE_POLL_S = 1.0
 """Seconds between the ``settle`` action's snapshots."""
@@ -364,26 +365,29 @@ class _Runner:
         env = []
         if resume and self.previous_dir:
             env = ["ORCH_RESUME=auto", f"ORCH_RESUME_FROM={self.previous_dir}"]
+        res = launch_mod.launch(
+            self.inventory,
+            self.name,
+            cmd=self.relaunch_cmd,
+            trainer_args=merge_args(self.relaunch_args, extra) if bundled else (),
+            gpus=self.relaunch_gpus,
+            env=env,
+            run_name="relaunch",
+            verify=False,
+            target=self.tgt,
+            carry_from=self.previous_run if resume else None,
+        )
+        self.launched_run = res.run_id  # known before verifying: a restart journals it either way
+        assert res.state is not None
         try:
-            res = launch_mod.launch(
-                self.inventory,
-                self.name,
-                cmd=self.relaunch_cmd,
-                trainer_args=merge_args(self.relaunch_args, extra) if bundled else (),
-                gpus=self.relaunch_gpus,
-                env=env,
-                run_name="relaunch",
-                verify=True,
-                target=self.tgt,
-                carry_from=self.previous_run if resume else None,
-            )
+            launch_mod.verify_run(self.tgt, res.run_id, res.state, started=time.monotonic(),
+                                  timeout_s=self.tgt.container.limits.startup_timeout_s,
+                                  secrets=secret_values(self.tgt.container.env))  # fmt: skip
         except launch_mod.RunDied as exc:
             if exc.exit_status != 0:
-                self.launched_run = exc.state.run_id
                 raise
-            self.launched_run, self.launched_finished = exc.state.run_id, True
-            return f"run {exc.state.run_id} started and finished (exit status 0) within its verification"
-        self.launched_run = res.run_id
+            self.launched_finished = True
+            return f"run {res.run_id} started and finished (exit status 0) within its verification"
         return f"run {res.run_id} started and verified ({res.log_path})"
 
     def verify(self) -> str:
