@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
@@ -168,11 +169,21 @@ def logs_cmd(
 def status_cmd(
     targets: list[str] = typer.Argument(None, help="Container names (default: all in hosts.yaml)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per target."),
+    db: Path | None = typer.Option(
+        None,
+        "--db",
+        help="History database whose restart journal is shown (default $ORCH_DB or ~/.local/state/orch/orch.db).",
+    ),
 ) -> None:
     """One table of every target, queried concurrently: reachable, container, session, run,
-    age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
+    age, step, tokens/s, GPU memory, and the restart journal's last decision (orch supervise,
+    orch check --heal). Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
+    import time
+
     from orchestrator.lifecycle import runs
+    from orchestrator.monitor.history import read_journal
+    from orchestrator.monitor.journal import summary
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
@@ -180,6 +191,13 @@ def status_cmd(
     for n in names:
         inventory.container(n)
     rows = runs.status(inventory, names)
+    journals = read_journal(names, db)
+    now = time.time()
+    for row in rows:
+        policy = inventory.container(row["target"]).restart
+        row["restarts"] = summary(journals[row["target"]], now=now,
+                                  max_restarts=policy.max_restarts if policy else None,
+                                  window_s=policy.window_s if policy else None)  # fmt: skip
     if as_json:
         print_json(rows)
     else:

@@ -22,18 +22,28 @@ def watch_cmd(
         "--plain",
         help="One line per change instead of the full-screen view (automatic when stdout is not a terminal).",
     ),
+    db: Path | None = typer.Option(
+        None,
+        "--db",
+        help="History database whose restart journal is shown (default $ORCH_DB or ~/.local/state/orch/orch.db).",
+    ),
 ) -> None:
     """Live dashboard of every target: state, run, step, tokens/s, GPUs by role, findings.
 
     Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
-    pane tail), Esc goes back. Exit code 0 on q or Ctrl-C.
+    pane tail, the restart journal), Esc goes back. Exit code 0 on q or Ctrl-C.
     """
     from orchestrator.views.watch_loop import watch
 
     raise typer.Exit(
         watch(
-            load_inventory(), targets or [], interval_s=interval, plain=plain, console=out_console
-        )
+            load_inventory(),
+            targets or [],
+            interval_s=interval,
+            plain=plain,
+            console=out_console,
+            db=db,
+        )  # fmt: skip
     )
 
 

@@ -111,6 +111,23 @@ class AlertState:
         return (self.target, self.kind, self.gpus)
 
 
+def read_journal(
+    units: Sequence[str], path: Path | None = None, *, limit: int = 20
+) -> dict[str, list[JournalEntry]]:
+    """Each unit's newest journal entries (oldest first) for the views: ``orch status``,
+    ``orch watch``, ``orch postmortem``. Never creates the database, never waits for a lock,
+    never raises: no file, or one that cannot be read, is an empty journal."""
+    path = Path(path) if path is not None else default_path()
+    if not path.is_file():
+        return {u: [] for u in units}
+    try:
+        with History.open(path) as h:
+            return {u: h.journal(u, limit=limit) for u in units}
+    except (HistoryError, sqlite3.Error) as exc:
+        log.info("%s: restart journal not readable: %s", path, exc)
+        return {u: [] for u in units}
+
+
 def default_path() -> Path:
     """``$ORCH_DB``, else ``$XDG_STATE_HOME/orch/orch.db``, else ``~/.local/state/orch/orch.db``."""
     env = os.environ.get("ORCH_DB")

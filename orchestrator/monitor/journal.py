@@ -97,8 +97,8 @@ def summary(
     >>> e = [JournalEntry("ct", 10.0, "restart", "r", run_id="a", attempt=1),
     ...      JournalEntry("ct", 20.0, "restarted", "as b", run_id="a", new_run_id="b", attempt=1)]
     >>> s = summary(e, max_restarts=3, window_s=3600.0, now=80.0)
-    >>> s["restarts"], s["text"]
-    (1, 'restarts 1/3 in 1h; restarted a -> b (attempt 1) 1m ago: as b')
+    >>> s["restarts"], s["text"], s["short"]
+    (1, 'restarts 1/3 in 1h; restarted a -> b (attempt 1) 1m ago: as b', '1/3 restarted 1m ago')
     """
     if not entries:
         return None
@@ -110,9 +110,11 @@ def summary(
 
         budget = f"restarts {count}/{max_restarts} in {format_duration(window_s)}; "
     line = last.line(now).removeprefix(f"{last.unit} ")
+    used = f"{count}/{max_restarts} " if count is not None and max_restarts is not None else ""
     return {
         "restarts": count,
         "max": max_restarts,
         "last": last.to_dict(),
         "text": budget + line,
+        "short": f"{used}{last.action} {ago(last.at, now)}",
     }

@@ -13,6 +13,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -147,6 +148,35 @@ def test_supervise_relaunches_a_crash_with_resume_auto_once(heal: Heal) -> None:
     notes = heal.deliveries()
     assert len(notes) == 1 and notes[0]["notifications"][0]["event"] == "restarted", notes
     assert notes[0]["text"].startswith("orch supervise: WARNING")
+    _shown_everywhere(heal, "ct200", old, new)
+
+
+def _shown_everywhere(heal: Heal, ct: str, old: str, new: str) -> None:
+    """The journal's decision is in orch status, orch watch and the dead run's postmortem."""
+    (row,) = json.loads(heal.orch("status", ct, "--db", str(heal.db), "--json").stdout)
+    assert row["restarts"]["last"]["action"] == "restarted" and row["restarts"]["restarts"] == 1
+    assert row["restarts"]["short"].startswith("1/2 restarted ")
+    pm = heal.orch("postmortem", ct, "--run", old, "--db", str(heal.db), "--json")
+    doc = json.loads(pm.stdout)
+    assert [e["action"] for e in doc["restarts"]] == ["wait", "restart", "restarted"], pm.stderr
+    assert doc["restarts"][-1]["new_run_id"] == new
+    text = heal.orch("postmortem", ct, "--run", old, "--db", str(heal.db)).stdout
+    assert "restart journal:" in text and f"restarted {old} -> {new}" in text
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(heal.config), "watch", "--plain",
+         "--interval", "1", ct, "--db", str(heal.db)],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=heal.env,
+    )  # fmt: skip
+    heal.procs.append(watch)
+    seen: list[str] = []
+    reader = threading.Thread(target=lambda: seen.extend(watch.stdout or ()), daemon=True)
+    reader.start()
+    try:
+        wait_for(lambda: any(f"heal=restarted({new})" in x for x in seen), 30,
+                 what="orch watch's heal= word")  # fmt: skip
+    finally:
+        watch.send_signal(signal.SIGINT)
+        watch.wait(timeout=20)
 
 
 def test_check_heal_from_a_loop_relaunches_once(heal: Heal) -> None:
