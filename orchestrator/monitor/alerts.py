@@ -266,6 +266,8 @@ def payload(
         if n.playbook and n.event != "recovered":
             line += f" (playbook: {titles.get(n.playbook, n.playbook)})"
         lines.append(line)
+        if n.event == "give-up":  # a page says what the postmortem concluded, then what to do
+            lines += [f"  {e}" for e in n.evidence[:1] if e.startswith("verdict: ")]
         lines += [f"  remedy: {r}" for r in n.remedy]
     body = {
         "text": "\n".join(lines),
