@@ -3,7 +3,14 @@ cannot drift from RESTART_KEYS and the playbooks' ``restart:``."""
 
 from __future__ import annotations
 
+import os
+import re
+import shutil
+import subprocess
+import sys
 from pathlib import Path
+
+import pytest
 
 from orchestrator.heal.docs import policy_table, retryable_table
 from orchestrator.heal.healer import notification
@@ -39,3 +46,23 @@ def test_a_page_carries_the_verdict_and_the_remedy_a_notice_does_not() -> None:
     ]
     assert body["notifications"][0]["remedy"] == ["Install the module."]
     assert "remedy" not in body["notifications"][1]
+
+
+@pytest.mark.skipif(not shutil.which("systemd-analyze"), reason="systemd-analyze not installed")
+def test_the_supervise_unit_verifies(tmp_path: Path) -> None:
+    """The systemd unit of docs/self-healing.md parses, and its stop timeout outlasts --drain."""
+    blocks = re.findall(r"```(\w+)\n(.*?)```", DOC.read_text(), re.S)
+    unit = next(b for kind, b in blocks if kind == "ini" and "supervise" in b)
+    exe = shutil.which("orch") or sys.executable
+    (tmp_path / "orch-supervise.service").write_text(unit.replace("%h/.local/bin/orch", exe))
+    (tmp_path / ".config" / "orch").mkdir(parents=True)
+    (tmp_path / ".config" / "orch" / "check.env").write_text("ORCH_WEBHOOK=https://x.invalid/\n")
+    proc = subprocess.run(
+        ["systemd-analyze", "verify", "--man=no", str(tmp_path / "orch-supervise.service")],
+        capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)},
+    )  # fmt: skip
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out
+    assert not re.search(r"Failed to parse|Unknown (key|section)|not executable|Invalid", out), out
+    stop_s = int(re.search(r"TimeoutStopSec=(\d+)", unit).group(1))  # type: ignore[union-attr]
+    assert stop_s > 120, "systemd must wait longer than supervise's default --drain (120 s)"
