@@ -169,6 +169,8 @@ class Healer:
         self.on_entry = on_entry or (lambda e: log.info("%s", e.line()))
         self.echo = echo or (lambda line: log.info("%s", line))
         self.clock = clock
+        self.secrets = alerts.environment_secrets([c.env for c in inventory.containers.values()])
+        self.secrets |= opts.extra_secrets
         History.open(self.db_path).close()  # fail early (HistoryError) on an unusable database
 
     def policy_units(self, names: Sequence[str]) -> list[str]:
@@ -241,7 +243,7 @@ class Healer:
         return observed or interrupted(unit, journal[-1], now, self.opts.by)
 
     def _write(self, history: History, entries: Sequence[JournalEntry]) -> list[JournalEntry]:
-        written = history.append_journal(entries)
+        written = history.append_journal([redacted(e, self.secrets) for e in entries])
         for e in written:
             self.on_entry(e)
         return written
@@ -324,6 +326,20 @@ class Healer:
             if all(d.ok for d in results):
                 history.journal_notified([e.id for e in pending if e.id is not None], now)
         return problems
+
+
+def redacted(e: JournalEntry, secrets: set[str]) -> JournalEntry:
+    """``e`` with every secret-looking value masked (evidence quotes log lines, which may echo
+    a token): what the journal stores and every view shows.
+
+    >>> redacted(JournalEntry("ct", 0.0, "give-up", "r", evidence=("token hf_x1",)), {"hf_x1"}).evidence
+    ('token ***',)
+    """
+    if not secrets:
+        return e
+    from orchestrator.secrets import redact_tree
+
+    return JournalEntry.from_dict(redact_tree(e.to_dict(), secrets))
 
 
 def notification(e: JournalEntry) -> alerts.Notification:

@@ -278,3 +278,32 @@ def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal) -> None:
     assert _exited(new_dir) == 0, log[-2000:]
     assert "trainer: warm-up cpu forward+backward" in log and "trainer: finished step=30" in log
     assert "--warmup sequential" in json.loads((new_dir / "manifest.json").read_text())["command"]
+
+
+def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:  # type: ignore[no-untyped-def]
+    """``hang@5``: the run lives but makes no progress (4 s stall timeout here). A stall is
+    exempt from the settle-first rule (its run holds its GPUs by definition): the procedure
+    stops it (``stop_requested`` by orch's restart, so it never reads as an operator's stop),
+    settles, and relaunches it resuming from its checkpoint of step 4."""
+    heal.config = sandbox_config(SESSION, trainer_config="tiny-cpu", gpus={"drafter": [6, 7]},
+                                 restart=POLICY, thresholds={"stall_timeout_s": 4})  # fmt: skip
+    old = heal.launch("ct201", "--", "--steps", "50", "--fault", "hang@5",
+                      "--set", "train.log_every=1", "--set", "train.ckpt_every=2")  # fmt: skip
+    sup = heal.supervise("ct201")
+    wait_for(lambda: {"restarted", "restart-failed", "give-up"} & set(heal.actions("ct201")),
+             180, 0.3, what="the stalled run's restart")  # fmt: skip
+    heal.stop(sup)
+    journal = heal.journal("ct201")
+    assert [(e.action, e.trigger) for e in journal[:3]] == [
+        ("wait", "stall"),
+        ("restart", "stall"),
+        ("restarted", "stall"),
+    ], [e.line() for e in journal]
+    old_dir = heal.run_dir("ct201", old)
+    stop = json.loads((old_dir / "stop_requested").read_text())
+    assert stop["by"].startswith("orch restart by orch supervise pid "), stop
+    assert _exited(old_dir) in (130, 143)
+    new_dir = heal.run_dir("ct201", journal[2].new_run_id)
+    wait_for(lambda: "trainer: resumed from " in (new_dir / "train.log").read_text(), 60,
+             what="the relaunch's resume line")  # fmt: skip
+    assert _resumed_at((new_dir / "train.log").read_text()) == 4
