@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.commands._app import app, db_option, load_inventory, out_console, print_json
 
 playbook_app = typer.Typer(help="List, show and run playbooks (failure signatures, procedures).")
 app.add_typer(playbook_app, name="playbook")
@@ -57,11 +57,7 @@ def postmortem_cmd(
     as_json: bool = typer.Option(
         False, "--json", help='Print {"verdict": {...}, "findings": [...], "bundle": DIR}.'
     ),
-    db: Path | None = typer.Option(
-        None,
-        "--db",
-        help="History database whose restart journal is shown (default $ORCH_DB or ~/.local/state/orch/orch.db).",
-    ),
+    db: Path | None = db_option(),
 ) -> None:
     """Explain a run: evidence, detectors and playbooks, a verdict, and a bundle directory.
 

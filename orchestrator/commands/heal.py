@@ -12,7 +12,13 @@ from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, load_inventory
+from orchestrator.commands._app import (
+    app,
+    db_option,
+    load_inventory,
+    notify_cmd_option,
+    notify_option,
+)
 
 
 def emit_line(as_json: bool, kind: str, text: str, data: dict[str, Any] | None = None) -> None:
@@ -37,23 +43,9 @@ def supervise_cmd(
     timeout: float = typer.Option(
         30.0, "--timeout", metavar="S", help="Seconds a target may take to answer a round."
     ),
-    db: Path | None = typer.Option(
-        None,
-        "--db",
-        help="History database holding the restart journal and budget (default $ORCH_DB or "
-        "~/.local/state/orch/orch.db); share it with orch check.",
-    ),
-    notify: str | None = typer.Option(
-        None,
-        "--notify",
-        metavar="URL",
-        envvar="ORCH_WEBHOOK",
-        show_envvar=True,
-        help="Webhook for restart notices and give-up pages (POST JSON with a Slack-compatible 'text').",
-    ),
-    notify_cmd: str | None = typer.Option(
-        None, "--notify-cmd", metavar="CMD", help="Command fed each notice's JSON on stdin."
-    ),
+    db: Path | None = db_option("holding the restart journal and budget; share it with orch check"),
+    notify: str | None = notify_option(),
+    notify_cmd: str | None = notify_cmd_option(),
     drain: float = typer.Option(
         120.0,
         "--drain",

@@ -7,7 +7,14 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.commands._app import app, err_console, load_inventory, out_console, print_json
+from orchestrator.commands._app import (
+    app,
+    db_option,
+    err_console,
+    load_inventory,
+    out_console,
+    print_json,
+)
 
 
 @app.command("launch")
@@ -169,11 +176,7 @@ def logs_cmd(
 def status_cmd(
     targets: list[str] = typer.Argument(None, help="Container names (default: all in hosts.yaml)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per target."),
-    db: Path | None = typer.Option(
-        None,
-        "--db",
-        help="History database whose restart journal is shown (default $ORCH_DB or ~/.local/state/orch/orch.db).",
-    ),
+    db: Path | None = db_option(),
 ) -> None:
     """One table of every target, queried concurrently: reachable, container, session, run,
     age, step, tokens/s, GPU memory, and the restart journal's last decision (orch supervise,

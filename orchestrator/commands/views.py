@@ -7,7 +7,15 @@ from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.commands._app import (
+    app,
+    db_option,
+    load_inventory,
+    notify_cmd_option,
+    notify_option,
+    out_console,
+    print_json,
+)
 from orchestrator.errors import OrchError
 
 
@@ -22,11 +30,7 @@ def watch_cmd(
         "--plain",
         help="One line per change instead of the full-screen view (automatic when stdout is not a terminal).",
     ),
-    db: Path | None = typer.Option(
-        None,
-        "--db",
-        help="History database whose restart journal is shown (default $ORCH_DB or ~/.local/state/orch/orch.db).",
-    ),
+    db: Path | None = db_option(),
 ) -> None:
     """Live dashboard of every target: state, run, step, tokens/s, GPUs by role, findings.
 
@@ -53,29 +57,15 @@ def check_cmd(
         None, help="Containers to check (default: all in hosts.yaml)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of lines."),
-    notify: str | None = typer.Option(
-        None,
-        "--notify",
-        metavar="URL",
-        envvar="ORCH_WEBHOOK",
-        show_envvar=True,
-        help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps.",
-    ),
-    notify_cmd: str | None = typer.Option(
-        None,
-        "--notify-cmd",
-        metavar="CMD",
-        help="Command run with the alert JSON on stdin (split like a shell would, run without one).",
-    ),
+    notify: str | None = notify_option(),
+    notify_cmd: str | None = notify_cmd_option(),
     renotify: float = typer.Option(
         4.0,
         "--renotify",
         metavar="HOURS",
         help="Repeat an alert still active after this many hours.",
     ),
-    db: Path | None = typer.Option(
-        None, "--db", help="History database (default $ORCH_DB or ~/.local/state/orch/orch.db)."
-    ),
+    db: Path | None = db_option("(alert state, history, the restart journal)"),
     timeout: float = typer.Option(
         30.0,
         "--timeout",
