@@ -93,20 +93,23 @@ def supervise_cmd(
                   f"stopping (restarts in flight get {drain:g} s)", {"signal": signum})  # fmt: skip
         stop.set()
 
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
-    emit_line(json_lines, "start",
-              f"orch supervise: {', '.join(units)} every {interval:g} s; journal {healer.db_path}",
-              {"units": units, "db": str(healer.db_path), "by": opts.by})  # fmt: skip
-    left = supervise(
-        inventory,
-        healer,
-        SuperviseOptions(
-            names=units, interval_s=interval, timeout_s=timeout, drain_s=drain, rounds=rounds
-        ),  # fmt: skip
-        stop,
-        on_problem=lambda p: emit_line(json_lines, "problem", f"orch supervise: {p}"),
-    )
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        emit_line(json_lines, "start",
+                  f"orch supervise: {', '.join(units)} every {interval:g} s; journal {healer.db_path}",
+                  {"units": units, "db": str(healer.db_path), "by": opts.by})  # fmt: skip
+        left = supervise(
+            inventory,
+            healer,
+            SuperviseOptions(
+                names=units, interval_s=interval, timeout_s=timeout, drain_s=drain, rounds=rounds
+            ),  # fmt: skip
+            stop,
+            on_problem=lambda p: emit_line(json_lines, "problem", f"orch supervise: {p}"),
+        )
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     emit_line(json_lines, "stopped", f"orch supervise: stopped ({left} restart(s) in flight)",
               {"in_flight": left})  # fmt: skip
     raise typer.Exit(1 if left else 0)

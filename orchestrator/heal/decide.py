@@ -241,7 +241,8 @@ def decide(
         else _evidence(node, diagnosis, trigger)
     )
     rule = rules.get(known) if known else None
-    remedy = diagnosis.remedy if diagnosis is not None and diagnosis.remedy else ()
+    remedy = diagnosis.remedy if diagnosis is not None else ()
+    remedy = first.remedy if first is not None and first.remedy else remedy
 
     def give_up(reason: str, note: str) -> Decision:
         return decision("give-up", reason, note, cause=known, evidence=evidence, remedy=remedy)

@@ -191,6 +191,11 @@ class Healer:
             except OrchError as exc:  # a locked or broken history: next round tries again
                 log.warning("%s: no restart decision this round: %s", j.name, exc)
                 continue
+            except Exception:  # noqa: BLE001 - one unit's bug must not stop the others' care
+                log.exception(
+                    "%s: no restart decision this round (a bug: please report it)", j.name
+                )
+                continue
             if r is not None:
                 out.append(r)
         return out

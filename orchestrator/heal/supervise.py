@@ -22,7 +22,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.errors import UsageError
+from orchestrator.errors import OrchError, UsageError
 from orchestrator.heal.healer import Healer, Restart
 from orchestrator.monitor.observe import select_targets
 from orchestrator.monitor.poller import Poller
@@ -85,7 +85,7 @@ def supervise(
         busy = {u for u, t in inflight.items() if t.is_alive()}
         for r in healer.round([j for j in poller.latest() if j.name not in busy]):
             inflight[r.config.name] = _start(healer, r)
-        for problem in healer.notify():
+        for problem in _notify(healer):
             on_problem(problem)
         done += 1
         if opts.rounds is not None and done >= opts.rounds:
@@ -96,9 +96,17 @@ def supervise(
         t.join(max(0.0, deadline - time.monotonic()))
     left = sum(t.is_alive() for t in inflight.values())
     if left == 0:
-        for problem in healer.notify():  # the outcomes of the last restarts
+        for problem in _notify(healer):  # the outcomes of the last restarts
             on_problem(problem)
     return left
+
+
+def _notify(healer: Healer) -> list[str]:
+    """:meth:`Healer.notify`; a locked database is a problem to report, not the end."""
+    try:
+        return healer.notify()
+    except OrchError as exc:
+        return [f"notices not sent this round: {exc}"]
 
 
 def _start(healer: Healer, r: Restart) -> threading.Thread:
