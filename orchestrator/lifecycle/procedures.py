@@ -137,7 +137,7 @@ def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
     >>> pb = get_playbook(load_playbooks(), "prewarm-relaunch")
     >>> ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
     ...        "gpus": (5, 6), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}
-    >>> [(s.name, s.env.get("CUDA_VISIBLE_DEVICES")) for s in plan_procedure(pb, ctx)[1:3]]
+    >>> [(s.name, s.env.get("CUDA_VISIBLE_DEVICES")) for s in plan_procedure(pb, ctx)[2:4]]
     [('warm up one device at a time (GPU 5)', '5'), ('warm up one device at a time (GPU 6)', '6')]
     """
     if pb.kind != "procedure":
