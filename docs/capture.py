@@ -72,6 +72,12 @@ ENTRIES = (
     ),  # fmt: skip
     Entry("check", ("check",), "For cron and Nagios: exit 0/1/2/3."),
     Entry(
+        "supervise",
+        ("supervise", "--help"),
+        "Long-running: restarts dead runs its restart: policy and their playbooks allow "
+        "(docs/self-healing.md; run end to end by tests/heal/test_heal_e2e.py).",
+    ),  # fmt: skip
+    Entry(
         "export",
         ("export", "--textfile", "{state}/orch.prom"),
         "Prometheus metrics, once, into a node_exporter textfile (shown below the command).",

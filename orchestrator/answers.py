@@ -98,6 +98,9 @@ class LaunchAnswer(Wire):
     history_limit: int
     replaced: StopAnswer | None = None
     ok: bool = True
+    carried: tuple[str, ...] = ()
+    """Checkpoint files hard-linked from the run named by ``--carry-from`` (a relaunch)."""
+    carry_error: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

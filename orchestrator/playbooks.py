@@ -25,8 +25,6 @@ from __future__ import annotations
 import difflib
 import logging
 import re
-import shlex
-import string
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -34,7 +32,7 @@ from typing import Any
 
 import yaml
 
-from orchestrator.config.reader import NodeReader, compose, join_key, suggest
+from orchestrator.config.reader import NodeReader, compose
 from orchestrator.errors import ConfigError
 from orchestrator.matching import (
     CERTAIN,
@@ -48,10 +46,20 @@ from orchestrator.matching import (
     match_log,
 )
 from orchestrator.model import Severity
+from orchestrator.playbook_steps import (
+    ACTIONS,
+    PLACEHOLDERS,
+    Step,
+    fields_of,
+    items_of,
+    parse_step,
+    strings_of,
+    text_of,
+)
 
 __all__ = [
-    "CERTAIN", "CONFIDENCES", "MAX_LINE_CHARS", "LogMatcher", "Match", "Playbook", "Signature",
-    "Step", "compile_pattern", "for_exit_code", "format_matches", "get_playbook",
+    "ACTIONS", "CERTAIN", "CONFIDENCES", "DEFAULT_RESTART_PROCEDURE", "MAX_LINE_CHARS",
+    "PLACEHOLDERS", "LogMatcher", "Match", "Playbook", "Signature", "Step", "compile_pattern", "for_exit_code", "format_matches", "get_playbook",
     "iter_log_lines", "literal_needles", "load_playbooks", "match_log", "parse_playbook",
 ]  # fmt: skip
 
@@ -61,49 +69,44 @@ DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
 """The bundled playbooks (repository root ``playbooks/``)."""
 
 KINDS = ("signature", "procedure")
-ACTIONS = ("stop", "launch", "verify", "archive")
-"""Built-in procedure actions (orchestrator.lifecycle.procedures; see docs/playbooks.md)."""
 SKIP_SUFFIX = "-rules.yaml"
 """Files in the playbook directory named ``*-rules.yaml`` are not playbooks (Prometheus
 alerting rules live beside them, ``playbooks/prometheus-rules.yaml``); every other
 ``*.yaml`` must be a valid playbook."""
-PLACEHOLDERS = ("python", "workdir", "session", "target", "gpu", "gpus", "venv", "cache_dir")
-"""Names a step's ``run``/``argv``/``env`` may use as ``{name}``."""
 MAX_STACK_WINDOW = 200
 """A stack signature spans at most this many lines (its ``within:``): memory stays bounded."""
 DEFAULT_STACK_WINDOW = 40
 
 _TOP_KEYS = {
     "id", "title", "kind", "severity", "priority", "confidence", "confirm", "match",
-    "diagnosis", "remedy", "references", "steps",
+    "diagnosis", "remedy", "references", "steps", "restart",
 }  # fmt: skip
+_RESTART_KEYS = {"retryable", "procedure", "why"}
+DEFAULT_RESTART_PROCEDURE = "relaunch"
+"""The procedure that restarts a retryable failure whose playbook names none: the same command
+again, resuming from its newest checkpoint (``playbooks/relaunch.yaml``)."""
 _MATCH_KEYS = {"log", "findings", "exit_codes"}
 _SIGNATURE_KEYS = {"regex", "stack", "within", "confidence", "confirm"}
-_STEP_KEYS = {
-    "name", "run", "argv", "action", "path", "overwrites", "foreach", "env", "timeout_s", "note",
-}  # fmt: skip
 _ID_RE = re.compile(r"^[a-z0-9]+(?:-[a-z0-9]+)*$")
 
 
 @dataclass(frozen=True, slots=True)
-class Step:
-    """One step of a procedure: an argv to run in the container, or a built-in ``action``.
+class RestartRule:
+    """A signature playbook's ``restart:``: whether a restart can cure its failure, and how.
 
-    ``foreach: gpu`` repeats the step once per GPU of the target, in order (sequential
-    warm-up is the point of ``prewarm-relaunch``). ``path`` is the ``archive`` action's
-    target; ``overwrites`` names a path an argv step would replace (refused unless
-    ``--force``, which archives it first).
+    ``retryable`` false: a relaunch would fail the same way (a code bug, a full disk): page.
+    ``procedure``: the procedure playbook that restarts it (default :data:`DEFAULT_RESTART_PROCEDURE`).
+    ``why``: the reason, in words (docs/self-healing.md's table, the journal's evidence).
+    ``line``: where ``procedure`` is written (for the cross-file check), else ``None``.
     """
 
-    name: str
-    argv: tuple[str, ...] | None = None
-    action: str | None = None
-    path: str | None = None
-    overwrites: str | None = None
-    foreach: str | None = None
-    env: dict[str, str] = field(default_factory=dict)
-    timeout_s: float = 600.0
-    note: str | None = None
+    retryable: bool
+    why: str
+    procedure: str | None = None
+    line: int | None = field(default=None, compare=False)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"retryable": self.retryable, "procedure": self.procedure, "why": self.why}
 
 
 @dataclass(frozen=True, slots=True)
@@ -129,6 +132,8 @@ class Playbook:
     remedy: tuple[str, ...] = ()
     references: tuple[str, ...] = ()
     steps: tuple[Step, ...] = ()
+    restart: RestartRule | None = None
+    """``None``: the file says nothing, so the failure is not retried."""
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-native form (``orch playbook show --json``), ``match.log`` as written."""
@@ -150,6 +155,8 @@ class Playbook:
             "references": list(self.references),
             "path": self.path,
         }
+        if self.kind == "signature":
+            out["restart"] = self.restart.to_dict() if self.restart else None
         if self.kind == "procedure":
             out["steps"] = [
                 {
@@ -164,6 +171,8 @@ class Playbook:
                         ("env", s.env or None),
                         ("timeout_s", s.timeout_s),
                         ("note", s.note),
+                        ("resume", s.resume),
+                        ("trainer_args", list(s.trainer_args) or None),
                     )
                     if v is not None
                 }  # fmt: skip
@@ -189,56 +198,6 @@ class Playbook:
 # --- reading (YAML nodes through the config reader: every value keeps its line) -------------
 
 
-def _fields(
-    r: NodeReader, node: yaml.Node, key: str, allowed: set[str]
-) -> dict[str, tuple[yaml.Node, yaml.Node]]:
-    """A mapping's (key node, value node) by name; an unknown key names the nearest allowed one."""
-    out = {}
-    for name, knode, vnode in r.mapping(node, key):
-        if name not in allowed:
-            raise r.fail(
-                knode,
-                join_key(key, name),
-                f"unknown key{suggest(name, sorted(allowed), 'allowed')}",
-            )
-        out[name] = (knode, vnode)
-    return out
-
-
-def _text(
-    r: NodeReader,
-    fields: dict[str, tuple[yaml.Node, yaml.Node]],
-    name: str,
-    parent: yaml.Node,
-    key: str,
-    *,
-    required: bool = True,
-) -> str | None:
-    """The non-empty string at ``name`` (``None`` when absent and not required)."""
-    at = join_key(key, name)
-    if name not in fields or r.is_null(fields[name][1]):
-        if required:
-            raise r.fail(parent, at, "missing (required)")
-        return None
-    value = r.text(fields[name][1], at, "a non-empty string")
-    if not value.strip():
-        raise r.fail(fields[name][1], at, "must be a non-empty string")
-    return value
-
-
-def _items(r: NodeReader, node: yaml.Node | None, key: str, what: str) -> list[yaml.Node]:
-    """The item nodes of a list (absent or null: no items)."""
-    if node is None or r.is_null(node):
-        return []
-    if not isinstance(node, yaml.SequenceNode):
-        raise r.fail(node, key, f"must be a list of {what}")
-    return list(node.value)
-
-
-def _strings(r: NodeReader, node: yaml.Node | None, key: str) -> list[str]:
-    return [r.text(n, f"{key}[{i}]", "a string") for i, n in enumerate(_items(r, node, key, "str"))]
-
-
 def compile_pattern(pattern: str) -> re.Pattern[str]:
     """Compile a playbook regex; a leading ``(?i)`` applies to that pattern only.
 
@@ -260,7 +219,7 @@ def _signature(r: NodeReader, node: yaml.Node, key: str, confidence: str) -> Sig
     if isinstance(node, yaml.ScalarNode):
         patterns, within, confirm = [r.text(node, key, "a regular expression")], 1, ""
     else:
-        f = _fields(r, node, key, _SIGNATURE_KEYS)
+        f = fields_of(r, node, key, _SIGNATURE_KEYS)
         if ("regex" in f) == ("stack" in f):
             raise r.fail(node, key, "needs exactly one of regex, stack")
         if "regex" in f:
@@ -268,7 +227,7 @@ def _signature(r: NodeReader, node: yaml.Node, key: str, confidence: str) -> Sig
             if "within" in f:
                 raise r.fail(f["within"][0], f"{key}.within", "only a stack takes within:")
         else:
-            patterns = _strings(r, f["stack"][1], f"{key}.stack")
+            patterns = strings_of(r, f["stack"][1], f"{key}.stack")
             if len(patterns) < 2:
                 raise r.fail(f["stack"][1], f"{key}.stack", "a stack needs at least 2 regexes")
             within = DEFAULT_STACK_WINDOW
@@ -279,7 +238,7 @@ def _signature(r: NodeReader, node: yaml.Node, key: str, confidence: str) -> Sig
                 )  # fmt: skip
         if "confidence" in f:
             confidence = _confidence(r, f["confidence"][1], f"{key}.confidence")
-        confirm = _text(r, f, "confirm", node, key, required=False) or ""
+        confirm = text_of(r, f, "confirm", node, key, required=False) or ""
     for i, pattern in enumerate(patterns):
         try:
             compile_pattern(pattern)
@@ -289,110 +248,18 @@ def _signature(r: NodeReader, node: yaml.Node, key: str, confidence: str) -> Sig
     return Signature.build(patterns, confidence=confidence, confirm=confirm, within=within)
 
 
-def _check_placeholders(r: NodeReader, node: yaml.Node, key: str, text: str) -> None:
-    try:
-        names = [f for _, f, _, _ in string.Formatter().parse(text) if f is not None]
-    except ValueError as exc:
-        raise r.fail(node, key, f"bad placeholder: {exc}") from None
-    for name in names:
-        if name not in PLACEHOLDERS:
-            raise r.fail(
-                node, key, f"unknown placeholder {{{name}}}; known: {', '.join(PLACEHOLDERS)}"
-            )
-
-
-def _step(r: NodeReader, node: yaml.Node, key: str) -> Step:
-    if not isinstance(node, yaml.MappingNode):
-        raise r.fail(node, key, "a step must be a mapping")
-    f = _fields(r, node, key, _STEP_KEYS)
-    name = _text(r, f, "name", node, key)
-    forms = [k for k in ("run", "argv", "action") if k in f]
-    if len(forms) != 1:
-        raise r.fail(node, key, "needs exactly one of run, argv, action")
-    argv: tuple[str, ...] | None = None
-    action = None
-    if "run" in f:
-        run = _text(r, f, "run", node, key)
-        assert run is not None
-        _check_placeholders(r, f["run"][1], f"{key}.run", run)
-        try:
-            argv = tuple(shlex.split(run))
-        except ValueError as exc:
-            raise r.fail(f["run"][1], f"{key}.run", f"cannot split into argv: {exc}") from None
-    elif "argv" in f:
-        items = _items(r, f["argv"][1], f"{key}.argv", "str")
-        if not items:
-            raise r.fail(f["argv"][1], f"{key}.argv", "must not be empty")
-        words = [r.text(n, f"{key}.argv[{i}]", "a string") for i, n in enumerate(items)]
-        for i, (n, word) in enumerate(zip(items, words, strict=True)):
-            _check_placeholders(r, n, f"{key}.argv[{i}]", word)
-        argv = tuple(words)
-    else:
-        action = r.text(f["action"][1], f"{key}.action", "an action name")
-        if action not in ACTIONS:
-            raise r.fail(
-                f["action"][1], f"{key}.action",
-                f"unknown action {action!r}; known: {', '.join(ACTIONS)}",
-            )  # fmt: skip
-    path = _text(r, f, "path", node, key, required=False)
-    if (action == "archive") != (path is not None):
-        raise r.fail(
-            f["path"][1] if "path" in f else node,
-            f"{key}.path",
-            "the archive action needs path:, and only it takes one",
-        )
-    overwrites = _text(r, f, "overwrites", node, key, required=False)
-    if overwrites is not None and argv is None:
-        raise r.fail(
-            f["overwrites"][1], f"{key}.overwrites", "only run/argv steps take overwrites:"
-        )
-    for k, value in (("path", path), ("overwrites", overwrites)):
-        if value is not None:
-            _check_placeholders(r, f[k][1], f"{key}.{k}", value)
-    foreach = _text(r, f, "foreach", node, key, required=False)
-    if foreach is not None and foreach != "gpu":
-        raise r.fail(f["foreach"][1], f"{key}.foreach", "only 'gpu' is supported")
-    env: dict[str, str] = {}
-    if "env" in f:
-        env_node = f["env"][1]
-        if not isinstance(env_node, yaml.MappingNode) and not r.is_null(env_node):
-            raise r.fail(env_node, f"{key}.env", "must be a mapping of NAME: value")
-        for name_, _k, vnode in r.mapping(env_node, f"{key}.env"):
-            value = r.text(vnode, f"{key}.env.{name_}", "a string or number")
-            _check_placeholders(r, vnode, f"{key}.env.{name_}", value)
-            env[name_] = value
-    timeout = 600.0
-    if "timeout_s" in f:
-        timeout = r.number(
-            f["timeout_s"][1], f"{key}.timeout_s", 0.0, None, "a number of seconds > 0"
-        )
-        if timeout <= 0:
-            raise r.fail(f["timeout_s"][1], f"{key}.timeout_s", "must be a number of seconds > 0")
-    return Step(
-        name=name or "",
-        argv=argv,
-        action=action,
-        path=path,
-        overwrites=overwrites,
-        foreach=foreach,
-        env=env,
-        timeout_s=timeout,
-        note=_text(r, f, "note", node, key, required=False),
-    )
-
-
 def parse_playbook(text: str, path: str) -> Playbook:
     """Validate one playbook document; raises ConfigError(file, line, key, problem)."""
     root = compose(path, text)
     r = NodeReader(path, Path(path).parent)
     if not isinstance(root, yaml.MappingNode):
         raise ConfigError(path, 1, "", "a playbook must be a YAML mapping")
-    f = _fields(r, root, "", _TOP_KEYS)
-    pid = _text(r, f, "id", root, "")
+    f = fields_of(r, root, "", _TOP_KEYS)
+    pid = text_of(r, f, "id", root, "")
     assert pid is not None
     if not _ID_RE.match(pid):
         raise r.fail(f["id"][1], "id", "must be kebab-case (a-z, 0-9, '-')")
-    title = _text(r, f, "title", root, "")
+    title = text_of(r, f, "title", root, "")
     kind = r.text(f["kind"][1], "kind", "a kind") if "kind" in f else None
     if kind not in KINDS:
         raise r.fail(
@@ -412,27 +279,30 @@ def parse_playbook(text: str, path: str) -> Playbook:
     if "priority" in f:
         priority = r.integer(f["priority"][1], "priority", 0, 100, "an integer 0-100")
     confidence = _confidence(r, f["confidence"][1], "confidence") if "confidence" in f else CERTAIN
-    confirm = _text(r, f, "confirm", root, "", required=False) or ""
-    diagnosis = _text(r, f, "diagnosis", root, "")
-    remedy = _strings(r, f["remedy"][1] if "remedy" in f else None, "remedy")
-    references = _strings(r, f["references"][1] if "references" in f else None, "references")
+    confirm = text_of(r, f, "confirm", root, "", required=False) or ""
+    diagnosis = text_of(r, f, "diagnosis", root, "")
+    remedy = strings_of(r, f["remedy"][1] if "remedy" in f else None, "remedy")
+    references = strings_of(r, f["references"][1] if "references" in f else None, "references")
     for i, ref in enumerate(references):
         if not ref.startswith(("http://", "https://")):
             raise r.fail(f["references"][1].value[i], f"references[{i}]", "must be a URL")
-    mf = _fields(r, f["match"][1], "match", _MATCH_KEYS) if "match" in f else {}
-    log_items = _items(r, mf["log"][1] if "log" in mf else None, "match.log", "regexes")
+    mf = fields_of(r, f["match"][1], "match", _MATCH_KEYS) if "match" in f else {}
+    log_items = items_of(r, mf["log"][1] if "log" in mf else None, "match.log", "regexes")
     signatures = tuple(
         _signature(r, n, f"match.log[{i}]", confidence) for i, n in enumerate(log_items)
     )
-    findings = _strings(r, mf["findings"][1] if "findings" in mf else None, "match.findings")
+    findings = strings_of(r, mf["findings"][1] if "findings" in mf else None, "match.findings")
     exit_codes = [
         r.integer(n, f"match.exit_codes[{i}]", 0, 255, "an exit status 0-255")
         for i, n in enumerate(
-            _items(
+            items_of(
                 r, mf["exit_codes"][1] if "exit_codes" in mf else None, "match.exit_codes", "int"
             )
         )
     ]
+    restart = _restart(r, f["restart"][1]) if "restart" in f else None
+    if restart is not None and kind != "signature":
+        raise r.fail(f["restart"][0], "restart", "only signatures have restart: (a failure's cure)")
     steps: list[Step] = []
     if kind == "signature":
         if not (signatures or findings or exit_codes):
@@ -450,14 +320,14 @@ def parse_playbook(text: str, path: str) -> Playbook:
         if "steps" in f:
             raise r.fail(f["steps"][0], "steps", "only procedures have steps")
     else:
-        raw = _items(r, f["steps"][1] if "steps" in f else None, "steps", "steps")
+        raw = items_of(r, f["steps"][1] if "steps" in f else None, "steps", "steps")
         if not raw:
             raise r.fail(
                 f["steps"][1] if "steps" in f else root,
                 "steps",
                 "missing (required): a procedure needs a list of steps",
             )
-        steps = [_step(r, n, f"steps[{i}]") for i, n in enumerate(raw)]
+        steps = [parse_step(r, n, f"steps[{i}]") for i, n in enumerate(raw)]
     return Playbook(
         id=pid,
         title=title or "",
@@ -474,7 +344,27 @@ def parse_playbook(text: str, path: str) -> Playbook:
         remedy=tuple(remedy),
         references=tuple(references),
         steps=tuple(steps),
+        restart=restart,
     )
+
+
+def _restart(r: NodeReader, node: yaml.Node) -> RestartRule:
+    """``restart: {retryable, procedure, why}`` of a signature playbook."""
+    f = fields_of(r, node, "restart", _RESTART_KEYS)
+    if "retryable" not in f:
+        raise r.fail(node, "restart.retryable", "missing (required): true or false")
+    retryable = r.scalar(f["retryable"][1], "restart.retryable", "true or false")
+    if not isinstance(retryable, bool):
+        raise r.fail(f["retryable"][1], "restart.retryable", "must be true or false")
+    why = text_of(r, f, "why", node, "restart")
+    procedure = text_of(r, f, "procedure", node, "restart", required=False)
+    line = None
+    if procedure is not None:
+        line = f["procedure"][1].start_mark.line + 1
+        if not retryable:
+            raise r.fail(f["procedure"][1], "restart.procedure",
+                         "a failure that is not retryable names no procedure")  # fmt: skip
+    return RestartRule(retryable, why or "", procedure, line)
 
 
 def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A002 - the agreed API
@@ -501,6 +391,11 @@ def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A0
                 str(path), 1, "id", f"duplicate id {pb.id!r} (also in {out[pb.id].path})"
             )
         out[pb.id] = pb
+    for pb in out.values():
+        wanted = pb.restart.procedure if pb.restart else None
+        if wanted is not None and getattr(out.get(wanted), "kind", None) != "procedure":
+            raise ConfigError(pb.path, pb.restart.line if pb.restart else None,
+                              "restart.procedure", f"no procedure playbook {wanted!r} in {root}")  # fmt: skip
     return sorted(out.values(), key=lambda p: p.id)
 
 

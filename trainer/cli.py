@@ -79,7 +79,8 @@ def build_parser() -> argparse.ArgumentParser:
         action="append",
         default=[],
         metavar="KIND@STEP[:ARG]",
-        help="inject a failure: crash@S, hang@S, silent-exit@S[:CODE], slow@S:FACTOR, "
+        help="inject a failure: crash@S, crash-once@S (only in a run started from step 0: a "
+        "resumed run gets past it), hang@S, silent-exit@S[:CODE], slow@S:FACTOR, "
         "nan@S[:COUNT], oom@S, fx-race@S",
     )
     p.add_argument(

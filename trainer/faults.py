@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("crash", "hang", "silent-exit", "slow", "nan", "oom", "fx-race")
+KINDS = ("crash", "crash-once", "hang", "silent-exit", "slow", "nan", "oom", "fx-race")
 
 # The text a real CUDA allocator failure prints (torch 2.x), so log signatures match both.
 OOM_TEXT = (
@@ -66,7 +66,9 @@ def parse_fault(text: str) -> Fault:
     >>> parse_fault("boom@1")
     Traceback (most recent call last):
     ...
-    ValueError: unknown fault 'boom' (known: crash, hang, silent-exit, slow, nan, oom, fx-race)
+    ValueError: unknown fault 'boom' (known: crash, crash-once, hang, silent-exit, slow, nan, oom, fx-race)
+    >>> parse_fault("crash-once@25")
+    Fault(kind='crash-once', step=25, arg=None)
     >>> parse_fault("slow@4")
     Traceback (most recent call last):
     ...
@@ -99,17 +101,23 @@ def parse_fault(text: str) -> Fault:
 
 class FaultInjector:
     """Fires the faults of a run. ``before_step`` and ``poison`` run in the thread that owns
-    replica 0, ``in_target_forward`` in the coordinator; ``stretch`` in every stage."""
+    replica 0, ``in_target_forward`` in the coordinator; ``stretch`` in every stage.
 
-    def __init__(self, faults: list[Fault]) -> None:
+    ``start_step``: the step the run started from (0, or the resumed checkpoint's): a
+    ``crash-once`` fault fires only in a run that started from step 0, so a relaunch with
+    ``--resume auto`` gets past it (the self-healing loop's end-to-end test).
+    """
+
+    def __init__(self, faults: list[Fault], start_step: int = 0) -> None:
         self.faults = faults
+        self.start_step = start_step
 
     def before_step(self, step: int) -> None:
         """Fire control faults due at ``step`` (crash, hang, silent-exit)."""
         for f in self.faults:
             if f.step != step:
                 continue
-            if f.kind == "crash":
+            if f.kind == "crash" or (f.kind == "crash-once" and self.start_step == 0):
                 raise RuntimeError(f"injected fault: crash at step {step}")
             if f.kind == "silent-exit":
                 os._exit(int(f.arg) if f.arg is not None else 0)

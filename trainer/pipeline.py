@@ -163,6 +163,7 @@ class Trainer:
                 self.start_step = loaded.step
                 self.schedule_steps = int(loaded.state.get("lr_schedule_steps", cfg.train.steps))
                 self.resumed_from = loaded.path
+                self.faults.start_step = loaded.step
         self._quiet: Any = contextlib.nullcontext()  # held around the coordinator's target forward
         if self._fx_race_armed(self.start_step + 1):
             self.attend = FxRace(self.attend, len(self.replicas))

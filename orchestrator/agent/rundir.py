@@ -264,3 +264,36 @@ def resolve_run_dir(workdir: str, run_id: str | None) -> Path:
     if not path.is_dir():
         raise RunError(EXIT_FAILED, "no-run", f"no run {rid!r} in {runs_root(workdir)}")
     return path
+
+
+CHECKPOINTS = "checkpoints"
+"""The run directory's checkpoint folder (the bundled trainer's ``--resume auto`` reads it)."""
+
+
+def carry_checkpoints(src_run: Path, dst_run: Path) -> tuple[list[str], str | None]:
+    """Hard-link every file of ``src_run/checkpoints/`` into ``dst_run/checkpoints/``: a relaunch
+    with ``--resume auto`` continues from the previous run's newest checkpoint.
+
+    Links, not copies: no space, no time, and the old run's files never change (the trainer
+    writes a new file and renames it over a name, so a later save replaces the link, not the
+    inode). Temporary files (``.name``) are skipped. Returns (names linked, the first problem
+    or ``None``); a file that cannot be linked (another file system) is reported, never copied.
+    """
+    src = src_run / CHECKPOINTS
+    if not src.is_dir():
+        return [], None
+    dst = dst_run / CHECKPOINTS
+    linked: list[str] = []
+    problem: str | None = None
+    try:
+        dst.mkdir(parents=True, exist_ok=True)
+        names = sorted(p.name for p in src.iterdir() if p.is_file() and not p.name.startswith("."))
+    except OSError as exc:
+        return [], f"cannot read {src}: {exc.strerror or exc}"
+    for name in names:
+        try:
+            os.link(src / name, dst / name)
+            linked.append(name)
+        except OSError as exc:
+            problem = problem or f"cannot link {src / name}: {exc.strerror or exc}"
+    return linked, problem

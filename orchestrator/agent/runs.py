@@ -58,6 +58,7 @@ from orchestrator.agent.rundir import (
     STATUS_RESERVE,
     STOP_REQUEST,
     TEE_ERR,
+    carry_checkpoints,
     current_run_id,
     git_rev,
     list_runs,
@@ -342,8 +343,12 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
                 f"could not remove the old tmux session {args.session!r}",
             )
 
+    carry_from = root / args.carry_from if args.carry_from else None
+    if carry_from is not None and (not NAME_RE.match(args.carry_from) or not carry_from.is_dir()):
+        raise RunError(EXIT_USAGE, "bad-run-id", f"--carry-from: no run {args.carry_from!r}")
     root.mkdir(parents=True, exist_ok=True)
     run_dir.mkdir()
+    carried, carry_error = carry_checkpoints(carry_from, run_dir) if carry_from else ([], None)
     manifest = RunManifest(
         run_id=run_id,
         command=args.cmd,
@@ -413,7 +418,8 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
         state = run_state(run_dir, tail=20, session=args.session)
     return LaunchAnswer(run_id=run_id, run_dir=str(run_dir), session=args.session,
                         log_path=str(run_dir / "train.log"), manifest=manifest, state=state,
-                        history_limit=int(hist), replaced=replaced)  # fmt: skip
+                        history_limit=int(hist), replaced=replaced, carried=tuple(carried),
+                        carry_error=carry_error)  # fmt: skip
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -503,6 +509,8 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
+    p.add_argument("--carry-from", default=None, metavar="RUN_ID",
+                   help="hard-link that run's checkpoints/ into the new run (a resuming relaunch)")  # fmt: skip
     p.set_defaults(func=guard(_cmd_launch))
 
     p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")

@@ -91,6 +91,37 @@ def print_json(data: Any) -> None:
     sys.stdout.flush()
 
 
+def db_option(what: str = "whose restart journal is shown") -> Any:
+    """``--db PATH``: the history database (one definition for every command that reads it)."""
+    return typer.Option(
+        None,
+        "--db",
+        help=f"History database {what} (default $ORCH_DB or ~/.local/state/orch/orch.db).",
+    )
+
+
+def notify_option() -> Any:
+    """``--notify URL`` (``$ORCH_WEBHOOK``): check's alerts, supervise's notices and pages."""
+    return typer.Option(
+        None,
+        "--notify",
+        metavar="URL",
+        envvar="ORCH_WEBHOOK",
+        show_envvar=True,
+        help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps.",
+    )
+
+
+def notify_cmd_option() -> Any:
+    """``--notify-cmd CMD``: the same JSON on a command's stdin."""
+    return typer.Option(
+        None,
+        "--notify-cmd",
+        metavar="CMD",
+        help="Command run with the alert JSON on stdin (split like a shell would, run without one).",
+    )
+
+
 def load_inventory() -> Inventory:
     """The inventory named by ``-c`` / ``$ORCH_CONFIG`` / the lookup order (config/inventory.py)."""
     from orchestrator.config.inventory import load_inventory as _load

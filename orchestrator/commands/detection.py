@@ -6,7 +6,7 @@ from pathlib import Path
 
 import typer
 
-from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.commands._app import app, db_option, load_inventory, out_console, print_json
 
 playbook_app = typer.Typer(help="List, show and run playbooks (failure signatures, procedures).")
 app.add_typer(playbook_app, name="playbook")
@@ -57,6 +57,7 @@ def postmortem_cmd(
     as_json: bool = typer.Option(
         False, "--json", help='Print {"verdict": {...}, "findings": [...], "bundle": DIR}.'
     ),
+    db: Path | None = db_option(),
 ) -> None:
     """Explain a run: evidence, detectors and playbooks, a verdict, and a bundle directory.
 
@@ -66,7 +67,8 @@ def postmortem_cmd(
     container-stopped, oom-killer, stopped (orch stop asked), log-signature (with
     its playbook), crashed, silent-death, ghost-utilization, finished, other
     findings of a live run, or
-    healthy. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
+    healthy. What orch supervise / check --heal decided about the run (restarted,
+    gave up, and why) follows from the restart journal. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
     (nothing to explain; the bundle is still written); 2 unknown target or run;
     3 host or container unreachable; 4 --out exists and is not empty.
     """
@@ -74,7 +76,7 @@ def postmortem_cmd(
     from orchestrator.views import postmortem as view
     from orchestrator.views.postmortem import print_verdict
 
-    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out,
+    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out, db_path=db,
                                report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
     if as_json:
         print_json(pm.to_dict())

@@ -3,10 +3,18 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import typer
 
-from orchestrator.commands._app import app, err_console, load_inventory, out_console, print_json
+from orchestrator.commands._app import (
+    app,
+    db_option,
+    err_console,
+    load_inventory,
+    out_console,
+    print_json,
+)
 
 
 @app.command("launch")
@@ -168,11 +176,17 @@ def logs_cmd(
 def status_cmd(
     targets: list[str] = typer.Argument(None, help="Container names (default: all in hosts.yaml)."),
     as_json: bool = typer.Option(False, "--json", help="Print a JSON list, one object per target."),
+    db: Path | None = db_option(),
 ) -> None:
     """One table of every target, queried concurrently: reachable, container, session, run,
-    age, step, tokens/s, GPU memory. Exit codes: 0 (problems are shown, not raised); 2 bad name.
+    age, step, tokens/s, GPU memory, and the restart journal's last decision (orch supervise,
+    orch check --heal). Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
+    import time
+
     from orchestrator.lifecycle import runs
+    from orchestrator.monitor.history import read_journal
+    from orchestrator.monitor.journal import summary
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
@@ -180,6 +194,13 @@ def status_cmd(
     for n in names:
         inventory.container(n)
     rows = runs.status(inventory, names)
+    journals = read_journal(names, db)
+    now = time.time()
+    for row in rows:
+        policy = inventory.container(row["target"]).restart
+        row["restarts"] = summary(journals[row["target"]], now=now,
+                                  max_restarts=policy.max_restarts if policy else None,
+                                  window_s=policy.window_s if policy else None)  # fmt: skip
     if as_json:
         print_json(rows)
     else:

@@ -3,10 +3,19 @@
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.commands._app import (
+    app,
+    db_option,
+    load_inventory,
+    notify_cmd_option,
+    notify_option,
+    out_console,
+    print_json,
+)
 from orchestrator.errors import OrchError
 
 
@@ -21,18 +30,24 @@ def watch_cmd(
         "--plain",
         help="One line per change instead of the full-screen view (automatic when stdout is not a terminal).",
     ),
+    db: Path | None = db_option(),
 ) -> None:
     """Live dashboard of every target: state, run, step, tokens/s, GPUs by role, findings.
 
     Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
-    pane tail), Esc goes back. Exit code 0 on q or Ctrl-C.
+    pane tail, the restart journal), Esc goes back. Exit code 0 on q or Ctrl-C.
     """
     from orchestrator.views.watch_loop import watch
 
     raise typer.Exit(
         watch(
-            load_inventory(), targets or [], interval_s=interval, plain=plain, console=out_console
-        )
+            load_inventory(),
+            targets or [],
+            interval_s=interval,
+            plain=plain,
+            console=out_console,
+            db=db,
+        )  # fmt: skip
     )
 
 
@@ -42,29 +57,15 @@ def check_cmd(
         None, help="Containers to check (default: all in hosts.yaml)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of lines."),
-    notify: str | None = typer.Option(
-        None,
-        "--notify",
-        metavar="URL",
-        envvar="ORCH_WEBHOOK",
-        show_envvar=True,
-        help="Webhook for alerts (POST JSON with a Slack-compatible 'text'); $ORCH_WEBHOOK keeps the URL out of ps.",
-    ),
-    notify_cmd: str | None = typer.Option(
-        None,
-        "--notify-cmd",
-        metavar="CMD",
-        help="Command run with the alert JSON on stdin (split like a shell would, run without one).",
-    ),
+    notify: str | None = notify_option(),
+    notify_cmd: str | None = notify_cmd_option(),
     renotify: float = typer.Option(
         4.0,
         "--renotify",
         metavar="HOURS",
         help="Repeat an alert still active after this many hours.",
     ),
-    db: Path | None = typer.Option(
-        None, "--db", help="History database (default $ORCH_DB or ~/.local/state/orch/orch.db)."
-    ),
+    db: Path | None = db_option("(alert state, history, the restart journal)"),
     timeout: float = typer.Option(
         30.0,
         "--timeout",
@@ -80,12 +81,19 @@ def check_cmd(
         metavar="KIND",
         help="Finding kind to page for as CRITICAL even when a detector rates it a warning (repeatable; default: none).",
     ),
+    heal: bool = typer.Option(
+        False,
+        "--heal",
+        help="Also restart dead runs of targets with a restart: policy, deciding as orch supervise does (docs/self-healing.md).",
+    ),
 ) -> None:
     """One health check of every target, for cron and Nagios.
 
     Exit codes: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN (no target answered, or the
     check could not run). One line per problem; alerts are deduplicated through the
     history database (new, changed severity, repeat after --renotify hours, recovery).
+    With --heal, each restart decision follows as a HEAL line (a "heal" list in --json);
+    the exit code stays the check's, from what it observed before acting.
     """
     import shlex
 
@@ -112,12 +120,41 @@ def check_cmd(
             print(f"ORCH UNKNOWN - {exc}")
         raise typer.Exit(sweep.UNKNOWN) from None
     containers = [inventory.container(r.name) for r in report.targets]
+    healed = _heal(inventory, report, opts) if heal else None
     if as_json:
-        print_json(check.redact_report(check.to_json(report), containers))
+        doc = check.to_json(report)
+        if healed is not None:
+            doc["heal"] = [e.to_dict() for e in healed[0]]
+            doc["problems"] += healed[1]
+        print_json(check.redact_report(doc, containers))
     else:
-        text = "\n".join(check.lines(report, sweep.playbook_titles()))
-        print(check.redact_report(text, containers), flush=True)
+        lines = check.lines(report, sweep.playbook_titles())
+        if healed is not None:
+            lines += [f"HEAL {e.line()}" for e in healed[0]]
+            lines += [f"UNKNOWN heal: {p}" for p in healed[1]]
+        print(check.redact_report("\n".join(lines), containers), flush=True)
     raise typer.Exit(report.status)
+
+
+def _heal(inventory: Any, report: Any, opts: Any) -> tuple[list[Any], list[str]]:
+    """``--heal``: decide for the checked targets, carry out the restarts (here, in turn), send
+    the notices; the journal entries written and the problems."""
+    from orchestrator.heal.healer import Healer, HealOptions, whoami
+
+    entries: list[Any] = []
+    healer = Healer(
+        inventory,
+        HealOptions(
+            db_path=opts.db_path,
+            by=whoami("orch check --heal"),
+            webhook_url=opts.webhook_url,
+            notify_cmd=opts.notify_cmd,
+        ),  # fmt: skip
+        on_entry=entries.append,
+    )
+    for restart in healer.round(report.targets):
+        healer.execute(restart)
+    return entries, healer.notify()
 
 
 @app.command("export")

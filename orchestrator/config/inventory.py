@@ -30,6 +30,7 @@ import yaml
 
 from orchestrator.config.reader import TAG, NodeReader, describe, join_key, show, suggest
 from orchestrator.config.reader import compose as _compose
+from orchestrator.config.restart import RestartPolicy, build_policy
 from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
@@ -90,6 +91,8 @@ class ContainerConfig:
     limits: Limits = field(default_factory=Limits)
     log_patterns: dict[str, str] = field(default_factory=dict)
     poll_interval_s: float = 2.0
+    restart: RestartPolicy | None = None
+    """``restart:`` from hosts.yaml (``None``: a dead run is never relaunched)."""
 
     @property
     def is_local(self) -> bool:
@@ -148,8 +151,8 @@ class Inventory:
         return None if container.is_local else self.hosts[container.host]
 
 
-_MERGED = ("env", "limits", "log_patterns")
-"""Mappings merged key by key with ``defaults``."""
+_MERGED = ("env", "limits", "log_patterns", "restart")
+"""Mappings merged key by key with ``defaults`` (``restart: false`` turns the defaults' off)."""
 
 
 # --- building the inventory ------------------------------------------------------------------
@@ -301,6 +304,9 @@ def _container(
         env={**defaults.get("env", {}), **own.get("env", {})},
         log_patterns={**defaults.get("log_patterns", {}), **own.get("log_patterns", {})},
         limits=limits,
+        restart=build_policy(
+            defaults.get("restart"), own.get("restart"), own_given="restart" in own
+        ),  # fmt: skip
         **{**values, "host": host},
     )
 

@@ -19,6 +19,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.config.restart import RESTART_KEYS, TRIGGERS, parse_duration
 from orchestrator.config.schema import FieldSpec
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
@@ -345,6 +346,73 @@ class NodeReader:
             except ValueError as exc:
                 raise self.fail(node, key, str(exc)) from exc
         return [self.integer(node, key, 0, MAX_GPU_INDEX, f"a GPU index from 0 to {MAX_GPU_INDEX}")]
+
+    def kind_restart(self, node: yaml.Node, key: str) -> dict[str, Any] | None:
+        """``restart:`` as validated attribute values, only the keys given (they merge key by
+        key with ``defaults.restart``); ``None`` for ``false``/null: restarts off, also when
+        ``defaults`` has a policy (:mod:`orchestrator.config.restart`)."""
+        if self.is_null(node) or (
+            isinstance(node, yaml.ScalarNode) and self.scalar(node, key, "") is False
+        ):
+            return None
+        if isinstance(node, yaml.ScalarNode):
+            raise self.fail(node, key, "must be a mapping {max, window, backoff, on, ...} or false")
+        by_key = {s.key: s for s in RESTART_KEYS}
+        out: dict[str, Any] = {}
+        for name, knode, vnode in self.mapping(node, key):
+            sub = join_key(key, name)
+            spec = by_key.get(name)
+            if spec is None:
+                raise self.fail(knode, sub, f"unknown key{suggest(name, list(by_key))}")
+            out[spec.attr] = self._restart_value(name, vnode, sub)
+        return out
+
+    def _duration(self, node: yaml.Node, key: str, *, zero_ok: bool) -> float:
+        want = f"a duration {'>=' if zero_ok else '>'} 0 (seconds, or 90s, 15m, 6h)"
+        value = self.scalar(node, key, want)
+        if isinstance(value, bool) or value is None:
+            raise self.fail(node, key, f"must be {want} (got {describe(node)})")
+        try:
+            seconds = (
+                float(value) if isinstance(value, (int, float)) else parse_duration(str(value))
+            )
+        except ValueError as exc:
+            raise self.fail(node, key, str(exc)) from None
+        if not math.isfinite(seconds) or seconds < 0 or (seconds == 0 and not zero_ok):
+            raise self.fail(node, key, f"must be {want} (got {value})")
+        return seconds
+
+    def _restart_value(self, name: str, node: yaml.Node, key: str) -> Any:
+        if name == "max":
+            return self.integer(node, key, 0, 1000, "an integer from 0 to 1000")
+        if name in ("window", "settle_timeout"):
+            return self._duration(node, key, zero_ok=False)
+        if name == "backoff":
+            if not isinstance(node, yaml.SequenceNode):
+                return (self._duration(node, key, zero_ok=True),)
+            if not node.value:
+                raise self.fail(node, key, "must not be an empty list")
+            return tuple(
+                self._duration(n, f"{key}[{i}]", zero_ok=True) for i, n in enumerate(node.value)
+            )
+        if name == "on":
+            if not isinstance(node, yaml.SequenceNode):
+                raise self.fail(node, key, f"must be a list of: {', '.join(TRIGGERS)}")
+            words = []
+            for i, item in enumerate(node.value):
+                word = self.text(item, f"{key}[{i}]", "a death kind")
+                if word not in TRIGGERS:
+                    raise self.fail(
+                        item,
+                        f"{key}[{i}]",
+                        f"unknown death {show(word)!r}{suggest(word, TRIGGERS)}",
+                    )
+                words.append(word)
+            return tuple(dict.fromkeys(words))
+        value = self.scalar(node, key, "true or false")  # retry_unknown
+        if not isinstance(value, bool):
+            raise self.fail(node, key, f"must be true or false (got {describe(node)})")
+        return value
 
     def kind_thresholds(self, node: yaml.Node, key: str) -> dict[str, Any]:
         types = {f.name: str(f.type) for f in fields(Limits)}

@@ -234,6 +234,44 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
 )
 
 
+# --- restart policy (issue 19): the `restart:` key and its reference section ----------------
+
+RESTART_FIELD = FieldSpec(
+    "restart",
+    "restart",
+    "restart",
+    "mapping, or `false`",
+    "none (never restarted)",
+    "When `orch supervise` / `orch check --heal` relaunch a dead run (section below). Merged "
+    "key by key with `defaults.restart`; `restart: false` turns it off for one container.",
+)
+CONTAINER_FIELDS = (*CONTAINER_FIELDS, RESTART_FIELD)
+
+
+def restart_markdown() -> list[str]:
+    """The ``restart:`` section of docs/hosts-yaml.md, from :data:`~orchestrator.config.restart.RESTART_KEYS`."""
+    from orchestrator.config.restart import RESTART_KEYS
+
+    out = [
+        "## Restart policy (`restart:`)",
+        "",
+        "How often and how soon a dead run may be relaunched; whether a relaunch can help is the"
+        " playbook's call (`restart.retryable`, docs/self-healing.md). Example:"
+        " `restart: {max: 3, window: 6h, backoff: [60, 300, 900], on: [crashed, silent-death,"
+        " stall]}`.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    out += [
+        f"| `{k.key}` | {_cell(k.type_doc)} | {_cell(k.default_doc)} | {_cell(k.doc)} |"
+        for k in RESTART_KEYS
+    ]
+    return [*out, ""]
+
+
+# --- end of the restart policy block -------------------------------------------------------
+
 _LIMIT_NOTES = {
     "imbalance_util_pct": "Utilization spread (percentage points) between GPUs of one role "
     "that counts as imbalance.",
@@ -359,4 +397,5 @@ def schema_markdown() -> str:
             f"{_cell(docs.get(f.name, ''))} |"
         )
     out.append("")
+    out += restart_markdown()
     return "\n".join(out)

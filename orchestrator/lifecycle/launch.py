@@ -180,11 +180,14 @@ def launch(
     on_phase: PhaseCallback | None = None,
     target: Target | None = None,
     trainer_args: Sequence[str] = (),
+    carry_from: str | None = None,
 ) -> LaunchResult:
     """Preflight, deploy, start and verify a run in container ``name`` (see the module doc).
 
     ``trainer_args`` go to the bundled trainer after orch's own (``orch launch T -- ARGS``);
     with a command (``--cmd`` or hosts.yaml's ``command``) they are a ``UsageError``.
+    ``carry_from``: a run id of the same workdir whose ``checkpoints/`` are hard-linked into the
+    new run directory before it starts (a relaunch that resumes; the old run is not changed).
 
     Raises:
         PreflightRefused: nothing was started (exit 4).
@@ -254,6 +257,8 @@ def launch(
             "--orch-version", __version__, "--target", name]  # fmt: skip
     if force:
         args.append("--force")
+    if carry_from:
+        args += ["--carry-from", carry_from]
     for key, value in user_env.items():
         args += ["--env", f"{key}={value}"]
     doc = tgt.agent(args, timeout=grace_s + 60.0)
@@ -266,7 +271,14 @@ def launch(
         raise LaunchFailed(f"{name}: could not start the run: {msg}")
     answer = read_answer(name, doc, LaunchAnswer)
     replaced = replaced or answer.replaced
-    phase("start", "ok", f"run {run_id} in tmux session {c.session!r}")
+    carried = (
+        f"; {len(answer.carried)} checkpoint file(s) carried from {carry_from}"
+        if carry_from
+        else ""
+    )
+    if answer.carry_error:
+        carried += f" ({answer.carry_error})"
+    phase("start", "ok", f"run {run_id} in tmux session {c.session!r}{carried}")
     state = answer.state
     result = dict(
         target=name, run_id=run_id, run_dir=answer.run_dir, log_path=answer.log_path,

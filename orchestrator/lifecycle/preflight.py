@@ -11,6 +11,7 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from orchestrator.detect.limits import Limits
 from orchestrator.errors import (
     ContainerNotRunning,
     Refused,
@@ -92,6 +93,47 @@ def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> l
             out.append(
                 f"GPU {index} busy: {mem:.0f} MiB used" + (f", processes: {shown}" if shown else "")
             )
+    return out
+
+
+def holders(snapshot: Snapshot, gpus: Sequence[int], limits: Limits) -> list[str]:
+    """What still holds a run that should be gone, one line each; empty when it is all free:
+    its tmux pane alive, any process of its tree, a GPU holding memory or a compute process
+    (:func:`busy_gpus`), or a ghost (utilization >= ``ghost_util_pct`` at <= ``ghost_mem_mib``).
+
+    A relaunch waits for this to be empty: never start over a live run (issue 19).
+
+    >>> from orchestrator.model import GpuSample, ProcessInfo, SessionState
+    >>> from orchestrator.detect.limits import Limits
+    >>> free = Snapshot("ct", 0.0, gpus=(GpuSample(index=3, utilization_pct=0.0, memory_used_mib=0.0),))
+    >>> holders(free, [3], Limits())
+    []
+    >>> ghost = Snapshot("ct", 0.0, session=SessionState("train", True, pane_dead=True),
+    ...     processes=(ProcessInfo(pid=9, ppid=1, name="python3", state="S"),),
+    ...     gpus=(GpuSample(index=3, utilization_pct=100.0, memory_used_mib=0.0, processes=()),))
+    >>> holders(ghost, [3], Limits())
+    ['process 9 (python3) of the run is alive', 'GPU 3 at 100 % with 0 MiB: a ghost reading']
+    """
+    out: list[str] = []
+    sess = snapshot.session
+    if sess is not None and sess.exists and sess.pane_dead is False:
+        out.append(f"tmux session {sess.name!r} is live")
+    out += [
+        f"process {p.pid} ({p.name}) of the run is alive"
+        for p in snapshot.processes
+        if not p.zombie and p.state != "Z"
+    ]
+    out += busy_gpus(snapshot, gpus, limits.busy_mem_mib)
+    seen = {g.index: g for g in snapshot.gpus}
+    for index in gpus:
+        g = seen.get(index)
+        util, mem = (g.utilization_pct, g.memory_used_mib) if g is not None else (None, None)
+        if (
+            util is not None
+            and util >= limits.ghost_util_pct
+            and (mem or 0.0) <= limits.ghost_mem_mib
+        ):
+            out.append(f"GPU {index} at {util:.0f} % with {mem or 0:.0f} MiB: a ghost reading")
     return out
 
 

@@ -8,12 +8,22 @@ failure:
 
 * argv steps run in the container through ``Target.transport.run`` (no shell);
 * ``stop``: remembers the current run (its manifest: command and GPUs), then
-  ``stop.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept);
+  ``stop.stop`` (SIGINT, SIGTERM, SIGKILL at the grace; log and exit status kept); a
+  restart (``expect_run``) refuses when the current run is another one;
+* ``settle``: waits (up to its ``timeout_s``) until nothing holds the run any more
+  (:func:`~orchestrator.lifecycle.preflight.holders`: its pane, its processes, its GPUs'
+  memory, compute processes or a ghost reading); fails naming what still holds it;
 * ``launch``: ``launch.launch`` (preflight, deploy, start, verify). A run that was started
   with a custom ``--cmd`` is relaunched with the same command and GPUs; a bundled-trainer
   run (or none) is relaunched the way ``orch launch TARGET`` would (``command:`` from
-  hosts.yaml, else the bundled trainer);
-* ``verify``: ``runs.status_one`` must show a live run (the one just launched, if any);
+  hosts.yaml, else the bundled trainer) with its old arguments, then the step's
+  ``trainer_args`` (each option replacing the old one: :func:`merge_args`). ``resume: auto``
+  adds ``--resume auto`` for the bundled trainer, hard-links the previous run's
+  ``checkpoints/`` into the new run, and sets ``ORCH_RESUME=auto`` and
+  ``ORCH_RESUME_FROM=<previous run dir>`` for any command. A run that finishes (exit 0)
+  before its verification ends counts as started;
+* ``verify``: ``runs.status_one`` must show a live run (the one just launched, if any), or
+  the one just launched finished with exit status 0;
 * ``archive``: renames ``path`` to ``<path>.orch-<UTC stamp>`` when it exists. Never deletes.
 
 A step declaring ``overwrites: PATH`` would replace an existing path: before anything is
@@ -39,7 +49,10 @@ from typing import Any
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
 from orchestrator.playbooks import Playbook
+from orchestrator.secrets import secret_values
 
+SETTLE_POLL_S = 1.0
+"""Seconds between the ``settle`` action's snapshots."""
 ARCHIVE_SUFFIX = ".orch-"
 """Archived paths become ``<path>.orch-<YYYYmmddTHHMMSSZ>``."""
 
@@ -65,6 +78,8 @@ class PlannedStep:
     overwrites: str | None = None
     env: dict[str, str] = field(default_factory=dict)
     timeout_s: float = 600.0
+    resume: str | None = None
+    trainer_args: tuple[str, ...] = ()
 
     @property
     def display(self) -> str:
@@ -72,7 +87,12 @@ class PlannedStep:
         from orchestrator.transport.quoting import command_line, with_env
 
         if self.argv is None:
-            return f"[orch action] {self.action}" + (f" {self.path}" if self.path else "")
+            more = f" {self.path}" if self.path else ""
+            more += f" (resume: {self.resume})" if self.resume else ""
+            more += (
+                f" (trainer args: {command_line(self.trainer_args)})" if self.trainer_args else ""
+            )
+            return f"[orch action] {self.action}{more}"
         return command_line(with_env(self.argv, self.env or None))
 
     def to_dict(self) -> dict[str, Any]:
@@ -85,6 +105,8 @@ class PlannedStep:
             "env": self.env,
             "path": self.path,
             "overwrites": self.overwrites,
+            "resume": self.resume,
+            "trainer_args": list(self.trainer_args),
             "command": self.display,
         }
 
@@ -115,7 +137,7 @@ def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
     >>> pb = get_playbook(load_playbooks(), "prewarm-relaunch")
     >>> ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
     ...        "gpus": (5, 6), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}
-    >>> [(s.name, s.env.get("CUDA_VISIBLE_DEVICES")) for s in plan_procedure(pb, ctx)[1:3]]
+    >>> [(s.name, s.env.get("CUDA_VISIBLE_DEVICES")) for s in plan_procedure(pb, ctx)[2:4]]
     [('warm up one device at a time (GPU 5)', '5'), ('warm up one device at a time (GPU 6)', '6')]
     """
     if pb.kind != "procedure":
@@ -155,6 +177,8 @@ def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
                     overwrites=fill(step.overwrites) if step.overwrites else None,
                     env={k: fill(v) for k, v in step.env.items()},
                     timeout_s=step.timeout_s,
+                    resume=step.resume,
+                    trainer_args=step.trainer_args,
                 )
             )
     return out
@@ -181,6 +205,34 @@ def archive_name(path: str, now: float | None = None) -> str:
     """
     stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
     return f"{path.rstrip('/')}{ARCHIVE_SUFFIX}{stamp}"
+
+
+def merge_args(old: Sequence[str], extra: Sequence[str]) -> tuple[str, ...]:
+    """``old`` trainer arguments, then ``extra``; an option of ``extra`` (``--name`` and, unless
+    another option follows, its value) first drops the same option from ``old``, so a relaunch
+    never carries two (``--warmup none`` becomes ``--warmup sequential``; ``--resume auto``
+    is never doubled).
+
+    >>> merge_args(["--steps", "9", "--warmup", "none", "--fault", "x@1"], ["--warmup", "sequential", "--resume", "auto"])
+    ('--steps', '9', '--fault', 'x@1', '--warmup', 'sequential', '--resume', 'auto')
+    >>> merge_args(["--forever", "--resume", "auto"], ["--resume", "auto"])
+    ('--forever', '--resume', 'auto')
+    """
+    takes_value: dict[str, bool] = {}
+    for i, a in enumerate(extra):
+        if a.startswith("--"):
+            takes_value[a] = i + 1 < len(extra) and not extra[i + 1].startswith("--")
+    kept: list[str] = []
+    skip = False
+    for i, a in enumerate(old):
+        if skip:
+            skip = False
+            continue
+        if a in takes_value:
+            skip = takes_value[a] and i + 1 < len(old) and not old[i + 1].startswith("--")
+            continue
+        kept.append(a)
+    return (*kept, *extra)
 
 
 def bundled_trainer_args(command: str, run_dir: str) -> tuple[str, ...] | None:
@@ -226,7 +278,13 @@ class _Runner:
     relaunch_cmd: str | None = None
     relaunch_args: tuple[str, ...] = ()
     relaunch_gpus: str | None = None
+    previous_run: str | None = None
+    previous_dir: str | None = None
     launched_run: str | None = None
+    launched_finished: bool = False
+    by: str | None = None
+    expect_run: str | None = None
+    settle_timeout_s: float | None = None
     results: list[dict[str, Any]] = field(default_factory=list)
 
     def python(self) -> list[str]:
@@ -254,9 +312,16 @@ class _Runner:
         snap = self.tgt.snapshot()
         run = snap.run
         manifest = run.manifest if run else None
+        if self.expect_run is not None and (run is None or run.run_id != self.expect_run):
+            raise Refused(
+                f"{self.name}: refused, nothing was done: the current run is "
+                f"{run.run_id if run else 'none'}, not {self.expect_run}, the one to restart"
+            )
         if manifest is None:
             self.echo("  no previous run: the relaunch starts what `orch launch` would")
             return
+        assert run is not None
+        self.previous_run, self.previous_dir = run.run_id, run.run_dir
         args = bundled_trainer_args(manifest.command, run.run_dir)  # type: ignore[union-attr]
         if args is not None:
             self.relaunch_args = args
@@ -267,10 +332,71 @@ class _Runner:
         if manifest.gpus:
             self.relaunch_gpus = ",".join(str(g) for g in manifest.gpus)
 
+    def settle(self, timeout_s: float) -> str:
+        """Wait until :func:`~orchestrator.lifecycle.preflight.holders` is empty (the run's GPUs
+        as its manifest names them, else the container's)."""
+        from orchestrator.lifecycle.preflight import holders
+
+        c = self.tgt.container
+        gpus = (
+            tuple(int(g) for g in self.relaunch_gpus.split(","))
+            if self.relaunch_gpus
+            else c.gpu_indices
+        )
+        t0 = time.monotonic()
+        while True:
+            held = holders(self.tgt.snapshot(), gpus, c.limits)
+            if not held:
+                return f"free after {time.monotonic() - t0:.1f} s (GPUs {','.join(map(str, gpus)) or 'none'})"
+            if time.monotonic() - t0 >= timeout_s:
+                raise OrchError(
+                    f"{self.name}: still held after {timeout_s:g} s, not relaunched: "
+                    + "; ".join(held)
+                )
+            time.sleep(min(SETTLE_POLL_S, max(0.0, timeout_s - (time.monotonic() - t0))))
+
+    def launch(self, step: PlannedStep) -> str:
+        from orchestrator.lifecycle import launch as launch_mod
+        from orchestrator.lifecycle.bundle import configured_command
+
+        bundled = self.relaunch_cmd is None and configured_command(self.tgt.container) is None
+        resume = step.resume == "auto"
+        extra = (*step.trainer_args, *(("--resume", "auto") if resume else ()))
+        env = []
+        if resume and self.previous_dir:
+            env = ["ORCH_RESUME=auto", f"ORCH_RESUME_FROM={self.previous_dir}"]
+        res = launch_mod.launch(
+            self.inventory,
+            self.name,
+            cmd=self.relaunch_cmd,
+            trainer_args=merge_args(self.relaunch_args, extra) if bundled else (),
+            gpus=self.relaunch_gpus,
+            env=env,
+            run_name="relaunch",
+            verify=False,
+            target=self.tgt,
+            carry_from=self.previous_run if resume else None,
+        )
+        self.launched_run = res.run_id  # known before verifying: a restart journals it either way
+        assert res.state is not None
+        try:
+            launch_mod.verify_run(self.tgt, res.run_id, res.state, started=time.monotonic(),
+                                  timeout_s=self.tgt.container.limits.startup_timeout_s,
+                                  secrets=secret_values(self.tgt.container.env))  # fmt: skip
+        except launch_mod.RunDied as exc:
+            if exc.exit_status != 0:
+                raise
+            self.launched_finished = True
+            return f"run {res.run_id} started and finished (exit status 0) within its verification"
+        return f"run {res.run_id} started and verified ({res.log_path})"
+
     def verify(self) -> str:
         from orchestrator.lifecycle import runs
 
         row = runs.status_one(self.inventory, self.name)
+        if (self.launched_finished and row.get("run_id") == self.launched_run
+                and row.get("run_state") == "exited 0"):  # fmt: skip
+            return f"run {self.launched_run} finished with exit status 0"
         if row.get("error") or row.get("run_state") != "running":
             why = row.get("error") or f"run state {row.get('run_state')!r}"
             raise LaunchFailed(f"{self.name}: not verified: {why}")
@@ -282,28 +408,19 @@ class _Runner:
         return f"run {row.get('run_id')} is running (session {row.get('session')})"
 
     def do(self, step: PlannedStep) -> str:
-        from orchestrator.lifecycle import launch as launch_mod
         from orchestrator.lifecycle import stop as stop_mod
 
         if step.action == "stop":
             self.remember_run()
-            doc = stop_mod.stop(self.inventory, self.name, target=self.tgt)
+            doc = stop_mod.stop(self.inventory, self.name, target=self.tgt, by=self.by,
+                                run_id=self.expect_run)  # fmt: skip
             if not doc.stopped:
                 return "nothing was running"
             return f"stopped (signals {', '.join(doc.signals) or 'none'}; exit status {doc.exit_status})"
+        if step.action == "settle":
+            return self.settle(self.settle_timeout_s or step.timeout_s)
         if step.action == "launch":
-            res = launch_mod.launch(
-                self.inventory,
-                self.name,
-                cmd=self.relaunch_cmd,
-                trainer_args=self.relaunch_args,
-                gpus=self.relaunch_gpus,
-                run_name="relaunch",
-                verify=True,
-                target=self.tgt,
-            )
-            self.launched_run = res.run_id
-            return f"run {res.run_id} started and verified ({res.log_path})"
+            return self.launch(step)
         if step.action == "verify":
             return self.verify()
         if step.action == "archive":
@@ -326,11 +443,18 @@ def run_procedure(
     *,
     force: bool = False,
     echo: Callable[[str], None] = print,
+    by: str | None = None,
+    expect_run: str | None = None,
+    settle_timeout_s: float | None = None,
+    launched: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Carry out planned steps in order on ``target``; stops at the first failure.
 
     Returns one ``{"number", "name", "status": "done", "output"}`` per step. Each step is
-    echoed before it runs and its output (last lines) after.
+    echoed before it runs and its output (last lines) after. A restart (``orch supervise``)
+    passes ``by`` (who stops, for ``stop_requested``), ``expect_run`` (the dead run: refused
+    when another is current), ``settle_timeout_s`` (its policy's) and ``launched``, a list
+    that gets the id of the run the ``launch`` step started, even when it died at once.
 
     Raises:
         Refused: a step's ``overwrites`` path exists and ``force`` is false (nothing done).
@@ -339,7 +463,8 @@ def run_procedure(
     """
     from orchestrator.target import Target
 
-    r = _Runner(inventory=inventory, name=target, force=force, echo=echo)
+    r = _Runner(inventory=inventory, name=target, force=force, echo=echo, by=by,
+                expect_run=expect_run, settle_timeout_s=settle_timeout_s)  # fmt: skip
     r.tgt = Target(inventory, target)
     guarded = [s for s in steps if s.overwrites]
     if guarded:
@@ -356,7 +481,11 @@ def run_procedure(
             )
     for step in steps:
         echo(f"[{step.number}/{len(steps)}] {step.name}: {step.display}")
-        output = r.do(step)
+        try:
+            output = r.do(step)
+        finally:
+            if launched is not None and r.launched_run and r.launched_run not in launched:
+                launched.append(r.launched_run)
         for line in output.splitlines():
             echo(f"  {line}")
         r.results.append(

@@ -46,9 +46,14 @@ Key = tuple[str, str, tuple[int, ...]]
 CONNECTIVITY_KINDS = frozenset({"unreachable", "container-stopped"})
 
 
+HEAL_EVENTS = ("restarted", "restart-failed", "interrupted", "give-up")
+"""Events of ``orch supervise`` / ``orch check --heal`` (a restart's notice, a give-up's page)."""
+
+
 @dataclass(frozen=True, slots=True)
 class Notification:
-    """One thing to tell a person. ``event``: ``new``, ``changed``, ``repeat`` or ``recovered``."""
+    """One thing to tell a person. ``event``: ``new``, ``changed``, ``repeat`` or ``recovered``
+    (check's findings), or one of :data:`HEAL_EVENTS` (a restart decision; ``remedy`` set)."""
 
     event: str
     target: str
@@ -60,6 +65,7 @@ class Notification:
     playbook: str | None = None
     evidence: tuple[str, ...] = ()
     previous_severity: Severity | None = None
+    remedy: tuple[str, ...] = ()
 
     @property
     def key(self) -> Key:
@@ -73,8 +79,13 @@ class Notification:
         'CRITICAL lxc200 ghost-utilization [GPU 3]: GPU 3 at 100 % with 0 MiB'
         >>> Notification("recovered", "lxc200", "stall", Severity.WARNING).line()
         'RECOVERED lxc200 stall (was warning)'
+        >>> Notification("give-up", "lxc200", "module-not-found", Severity.CRITICAL,
+        ...              summary="not retryable").line()
+        'CRITICAL lxc200 give-up (module-not-found): not retryable'
         """
         gpus = f" [GPU {','.join(map(str, self.gpus))}]" if self.gpus else ""
+        if self.event in HEAL_EVENTS:
+            return f"{self.severity.name} {self.target} {self.event} ({self.kind}): {self.summary}"
         if self.event == "recovered":
             return f"RECOVERED {self.target} {self.kind}{gpus} (was {self.severity})"
         head = self.severity.name
@@ -95,6 +106,7 @@ class Notification:
             "since": self.since,
             "playbook": self.playbook,
             "evidence": list(self.evidence),
+            **({"remedy": list(self.remedy)} if self.remedy else {}),
         }
 
 
@@ -237,8 +249,10 @@ def payload(
     status: str,
     titles: Mapping[str, str] | None = None,
     secrets: Iterable[str] = (),
+    source: str = "orch check",
 ) -> dict[str, Any]:
-    """The JSON body: Slack-compatible ``text`` plus the structured notifications.
+    """The JSON body: Slack-compatible ``text`` plus the structured notifications; ``source``
+    heads the text (``orch supervise`` for its notices and pages, each with its remedy).
 
     >>> n = Notification("new", "ct200", "stall", Severity.WARNING, summary="no step for 700 s",
     ...                  playbook="stall")
@@ -246,12 +260,15 @@ def payload(
     'orch check: WARNING\\nWARNING ct200 stall: no step for 700 s (playbook: Training stalled)'
     """
     titles = titles or {}
-    lines = [f"orch check: {status}"]
+    lines = [f"{source}: {status}"]
     for n in notes:
         line = n.line()
         if n.playbook and n.event != "recovered":
             line += f" (playbook: {titles.get(n.playbook, n.playbook)})"
         lines.append(line)
+        if n.event == "give-up":  # a page says what the postmortem concluded, then what to do
+            lines += [f"  {e}" for e in n.evidence[:1] if e.startswith("verdict: ")]
+        lines += [f"  remedy: {r}" for r in n.remedy]
     body = {
         "text": "\n".join(lines),
         "status": status,

@@ -12,7 +12,9 @@ cycle, so the second run sees the first one's alert state and never sends the
 same alert again; inside it every write is one ``BEGIN IMMEDIATE`` transaction,
 so a crash mid-way leaves the previous state intact.
 
-History is bounded: at most ``keep`` snapshots per target (oldest dropped first).
+History is bounded: at most ``keep`` snapshots per target (oldest dropped first). The
+restart journal (:mod:`orchestrator.monitor.journal`) keeps :data:`JOURNAL_KEEP` entries per
+unit; it lives here so that its budget survives a supervisor's crash and shares the check's lock.
 """
 
 from __future__ import annotations
@@ -25,16 +27,19 @@ import os
 import sqlite3
 import time
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
 from orchestrator.model import SchemaError, Severity, Snapshot
+from orchestrator.monitor.journal import JournalEntry
 
 log = logging.getLogger(__name__)
 
 DEFAULT_KEEP = 60
 """Snapshots kept per target: five hours of a five-minute cron."""
+JOURNAL_KEEP = 500
+"""Restart-journal entries kept per unit (a crash loop writes a handful per death)."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -54,6 +59,16 @@ CREATE TABLE IF NOT EXISTS alerts (
     last_notified REAL,
     PRIMARY KEY (target, kind, gpus)
 );
+CREATE TABLE IF NOT EXISTS journal (
+    id INTEGER PRIMARY KEY AUTOINCREMENT,
+    unit TEXT NOT NULL,
+    run_id TEXT,
+    at REAL NOT NULL,
+    action TEXT NOT NULL,
+    body TEXT NOT NULL,
+    notified_at REAL
+);
+CREATE INDEX IF NOT EXISTS journal_unit ON journal (unit, id);
 CREATE TABLE IF NOT EXISTS meta (
     key TEXT PRIMARY KEY,
     value TEXT NOT NULL
@@ -94,6 +109,23 @@ class AlertState:
     @property
     def key(self) -> tuple[str, str, tuple[int, ...]]:
         return (self.target, self.kind, self.gpus)
+
+
+def read_journal(
+    units: Sequence[str], path: Path | None = None, *, limit: int = 20
+) -> dict[str, list[JournalEntry]]:
+    """Each unit's newest journal entries (oldest first) for the views: ``orch status``,
+    ``orch watch``, ``orch postmortem``. Never creates the database, never waits for a lock,
+    never raises: no file, or one that cannot be read, is an empty journal."""
+    path = Path(path) if path is not None else default_path()
+    if not path.is_file():
+        return {u: [] for u in units}
+    try:
+        with History.open(path) as h:
+            return {u: h.journal(u, limit=limit) for u in units}
+    except (HistoryError, sqlite3.Error) as exc:
+        log.info("%s: restart journal not readable: %s", path, exc)
+        return {u: [] for u in units}
 
 
 def default_path() -> Path:
@@ -289,6 +321,56 @@ class History:
                         s.last_notified,
                     ),
                 )
+
+    # --- restart journal -------------------------------------------------------------------
+
+    def journal(self, unit: str | None = None, *, limit: int = JOURNAL_KEEP) -> list[JournalEntry]:
+        """A unit's journal entries (every unit's when ``None``), oldest first, at most ``limit``
+        (the newest). An entry that no longer parses is skipped with a warning."""
+        where, args = ("WHERE unit = ?", (unit,)) if unit is not None else ("", ())
+        rows = self._conn.execute(
+            f"SELECT id, body, notified_at FROM journal {where} ORDER BY id DESC LIMIT ?",  # noqa: S608 - constant SQL
+            (*args, limit),
+        ).fetchall()
+        out: list[JournalEntry] = []
+        for rowid, body, notified_at in reversed(rows):
+            try:
+                entry = JournalEntry.from_dict(json.loads(body))
+            except (SchemaError, ValueError) as exc:
+                log.warning("journal entry %s unreadable: %s", rowid, exc)
+                continue
+            out.append(replace(entry, id=rowid, notified_at=notified_at))
+        return out
+
+    def append_journal(self, entries: Iterable[JournalEntry]) -> list[JournalEntry]:
+        """Append entries (one transaction) and trim each unit to :data:`JOURNAL_KEEP`; returns
+        them with their ids."""
+        out = []
+        with self._write() as db:
+            for e in entries:
+                body = json.dumps(
+                    replace(e, id=None, notified_at=None).to_dict(), separators=(",", ":")
+                )
+                cur = db.execute(
+                    "INSERT INTO journal (unit, run_id, at, action, body, notified_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?)",
+                    (e.unit, e.run_id, e.at, e.action, body, e.notified_at),
+                )
+                out.append(replace(e, id=cur.lastrowid))
+            for unit in {e.unit for e in out}:
+                db.execute(
+                    "DELETE FROM journal WHERE unit = ? AND id NOT IN "
+                    "(SELECT id FROM journal WHERE unit = ? ORDER BY id DESC LIMIT ?)",
+                    (unit, unit, JOURNAL_KEEP),
+                )
+        return out
+
+    def journal_notified(self, ids: Iterable[int], at: float) -> None:
+        """Mark entries as announced (their notice or page was delivered)."""
+        with self._write() as db:
+            db.executemany(
+                "UPDATE journal SET notified_at = ? WHERE id = ?", [(at, i) for i in ids]
+            )
 
     # --- small key/value (e.g. the last host-probe time) -----------------------------------
 

@@ -291,12 +291,20 @@ def postmortem(
     out: Path | str | None = None,
     write: bool = True,
     report: Report | None = None,
+    db_path: Path | None = None,
 ) -> Postmortem:
     """Collect, judge and (by default) write the bundle, with ``report``'s rendering, for
-    ``name``'s run."""
+    ``name``'s run; with the restart journal's entries about it (``db_path``, default the
+    history database)."""
+    from orchestrator.monitor.history import read_journal
+
     c = inventory.container(name)
     ev = collect(inventory, name, run_id=run_id)
     pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
+    if ev.run_id:
+        mine = read_journal([name], db_path, limit=200)[name]
+        about = [e for e in mine if ev.run_id in (e.run_id, e.new_run_id)]
+        pm = dataclasses.replace(pm, restarts=tuple(about))
     if not write:
         return pm
     if report is None:

@@ -34,6 +34,7 @@ from orchestrator.model import (
     Severity,
     Snapshot,
 )
+from orchestrator.monitor.journal import JournalEntry
 from orchestrator.playbooks import Match, Playbook, match_log
 from orchestrator.postmortem.evidence import Evidence, reconstruct_history
 
@@ -93,11 +94,15 @@ class Postmortem:
     matches: tuple[Match, ...]
     verdict: Verdict
     bundle: str | None = None
+    restarts: tuple[JournalEntry, ...] = ()
+    """What ``orch supervise`` / ``check --heal`` decided about this run (the restart journal:
+    the decisions about its death, and the restart that started it)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
         ev = self.evidence
         return {
+            "restarts": [e.to_dict() for e in self.restarts],
             "target": ev.target,
             "run_id": ev.run_id,
             "verdict": self.verdict.to_dict(),

@@ -73,8 +73,9 @@ def _age(seconds: float | None) -> str:
 def status_table(rows: Sequence[dict[str, Any]]) -> Table:
     """One row per target: reachable, container, session, run, age, step, tok/s, GPU memory."""
     table = Table(box=None, pad_edge=False, header_style="bold")
+    heal = any(r.get("restarts") for r in rows)
     for col in ("target", "reach", "container", "session", "run", "state", "age", "step",
-                "tok/s", "GPU mem"):  # fmt: skip
+                "tok/s", "GPU mem", *(("restarts",) if heal else ())):  # fmt: skip
         table.add_column(col, overflow="fold")
     for r in rows:
         reach = "[green]yes[/]" if r.get("reachable") else "[red]no[/]"
@@ -91,6 +92,7 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
             r.get("run_id") or "-", state, _age(r.get("age_s")),
             str(r["step"]) if r.get("step") is not None else "-",
             f"{tps:,.0f}" if tps is not None else "-", mem,
+            *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
         )  # fmt: skip
     return table
 

@@ -48,6 +48,10 @@ def print_verdict(console: Console, pm: Any) -> None:
         console.print("other findings:")
         for f in others:
             console.print(Text(f"  {f.severity}: {f.kind}: {f.summary}"), highlight=False)
+    if pm.restarts:
+        console.print("restart journal:")
+        for e in pm.restarts:
+            console.print(Text(f"  {e.line()}"), highlight=False)
     if pm.bundle:
         console.print(Text(f"bundle: {pm.bundle}"), highlight=False)
 
@@ -85,6 +89,8 @@ def markdown(pm: Any) -> str:
         "\n## Findings\n",
         _md_list([f"{f.severity} {f.kind}: {f.summary}" for f in pm.findings]),
     ]
+    if pm.restarts:
+        out += ["\n## Restart journal\n", _md_list([e.line() for e in pm.restarts])]
     out += ["\n## Log tail\n", _md_list(list(ev.log_tail[-50:]), True)]
     out += ["\n## Last pane screen\n", _md_list(list(ev.pane[-40:]), True)]
     events = [e.line for e in (ev.probe.kernel_events if ev.probe else ())]
@@ -188,6 +194,8 @@ def html(pm: Any) -> str:
         + "".join(
             f"<li>{esc(str(f.severity))} {esc(f.kind)}: {esc(f.summary)}</li>" for f in pm.findings
         )
-        + f"</ul><h2>Log tail</h2>{pre(list(ev.log_tail[-50:]))}"
+        + "</ul>"
+        + (f"<h2>Restart journal</h2>{pre([e.line() for e in pm.restarts])}" if pm.restarts else "")
+        + f"<h2>Log tail</h2>{pre(list(ev.log_tail[-50:]))}"
         f"<h2>Last pane screen</h2>{pre(list(ev.pane[-40:]))}</body></html>\n"
     )

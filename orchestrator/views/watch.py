@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from orchestrator.model import Finding, GpuSample, Severity
+from orchestrator.monitor.journal import summary
 from orchestrator.views.watch_model import TargetView, WatchModel
 
 log = logging.getLogger(__name__)
@@ -218,7 +219,28 @@ def target_lines(
         out.append(line)
     if len(shown) > max_findings:
         out.append(Text(f"    +{len(shown) - max_findings} more (Enter for detail)", style="dim"))
+    heal = heal_text(v, now)
+    if heal and max_findings:
+        line = Text(f"    heal: {heal}", style="cyan")
+        line.no_wrap, line.overflow = True, "ellipsis"
+        out.append(line)
     return out
+
+
+def heal_text(v: TargetView, now: float, *, short: bool = False) -> str | None:
+    """The restart journal's word on this target (``orch supervise``), or ``None``.
+
+    >>> from orchestrator.monitor.journal import JournalEntry
+    >>> v = TargetView("ct", journal=(JournalEntry("ct", 0.0, "give-up", "module-not-found: not retryable", run_id="r1"),))
+    >>> heal_text(v, 30.0)
+    'give-up r1 30s ago: module-not-found: not retryable'
+    """
+    if not v.journal:
+        return None
+    policy = v.container.restart
+    s = summary(v.journal, now=now, max_restarts=policy.max_restarts if policy else None,
+                window_s=policy.window_s if policy else None)  # fmt: skip
+    return None if s is None else str(s["short" if short else "text"])
 
 
 def _header(title: str, now: float, hint: str) -> Text:
@@ -302,6 +324,10 @@ def render_detail(
             e = Text(f"      > {ev}", style="dim")
             e.no_wrap, e.overflow = True, "ellipsis"
             lines.append(e)
+    for entry in v.journal[-4:]:
+        jl = Text(f"  heal: {entry.line(now)}", style="cyan")
+        jl.no_wrap, jl.overflow = True, "ellipsis"
+        lines.append(jl)
     tail = _tail(v)
     room = height - len(lines) - 2 - len(messages)
     if tail and room > 0:
@@ -344,4 +370,7 @@ def plain_line(v: TargetView, *, now: float, titles: Mapping[str, str] | None = 
         gpus = f"[GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
         title = titles.get(f.playbook or "", "")
         parts.append(f"{f.severity.name}:{f.kind}{gpus}" + (f"({title})" if title else ""))
+    if v.journal:
+        last = v.journal[-1]
+        parts.append(f"heal={last.action}" + (f"({last.new_run_id})" if last.new_run_id else ""))
     return " ".join(parts)

@@ -10,6 +10,9 @@ Three layers, kept apart:
 - **rendering** (:mod:`orchestrator.views.watch`, pure): model + clock + size -> renderable
   or text line.
 
+A fourth daemon thread reads the restart journal (``orch supervise``'s decisions, in the
+history database) every :data:`JOURNAL_POLL_S` and hands what is new to the model.
+
 Keys (TTY only): ``q`` quits, up/down or ``j``/``k`` select, Enter opens the
 detail of the selected target, Esc or ``b`` goes back. Ctrl-C quits cleanly too;
 the terminal (alternate screen, cbreak mode) is restored on every exit path.
@@ -33,11 +36,30 @@ from rich.console import Console, RenderableType
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.model import Snapshot
+from orchestrator.monitor.history import read_journal
 from orchestrator.monitor.observe import Connect, pump, select_targets
 from orchestrator.monitor.sweep import playbook_titles
 from orchestrator.target import Target
 from orchestrator.views.watch import plain_line, render_dashboard, render_detail
 from orchestrator.views.watch_model import Judge, TargetView, WatchModel
+
+JOURNAL = "\x00journal"
+"""The queue's name for a restart-journal update: the item is ``(target, entries)``."""
+JOURNAL_POLL_S = 2.0
+
+
+def _journal_pump(
+    names: Sequence[str], db: Any, out: queue.Queue[tuple[str, Any]], stop: threading.Event
+) -> None:
+    """Put ``(JOURNAL, (name, entries))`` whenever a target's restart journal changed."""
+    seen: dict[str, int | None] = {}
+    while not stop.is_set():
+        for name, entries in read_journal(names, db, limit=5).items():
+            last = entries[-1].id if entries else None
+            if seen.get(name, -1) != last:
+                seen[name] = last
+                out.put((JOURNAL, (name, entries)))
+        stop.wait(JOURNAL_POLL_S)
 
 
 @contextlib.contextmanager
@@ -114,12 +136,14 @@ def watch(
     stream_factory: Callable[[str], Connect] | None = None,
     judge: Judge | None = None,
     stop: threading.Event | None = None,
+    db: Any = None,
 ) -> int:
     """Run the dashboard (or plain lines) until ``q``, Ctrl-C or ``stop``; returns 0.
 
     ``stream_factory(name)`` returns a zero-argument callable opening ONE connection's
     snapshot stream (default: ``Target(inventory, name).stream_once(interval_s)``, one Target
-    per name so each connection resumes the log); the monitor's pump reconnects it.
+    per name so each connection resumes the log); the monitor's pump reconnects it. ``db``:
+    the history database whose restart journal is shown (default: ``$ORCH_DB`` or the usual).
     """
     detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
     names = select_targets(inventory, names)
@@ -151,6 +175,8 @@ def watch(
         threading.Thread(
             target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
         ).start()
+    threading.Thread(target=_journal_pump, args=(names, db, events, stop), name="watch-journal",
+                     daemon=True).start()  # fmt: skip
 
     interactive = not plain and console.is_terminal
     try:
@@ -179,7 +205,11 @@ def _run_plain(
             continue
         if not name:
             continue
-        if model.apply(name, snap):
+        if name == JOURNAL:
+            name, changed = snap[0], model.apply_journal(*snap)
+        else:
+            changed = model.apply(name, snap)
+        if changed:
             print(plain_line(model.views[name], now=time.time(), titles=titles), flush=True)
 
 
@@ -245,7 +275,10 @@ def _run_live(
                 try:
                     name, item = events.get(timeout=0.25)
                     while True:
-                        if name:
+                        if name == JOURNAL:
+                            model.apply_journal(*item)
+                            dirty = True
+                        elif name:
                             model.apply(name, item)
                             dirty = True
                         else:

@@ -14,6 +14,7 @@ from typing import Any
 
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Snapshot
+from orchestrator.monitor.journal import JournalEntry
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
 from orchestrator.monitor.state import target_state
 
@@ -46,14 +47,18 @@ class TargetView:
     )
     log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
     run_id: str | None = None
+    journal: tuple[JournalEntry, ...] = ()
+    """The newest restart-journal entries of this target (``orch supervise``'s decisions)."""
 
     def signature(self) -> tuple[Any, ...]:
-        """What counts as a change for ``--plain``: state, run, findings (not every step)."""
+        """What counts as a change for ``--plain``: state, run, findings, a new restart-journal
+        entry (not every step)."""
         return (
             self.state,
             self.run_id,
             self.unreachable_since,
             tuple(sorted((f.kind, int(f.severity), f.gpus) for f in self.findings)),
+            self.journal[-1].id if self.journal else None,
         )
 
     @property
@@ -73,6 +78,13 @@ class WatchModel:
         self.views: dict[str, TargetView] = {v.name: v for v in views}
         self.judge = judge
         self.messages: collections.deque[str] = collections.deque(maxlen=3)
+
+    def apply_journal(self, name: str, entries: Sequence[JournalEntry]) -> bool:
+        """Take in ``name``'s newest restart-journal entries; ``True`` when one is new."""
+        v = self.views[name]
+        before = v.signature()
+        v.journal = tuple(entries)
+        return v.signature() != before
 
     def apply(self, name: str, snap: Snapshot) -> bool:
         """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature` changed."""

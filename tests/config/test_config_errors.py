@@ -23,7 +23,8 @@ CASES = [
         "defaults:\n  vmid: 200\n",
         "2: defaults.vmid: unknown key; expected one of: port, user, identity_file, "
         "known_hosts, proxy_jump, connect_timeout_s, keepalive_s, workdir, session, env, "
-        "command, python, requires, trainer_config, thresholds, log_patterns, poll_interval",
+        "command, python, requires, trainer_config, thresholds, log_patterns, poll_interval, "
+        "restart",
     ),
     (
         "wrong-type-int",
@@ -267,6 +268,60 @@ CASES = [
         'containers:\n  "a\\nb": {host: local}\n',
         "2: containers.a\\nb: names must be printable, not empty, without '/' and not "
         "starting with '-'",
+    ),
+    # restart: (issue 19): every key of the policy names its line
+    (
+        "restart-not-a-mapping",
+        CT + "    restart: yes\n",
+        "4: containers.ct.restart: must be a mapping {max, window, backoff, on, ...} or false",
+    ),
+    (
+        "restart-unknown-key",
+        CT + "    restart:\n      maxx: 3\n",
+        "5: containers.ct.restart.maxx: unknown key; did you mean 'max'?",
+    ),
+    (
+        "restart-max-negative",
+        "defaults:\n  restart: {max: -1}\n",
+        "2: defaults.restart.max: must be an integer from 0 to 1000 (got -1)",
+    ),
+    (
+        "restart-window-zero",
+        CT + "    restart:\n      window: 0s\n",
+        "5: containers.ct.restart.window: must be a duration > 0 (seconds, or 90s, 15m, 6h) (got 0s)",
+    ),
+    (
+        "restart-backoff-item",
+        CT + "    restart:\n      backoff:\n        - 60\n        - 5 min\n",
+        "7: containers.ct.restart.backoff[1]: not a duration: '5 min' (want seconds, or a number "
+        "with s, m, h or d: 90s, 15m, 6h)",
+    ),
+    (
+        "restart-backoff-empty",
+        CT + "    restart: {backoff: []}\n",
+        "4: containers.ct.restart.backoff: must not be an empty list",
+    ),
+    (
+        "restart-on-unknown",
+        CT + "    restart:\n      on: [crashed, crash-loop]\n",
+        "5: containers.ct.restart.on[1]: unknown death 'crash-loop'; expected one of: crashed, silent-death, "
+        "stall",
+    ),
+    (
+        "restart-on-not-a-list",
+        CT + "    restart:\n      on: stall\n",
+        "5: containers.ct.restart.on: must be a list of: crashed, silent-death, stall",
+    ),
+    (
+        "restart-retry-unknown",
+        CT + "    restart:\n      retry_unknown: 1\n",
+        "5: containers.ct.restart.retry_unknown: must be true or false (got int '1')",
+    ),
+    (
+        "restart-settle-list",
+        CT + "    restart:\n      settle_timeout: [1]\n",
+        "5: containers.ct.restart.settle_timeout: must be a duration > 0 (seconds, or 90s, 15m, "
+        "6h) (got a list)",
     ),
     (
         "poll-interval-zero",

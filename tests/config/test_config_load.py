@@ -11,6 +11,7 @@ import pytest
 
 from orchestrator.cli import run
 from orchestrator.config.inventory import LOCAL, find_config, load_inventory, parse_inventory
+from orchestrator.config.restart import RestartPolicy
 from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
@@ -144,6 +145,24 @@ containers:
     assert c2.limits.stall_timeout_s == 100.0
 
 
+def test_restart_policy_merges_with_defaults_and_turns_off(tmp_path: Path) -> None:
+    text = """
+defaults:
+  restart: {max: 2, window: 30m, backoff: [5s, 1m]}
+containers:
+  a: {host: local}
+  b: {host: local, restart: {backoff: 2, on: [crashed]}}
+  c: {host: local, restart: false}
+"""
+    inv = parse_inventory(text, "h.yaml", tmp_path)
+    a, b, c = (inv.containers[n].restart for n in "abc")
+    assert a == RestartPolicy(max_restarts=2, window_s=1800.0, backoff_s=(5.0, 60.0))
+    assert b == RestartPolicy(max_restarts=2, window_s=1800.0, backoff_s=(2.0,), on=("crashed",))
+    assert c is None
+    assert parse_inventory("containers: {d: {host: local}}").containers["d"].restart is None
+    assert a is not None and a.to_dict()["window"] == "30m" and a.backoff_for(5) == 60.0
+
+
 def test_relative_paths_resolve_against_the_file(tmp_path: Path) -> None:
     text = "hosts:\n  h:\n    address: a\n    identity_file: keys/id\n    known_hosts: ~/kh\n"
     inv = parse_inventory(text, "h.yaml", tmp_path / "conf")
@@ -187,6 +206,7 @@ def test_example_hosts_yaml(capsys: pytest.CaptureFixture[str]) -> None:
     assert ct.gpus == {"target": (0, 1, 2, 3, 4), "drafter": (5, 6, 7)}
     assert "torch" in ct.requires
     assert ct.limits != Limits()
+    assert ct.restart == RestartPolicy(backoff_s=(120.0, 600.0))
     assert inv.container(LOCAL).is_local
     assert run(["-c", str(path), "hosts"]) == 0
     out = capsys.readouterr().out

@@ -57,8 +57,73 @@ def test_required_ids_and_procedures_exist(pbs) -> None:
     for pid in SIGNATURE_IDS:
         assert ids[pid].kind == "signature"
         assert ids[pid].confirm, f"{pid}: every bundled signature says what would confirm it"
-    for pid in ("prewarm-relaunch", "clean-env"):
+    for pid in ("prewarm-relaunch", "clean-env", "relaunch"):
         assert ids[pid].kind == "procedure" and ids[pid].steps
+
+
+def test_every_signature_says_whether_a_restart_helps(pbs) -> None:
+    """Issue 19: each bundled signature declares ``restart.retryable`` with its reason; the
+    issue's examples land on the side it names."""
+    rules = {p.id: p.restart for p in pbs if p.kind == "signature"}
+    assert all(r is not None and r.why for r in rules.values()), [
+        k for k, r in rules.items() if r is None
+    ]
+    retryable = {k for k, r in rules.items() if r and r.retryable}
+    assert {"nccl-timeout", "gpu-xid", "oom-killer", "fx-tracing-race"} <= retryable
+    assert not {"module-not-found", "nan-loss", "disk-full", "cuda-oom"} & retryable
+    assert rules["fx-tracing-race"].procedure == "prewarm-relaunch"  # type: ignore[union-attr]
+    relaunch = get_playbook(pbs, "relaunch")
+    launch = next(s for s in relaunch.steps if s.action == "launch")
+    assert launch.resume == "auto" and [s.action for s in relaunch.steps][:2] == ["stop", "settle"]
+
+
+RESTART_BASE = "id: s\ntitle: S\nkind: signature\nseverity: critical\nmatch: {log: [x]}\n"
+RESTART_BASE += "diagnosis: d\nremedy: [r]\nrestart:\n"
+
+
+@pytest.mark.parametrize(
+    ("body", "where", "problem"),
+    [
+        ("  why: w\n", ":9: restart.retryable", "missing (required): true or false"),
+        ("  retryable: sure\n  why: w\n", ":9: restart.retryable", "must be true or false"),
+        ("  retryable: true\n", ":9: restart.why", "missing (required)"),
+        ("  retryable: true\n  why: w\n  procedur: x\n", ":11: restart.procedur",
+         "did you mean 'procedure'"),
+        ("  retryable: false\n  why: w\n  procedure: relaunch\n", ":11: restart.procedure",
+         "not retryable names no procedure"),
+    ],
+    ids=["no-retryable", "not-a-bool", "no-why", "typo", "procedure-for-a-permanent-failure"],
+)  # fmt: skip
+def test_bad_restart_rule_names_file_line(
+    tmp_path: Path, body: str, where: str, problem: str
+) -> None:
+    path = tmp_path / "s.yaml"
+    path.write_text(RESTART_BASE + body)
+    with pytest.raises(ConfigError) as err:
+        load_playbooks(tmp_path)
+    assert f"{path}{where}" in str(err.value) and problem in str(err.value), str(err.value)
+
+
+def test_restart_procedure_must_exist_and_be_a_procedure(tmp_path: Path) -> None:
+    (tmp_path / "s.yaml").write_text(
+        RESTART_BASE + "  retryable: true\n  why: w\n  procedure: nope\n"
+    )
+    with pytest.raises(
+        ConfigError, match=r"s\.yaml:11: restart\.procedure: no procedure playbook 'nope'"
+    ):
+        load_playbooks(tmp_path)
+
+
+def test_launch_step_keys_are_validated() -> None:
+    base = "id: p\ntitle: P\nkind: procedure\ndiagnosis: d\nsteps:\n"
+    with pytest.raises(ConfigError, match=r"p\.yaml:6: steps\[0\]\.resume: only the launch action"):
+        parse_playbook(base + "  - {name: a, action: stop, resume: auto}\n", "p.yaml")
+    with pytest.raises(ConfigError, match=r"steps\[0\]\.resume: must be one of: auto"):
+        parse_playbook(base + "  - {name: a, action: launch, resume: always}\n", "p.yaml")
+    with pytest.raises(ConfigError, match=r"trainer_args\[1\]: --run-dir is orch's to set"):
+        parse_playbook(
+            base + "  - {name: a, action: launch, trainer_args: [-x, --run-dir]}\n", "p.yaml"
+        )
 
 
 KNOWN_MISSES = {
@@ -298,10 +363,10 @@ def test_prewarm_plan_is_sequential_per_gpu_and_quoted(pbs) -> None:
     ctx = {"python": "/opt/my venv/bin/python", "workdir": "/w", "session": "train", "target": "t",
            "gpus": (5, 6, 7), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}  # fmt: skip
     steps = plan_procedure(get_playbook(pbs, "prewarm-relaunch"), ctx)
-    assert [s.action for s in steps] == ["stop", None, None, None, "launch", "verify"]
-    assert [s.argv[-1] for s in steps[1:4]] == ["5", "6", "7"]  # type: ignore[index]
-    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in steps[1:4]] == ["5", "6", "7"]
-    assert steps[1].display.startswith(
+    assert [s.action for s in steps] == ["stop", "settle", None, None, None, "launch", "verify"]
+    assert [s.argv[-1] for s in steps[2:5]] == ["5", "6", "7"]  # type: ignore[index]
+    assert [s.env["CUDA_VISIBLE_DEVICES"] for s in steps[2:5]] == ["5", "6", "7"]
+    assert steps[2].display.startswith(
         "env CUDA_VISIBLE_DEVICES=5 TORCHINDUCTOR_CACHE_DIR=/tmp/c '/opt/my venv/bin/python' -c"
     )
     with pytest.raises(UsageError, match="not a procedure"):
@@ -389,9 +454,10 @@ def test_cli_playbook_run_dry_run(capsys, tmp_path: Path) -> None:
     assert orch(["-c", str(cfg), "playbook", "run", "prewarm-relaunch", "lxc200", "--json"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["dry_run"] is True
-    assert plan["steps"][1]["argv"][0] == "python3" and plan["steps"][1]["argv"][-1] == "5"
-    assert plan["steps"][1]["env"]["CUDA_VISIBLE_DEVICES"] == "5"
-    assert plan["steps"][1]["command"].startswith("env CUDA_VISIBLE_DEVICES=5 ")
+    assert plan["steps"][1]["action"] == "settle"
+    assert plan["steps"][2]["argv"][0] == "python3" and plan["steps"][2]["argv"][-1] == "5"
+    assert plan["steps"][2]["env"]["CUDA_VISIBLE_DEVICES"] == "5"
+    assert plan["steps"][2]["command"].startswith("env CUDA_VISIBLE_DEVICES=5 ")
     assert orch(["-c", str(cfg), "playbook", "run", "clean-env", "lxc200"]) == 0
     out = capsys.readouterr().out
     assert "dry run: clean-env on lxc200 (10 steps)" in out

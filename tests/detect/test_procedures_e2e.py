@@ -68,19 +68,23 @@ def test_prewarm_relaunch_of_a_dead_custom_command_run(orch, sandbox) -> None:  
     assert code == 0, err
     doc = json.loads(out)
     steps = doc["steps"]
-    assert [s["status"] for s in steps] == ["done"] * 5
+    assert [s["status"] for s in steps] == ["done"] * 6
     assert steps[0]["output"] == "nothing was running"
-    for s, gpu in zip(steps[1:3], ("6", "7"), strict=True):
+    assert steps[1]["output"].startswith("free after ") and "(GPUs 6,7)" in steps[1]["output"]
+    for s, gpu in zip(steps[2:4], ("6", "7"), strict=True):
         assert s["name"].endswith(f"(GPU {gpu})")
         assert s["output"].startswith(f"GPU {gpu}: warm-up skipped: torch ")
         assert "CPU-only build" in s["output"]
-    new = steps[3]["output"].split()[1]
+    new = steps[4]["output"].split()[1]
     assert new.endswith("-relaunch") and new != first
-    assert steps[4]["output"].startswith(f"run {new} is running")
+    assert steps[5]["output"].startswith(f"run {new} is running")
 
     relaunched = _manifest(workdir, new)
     assert relaunched["command"] == TICKER, "a custom --cmd run is relaunched with its command"
     assert relaunched["gpus"] == [6, 7]
+    # resume: auto for a custom command: the same command line, told where the last run was
+    assert relaunched["env"]["ORCH_RESUME"] == "auto"
+    assert relaunched["env"]["ORCH_RESUME_FROM"] == str(workdir / "runs" / first)
     assert (workdir / "runs" / first / "exit_status").is_file(), "old run kept"
     assert (workdir / "runs" / "current").read_text().strip() == new
 
@@ -98,13 +102,13 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
     lines = out.splitlines()
     assert (
         lines[0]
-        == "[1/5] stop the current run (its log and exit status are kept): [orch action] stop"
+        == "[1/6] stop the current run (its log and exit status are kept): [orch action] stop"
     )
     # relaunched as it was launched: the bundled trainer with its extra arguments
     assert f"  previous run {old['run_id']}: bundled trainer --config tiny-cpu --forever" in lines
     assert any(line.startswith("  stopped (signals SIGINT") for line in lines), out
     assert sum(line.startswith("  GPU ") and "warm-up skipped" in line for line in lines) == 2
-    assert lines[-1] == "prewarm-relaunch on ct200: all 5 steps done"
+    assert lines[-1] == "prewarm-relaunch on ct200: all 6 steps done"
 
     # the old run stopped gracefully: the trainer's SIGINT exit status, log kept
     assert (workdir / "runs" / old["run_id"] / "exit_status").read_text().strip() == "130"
@@ -112,7 +116,8 @@ def test_prewarm_relaunch_of_a_running_bundled_trainer(orch, sandbox) -> None:  
     assert new != old["run_id"] and new.endswith("-relaunch")
     manifest = _manifest(workdir, new)
     assert " -m trainer " in manifest["command"]
-    assert manifest["command"].endswith(f"runs/{new} --forever"), manifest["command"]
+    # its old arguments, the warm-up forced on, resuming from the old run's checkpoints
+    assert manifest["command"].endswith(f"runs/{new} --forever --warmup sequential --resume auto")
     log = workdir / "runs" / new / "train.log"
     # the bundled trainer's own sequential warm-up runs before its threads start
     wait_for(lambda: "trainer: warm-up" in log.read_text(), 60, what="the trainer's warm-up line")

@@ -13,10 +13,11 @@ PKG = ROOT / "orchestrator"
 LAYERS: tuple[tuple[str, ...], ...] = (
     ("model", "answers", "formats", "secrets", "paths", "errors", "__init__"),
     ("agent",),
-    ("config", "detect", "playbooks", "matching"),
+    ("config", "detect", "playbooks", "playbook_steps", "matching"),
     ("transport", "deploy"),
     ("target",),
     ("monitor", "lifecycle", "postmortem", "sandbox", "firstrun"),
+    ("heal",),
     ("views",),
     ("commands", "cli"),
 )

@@ -41,6 +41,24 @@ def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
     assert "trainer: finished" not in proc.stdout
 
 
+def test_crash_once_fires_from_step_0_only_so_a_resume_gets_past_it(tmp_path: Path) -> None:
+    """``crash-once@N``: the first run crashes at N like ``crash@N``; the same command with
+    ``--resume auto`` starts after the newest checkpoint (< N) and finishes (issue 19's loop)."""
+    args = ("--steps", "8", "--fault", "crash-once@6", "--set", "train.log_every=1",
+            "--set", "train.ckpt_every=4")  # fmt: skip
+    first = run_trainer(tmp_path, *args)
+    assert first.returncode == 1, first.stderr[-2000:]
+    assert first.stderr.rstrip().endswith("RuntimeError: injected fault: crash at step 6")
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 5]
+    again = run_trainer(tmp_path, *args, "--resume", "auto")
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "trainer: resumed from " in again.stdout and " at step=4 " in again.stdout
+    assert "trainer: faults crash-once@6" in again.stdout
+    steps = [r["step"] for r in read_metrics(tmp_path)]
+    assert steps == [1, 2, 3, 4, 5, 5, 6, 7, 8], steps  # the resumed run's first step is 5 > 4
+    assert "trainer: finished step=8" in again.stdout
+
+
 def test_oom_raises_cuda_oom_text_in_the_target_forward(tmp_path: Path) -> None:
     """``oom@N`` is raised where a real CUDA OOM of the target's GPUs is: inside the
     coordinator's target forward, while the drafter workers run. The workers are stopped and
