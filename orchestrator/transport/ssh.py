@@ -77,12 +77,9 @@ NET_ERRORS = (OSError, EOFError, paramiko.SSHException)
 
 
 def _refused(exc: BaseException, transport: paramiko.Transport) -> bool:
-    """Whether a failed channel open was the server saying no on a live connection.
-
-    paramiko keeps ONE ``saved_exception`` per transport: when two threads' opens are refused
-    at once, one thread can take the other's ``ChannelException`` and the other is left with
-    ``SSHException("Unable to open channel.")`` while the connection is fine. Dropping the
-    connection then would kill every command running on it.
+    """Whether a failed channel open was the server saying no on a live connection: paramiko
+    keeps ONE ``saved_exception`` per transport, so of two opens refused at once one may see
+    only ``SSHException("Unable to open channel.")``; dropping the connection kills its commands.
     """
     if isinstance(exc, paramiko.ChannelException):
         return True
