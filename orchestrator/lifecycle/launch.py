@@ -18,6 +18,7 @@ preflight (:class:`PreflightRefused`, nothing was started).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -254,9 +255,9 @@ def launch(
             "--orch-version", __version__, "--target", name]  # fmt: skip
     if force:
         args.append("--force")
-    for key, value in user_env.items():
-        args += ["--env", f"{key}={value}"]
-    doc = tgt.agent(args, timeout=grace_s + 60.0)
+    # the values go over stdin into the run's 0600 env file: argv shows in ps, host and container
+    env_doc = json.dumps({"env": user_env}).encode()
+    doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
     secrets = secret_values(user_env)
     if not doc.get("ok"):
         msg = redact(str(doc.get("message") or doc), secrets)
