@@ -41,8 +41,9 @@ def _dirty_tmux_server(sb) -> Callable[[], None]:  # type: ignore[no-untyped-def
     new pane inherits either way). Returns the undo."""
     vmid = str(vmid_of("ct200"))
     sets = [a for k, v in DIRTY.items() for a in (";", "set-environment", "-g", k, v)]
-    res = control.run_pct(sb.state_dir, "exec", vmid, "--", "env", *(f"{k}={v}" for k, v in DIRTY.items()),
-                          "tmux", "new-session", "-A", "-d", "-s", "operator", "sleep 600", *sets)  # fmt: skip
+    shell = ["env", *(f"{k}={v}" for k, v in DIRTY.items())]
+    res = control.run_pct(sb.state_dir, "exec", vmid, "--", *shell, "tmux", "new-session", "-A",
+                          "-d", "-s", "operator", "sleep 600", *sets)  # fmt: skip
     assert res.returncode == 0, res.stderr
 
     def undo() -> None:
