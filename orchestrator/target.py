@@ -206,6 +206,7 @@ def run_agent(
     timeout: float = 30.0,
     max_output_bytes: int | None = MAX_DOC_BYTES,
     stdin: bytes | None = None,
+    host: bool = False,
 ) -> Result:
     """Run one agent command from the bundle, deploying it only when needed.
 
@@ -217,7 +218,8 @@ def run_agent(
     once more. Raises TransportError/CommandTimeout from the transport. stdout is cut
     at ``max_output_bytes`` (``Result.truncated``; :func:`parse_answer` reports it).
     ``stdin`` goes to the agent (both times: a boot that exits 97 reads none of it); what
-    must not show in ``ps`` travels there, never in ``args``.
+    must not show in ``ps`` travels there, never in ``args``. ``host``: ``transport`` reaches
+    a Proxmox host (the probe), for the advice when its python is too old.
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)
@@ -232,7 +234,7 @@ def run_agent(
         log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
                  res.exit_status)  # fmt: skip
         deploy.forget(transport, workdir)
-        bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle)
+        bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle, host=host)
         res = transport.run(
             agent_argv(python, bundle_dir, args),
             timeout=timeout,
@@ -516,7 +518,7 @@ class Host:
             args += ["--vmid", str(vmid)]
         if since is not None:
             args += ["--since", repr(float(since))]
-        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout)
+        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout, host=True)
         if not res.ok and not res.stdout.strip():
             raise AgentError(
                 f"{self.name}: host probe failed (exit {res.exit_status}): "

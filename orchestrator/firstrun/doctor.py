@@ -5,7 +5,8 @@ directory not writable by others, each host's identity file readable (a warning
 when group or others can read it), each host's key in its known_hosts, versions of
 the Python packages orch runs on. With a TARGET (a container or a host of the
 inventory) the path to it, in order: ssh reachable and authenticated, ``pct``
-present on the host, the container running (``pct status``), python3 and tmux in
+present on the host and its python3 (>= 3.10 for the host probe: a warning), the
+container running (``pct status``), python3 (>= 3.10 for the agent) and tmux in
 the container, NVML readable there (the agent's ``facts``; ``nvidia-smi -L`` when
 the agent cannot run). A check that depends on a failed one is reported as skipped.
 
@@ -409,6 +410,41 @@ def check_tool(
     )
 
 
+def _python_verdict(found: Check, where: str, python: str, *, host: bool) -> Check:
+    """``found`` (a ``python --version`` check), failed when that python is older than the
+    agent's :data:`~orchestrator.deploy.MIN_PYTHON` (on a host: a warning, orch works
+    without the host probe)."""
+    from orchestrator.deploy import MIN_PYTHON, parse_python_version, too_old
+
+    version = parse_python_version(found.detail) if found.status == OK else None
+    if version is None or version[:2] >= MIN_PYTHON:
+        return found
+    problem, fix = too_old(where, python, version, host=host)
+    return Check(found.name, WARN if host else FAIL, problem, fix)
+
+
+def check_python(inv: Inventory, ct: ContainerConfig) -> Check:
+    """The container's python (``python:`` in hosts.yaml) runs, and is >= 3.10 for the agent."""
+    found = check_tool(inv, ct, "python3", [ct.python, "--version"], "python3")
+    return _python_verdict(found, ct.name, ct.python, host=False)
+
+
+def check_host_python(inv: Inventory, host: HostConfig) -> Check:
+    """python3 on the Proxmox host, >= 3.10 for the host probe; a warning otherwise."""
+    from orchestrator.transport.connect import host_transport
+
+    name = f"python3 on {host.name}"
+    try:
+        res = host_transport(inv, host.name).run(["python3", "--version"], timeout=REMOTE_TIMEOUT_S)
+    except OrchError as exc:
+        return Check(name, WARN, str(exc), f"orch doctor {host.name}")
+    text = (res.out.strip() or res.err.strip() or "no output").splitlines()[0][:120]
+    if not res.ok:
+        return Check(name, WARN, f"python3 --version exited {res.exit_status}: {text}; the host "
+                     "probe needs Python >= 3.10", f"apt-get install -y python3 on {host.name}")  # fmt: skip
+    return _python_verdict(Check(name, OK, text), host.name, "python3", host=True)
+
+
 _NVML_FIXES = {
     "library-not-found": "libnvidia-ml.so.1 is not visible in the container: bind-mount the "
     "host's NVIDIA libraries and /dev/nvidia* into it (lxc.mount.entry in /etc/pve/lxc/VMID.conf)",
@@ -513,7 +549,7 @@ def _target_checks(
         ssh = check_ssh(inv, host)
         yield ssh
         if not ssh.ok:
-            names = [f"pct on {host.name}"]
+            names = [f"pct on {host.name}", f"python3 on {host.name}"]
             if ct is not None:
                 names += [
                     f"container {ct.name} running",
@@ -525,6 +561,7 @@ def _target_checks(
             return
         pct = check_pct(inv, host)
         yield pct
+        yield check_host_python(inv, host)
         if ct is None:
             return
         running = (
@@ -538,7 +575,7 @@ def _target_checks(
             yield from (_skip(f"{t} in {ct.name}", why) for t in ("python3", "tmux", "NVML"))
             return
     assert ct is not None
-    yield check_tool(inv, ct, "python3", [ct.python, "--version"], "python3")
+    yield check_python(inv, ct)
     yield check_tool(inv, ct, "tmux", ["tmux", "-V"], "tmux")
     yield check_nvml(inv, ct)
 
