@@ -225,6 +225,8 @@ def parse_env_document(data: bytes) -> dict[str, str]:
     >>> parse_env_document(b"")
     {}
     """
+    if len(data) > MAX_ENV_DOC_BYTES:
+        raise ValueError(f"env document larger than {MAX_ENV_DOC_BYTES} bytes")
     if not data.strip():
         return {}
     try:
@@ -385,7 +387,9 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
     try:
         gpus = tuple(parse_gpu_spec(args.gpus)) if args.gpus else ()
         given = (
-            parse_env_document(sys.stdin.buffer.read(MAX_ENV_DOC_BYTES)) if args.env_stdin else {}
+            parse_env_document(sys.stdin.buffer.read(MAX_ENV_DOC_BYTES + 1))
+            if args.env_stdin
+            else {}
         )
         env = run_env(given, gpus)
     except ValueError as exc:
