@@ -22,7 +22,6 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -46,10 +45,9 @@ from orchestrator.errors import (
     OrchError,
     UsageError,
 )
+from orchestrator.firstrun.checklist import FAIL, OK, SKIP, WARN, Check
 from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-MARKS = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
 REMOTE_TIMEOUT_S = 15.0
 FACTS_TIMEOUT_S = 90.0
 PACKAGES = (
@@ -63,58 +61,6 @@ PACKAGES = (
     "libtmux",
 )
 """Distributions orch imports on the operator side (nvidia-ml-py is imported as pynvml)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One line of the checklist. ``status``: ok, warn (passes, with advice), fail, skip."""
-
-    name: str
-    status: str
-    detail: str
-    fix: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status in (OK, WARN)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "status": self.status,
-            "detail": self.detail,
-            "fix": self.fix,
-        }
-
-
-def passed(checks: list[Check]) -> bool:
-    """Whether nothing failed (warnings and skips after a failure do not count).
-
-    >>> passed([Check("a", OK, ""), Check("b", WARN, "")]), passed([Check("a", FAIL, "")])
-    (True, False)
-    """
-    return not any(c.status == FAIL for c in checks)
-
-
-def render_text(checks: list[Check]) -> str:
-    """The checklist as lines: mark, name, detail; a ``fix:`` line under each failure or warning.
-
-    >>> print(render_text([Check("tmux in ct200", FAIL, "not found", "apt-get install tmux")]))
-    ✗ tmux in ct200: not found
-        fix: apt-get install tmux
-    """
-    lines = []
-    for c in checks:
-        lines.append(f"{MARKS[c.status]} {c.name}: {c.detail}")
-        if c.fix and c.status in (FAIL, WARN):
-            lines.append(f"    fix: {c.fix}")
-    return "\n".join(lines)
-
-
-def to_json(checks: list[Check]) -> dict[str, Any]:
-    """The ``--json`` document: ``{"ok": bool, "checks": [{name, ok, status, detail, fix}]}``."""
-    return {"ok": passed(checks), "checks": [c.to_dict() for c in checks]}
 
 
 # --------------------------------------------------------------------------- operator side

@@ -127,7 +127,7 @@ def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...
 
 def parse_env_options(items: Sequence[str]) -> dict[str, str]:
     """``--env K=V`` options to a dict (``UsageError`` on a bad item)."""
-    from orchestrator.agent.runs import parse_env
+    from orchestrator.agent.runenv import parse_env
 
     try:
         return parse_env(items)
