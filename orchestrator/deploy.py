@@ -22,9 +22,10 @@ import hashlib
 import importlib.util
 import io
 import logging
+import re
 import tarfile
 import threading
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -34,6 +35,8 @@ from orchestrator.transport.base import Transport
 log = logging.getLogger(__name__)
 
 MIN_PYTHON = (3, 10)
+"""The oldest Python the agent runs on: the bundled libtmux (0.6x) needs 3.10 at import time
+(``X | Y`` unions at run time) and every shipped dataclass is ``slots=True`` (3.10)."""
 MARKER = ".orch-bundle"
 """The file a verified bundle directory holds (its hash); every script below names it through
 ``__MARKER__``, replaced with this constant."""
@@ -196,6 +199,48 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
     return bundle
 
 
+def parse_python_version(text: str) -> tuple[int, ...] | None:
+    """The version in ``python --version``'s answer (``None`` when there is none).
+
+    >>> parse_python_version("Python 3.9.2\\n"), parse_python_version("Python 3.13.0rc1")
+    ((3, 9, 2), (3, 13, 0))
+    >>> parse_python_version("bash: python3: command not found") is None
+    True
+    """
+    m = re.search(r"\bPython (\d+)\.(\d+)(?:\.(\d+))?", text)
+    return tuple(int(x) for x in m.groups(default="0")) if m else None
+
+
+def too_old(
+    where: str, python: str, version: Sequence[int], *, host: bool = False
+) -> tuple[str, str]:
+    """(what is wrong, what to do) when ``python`` at ``where`` is older than :data:`MIN_PYTHON`:
+    the agent's and doctor's one message. ``host``: a Proxmox host (the host probe), else a
+    container (``python:`` in hosts.yaml picks another interpreter there).
+
+    >>> print(*too_old("ct200", "python3", (3, 9, 2)), sep="\\n")
+    ct200: python3 is Python 3.9.2; orch's agent needs Python >= 3.10 (Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)
+    install Python >= 3.10 in ct200 and point python: of ct200 in hosts.yaml at it (e.g. python: /usr/local/bin/python3.11), or upgrade the container to Debian 12 or Ubuntu 22.04
+    >>> print(too_old("pve1", "python3", (3, 9, 2), host=True)[1])
+    upgrade pve1 to Proxmox VE 8 (Python 3.11); until then orch check and orch postmortem go without the host probe (pct status, kernel events, GPU processes by container)
+    """
+    need = ".".join(map(str, MIN_PYTHON))
+    got = ".".join(map(str, version))
+    if host:
+        problem = (f"{where}: {python} is Python {got}; orch's host probe needs Python >= {need} "
+                   "(Proxmox VE 7 ships 3.9)")  # fmt: skip
+        fix = (f"upgrade {where} to Proxmox VE 8 (Python 3.11); until then orch check and orch "
+               "postmortem go without the host probe (pct status, kernel events, GPU processes "
+               "by container)")  # fmt: skip
+        return problem, fix
+    problem = (f"{where}: {python} is Python {got}; orch's agent needs Python >= {need} "
+               "(Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)")  # fmt: skip
+    fix = (f"install Python >= {need} in {where} and point python: of {where} in hosts.yaml at "
+           "it (e.g. python: /usr/local/bin/python3.11), or upgrade the container to Debian 12 "
+           "or Ubuntu 22.04")  # fmt: skip
+    return problem, fix
+
+
 def parse_check(text: str) -> tuple[tuple[int, ...], bool]:
     """Parse the check script's answer ``"3.11.7 present"``.
 
@@ -248,12 +293,17 @@ def ensure_agent(
     *,
     bundle: Bundle | None = None,
     timeout_s: float = 60.0,
+    host: bool = False,
 ) -> str:
     """Make sure the current bundle is in ``<workdir>/.orch/agent-<hash>/``; return that path.
 
+    ``host``: the transport reaches a Proxmox host (the probe), not a container; only the
+    advice of a too-old python differs (:func:`too_old`).
+
     Raises:
         AgentError: no ``python`` in the container, or one older than 3.10 (the
-            message names what was found), or the transfer failed or did not verify.
+            message names what was found and what to do), or the transfer failed or did
+            not verify.
         TransportError: the container could not be reached.
     """
     bundle = bundle or build_bundle()
@@ -277,10 +327,7 @@ def ensure_agent(
             f"{(res.err or res.out).strip()[-300:] or 'no output'}"
         ) from None
     if version[:2] < MIN_PYTHON:
-        raise AgentError(
-            f"{where}: {python} is {'.'.join(map(str, version))}; the orch agent needs "
-            f">= {'.'.join(map(str, MIN_PYTHON))}; install a newer python3 or set python: in hosts.yaml"
-        )
+        raise AgentError("; ".join(too_old(where, python, version, host=host)))
     if not present:
         log.info("%s: sending agent bundle %s (%d bytes)", where, bundle.hash, len(bundle.tarball))
         res = transport.run(

@@ -205,6 +205,8 @@ def run_agent(
     bundle: deploy.Bundle | None = None,
     timeout: float = 30.0,
     max_output_bytes: int | None = MAX_DOC_BYTES,
+    stdin: bytes | None = None,
+    host: bool = False,
 ) -> Result:
     """Run one agent command from the bundle, deploying it only when needed.
 
@@ -215,22 +217,29 @@ def run_agent(
     and sends the bundle (raising its clear ``AgentError``), and the command runs
     once more. Raises TransportError/CommandTimeout from the transport. stdout is cut
     at ``max_output_bytes`` (``Result.truncated``; :func:`parse_answer` reports it).
+    ``stdin`` goes to the agent (both times: a boot that exits 97 reads none of it); what
+    must not show in ``ps`` travels there, never in ``args``. ``host``: ``transport`` reaches
+    a Proxmox host (the probe), for the advice when its python is too old.
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)
     bundle_dir = known or deploy.bundle_path(workdir, bundle)
     res = transport.run(
-        agent_argv(python, bundle_dir, args), timeout=timeout, max_output_bytes=max_output_bytes
+        agent_argv(python, bundle_dir, args),
+        timeout=timeout,
+        max_output_bytes=max_output_bytes,
+        stdin=stdin,
     )
     if agent_never_ran(res):
         log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
                  res.exit_status)  # fmt: skip
         deploy.forget(transport, workdir)
-        bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle)
+        bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle, host=host)
         res = transport.run(
             agent_argv(python, bundle_dir, args),
             timeout=timeout,
             max_output_bytes=max_output_bytes,
+            stdin=stdin,
         )
     elif known is None and (res.ok or res.stdout.strip()):
         deploy.remember(transport, workdir, python, bundle)
@@ -325,17 +334,18 @@ class Target:
                 args += ["--run-id", run_id]
         return args
 
-    def agent(self, args: Sequence[str], timeout: float = 30.0) -> dict[str, Any]:
-        """Run one agent command and return its JSON document.
+    def agent(
+        self, args: Sequence[str], timeout: float = 30.0, *, stdin: bytes | None = None
+    ) -> dict[str, Any]:
+        """Run one agent command (``stdin`` its input) and return its JSON document.
 
         A non-zero exit with a JSON document (the agent's own error report) is
         returned as data; one without is an :class:`AgentError` with stderr's tail.
         The bundle is sent when missing (also when it vanished): :func:`run_agent`.
         """
         c = self.container
-        res = run_agent(
-            self.transport, c.workdir, c.python, args, bundle=self._bundle, timeout=timeout
-        )
+        res = run_agent(self.transport, c.workdir, c.python, args, bundle=self._bundle,
+                        timeout=timeout, stdin=stdin)  # fmt: skip
         if res.ok or res.stdout.strip():
             return parse_answer(self.name, res)
         tail = res.err.strip()[-400:] or "no output"
@@ -508,7 +518,7 @@ class Host:
             args += ["--vmid", str(vmid)]
         if since is not None:
             args += ["--since", repr(float(since))]
-        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout)
+        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout, host=True)
         if not res.ok and not res.stdout.strip():
             raise AgentError(
                 f"{self.name}: host probe failed (exit {res.exit_status}): "

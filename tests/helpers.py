@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import os
+import shlex
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from pathlib import Path
+from typing import Any, TypeVar
 
 T = TypeVar("T")
 
@@ -44,3 +46,31 @@ def free_port(host: str = "127.0.0.1") -> int:
     with socket.socket() as s:
         s.bind((host, 0))
         return int(s.getsockname()[1])
+
+
+OLD_PYTHON = r"""#!/bin/bash
+# python3 as Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship it, for every version check orch
+# makes (`--version`, sys.version_info in a -c script): 3.9.2. It runs the real __REAL__.
+if [[ $1 == --version || $1 == -V ]]; then echo "Python 3.9.2"; exit 0; fi
+opts=()
+while [[ $1 == -* && $1 != -c ]]; do opts+=("$1"); shift; done
+if [[ $1 == -c ]]; then
+  code=$2
+  shift 2
+  exec __REAL__ "${opts[@]}" -c 'import sys
+sys.version_info, sys.version = (3, 9, 2, "final", 0), "3.9.2 (default, Feb 28 2021)"
+exec(compile(sys.argv.pop(1), "<string>", "exec"))' "$code" "$@"
+fi
+exec __REAL__ "${opts[@]}" "$@"
+"""
+
+
+def old_python(sandbox: Any, container: str, real: str) -> str:
+    """Put a ``python3`` that says it is 3.9.2 (:data:`OLD_PYTHON`, running ``real``) into a
+    sandbox container, beside its workdir; its path as hosts.yaml's ``python:`` names it."""
+    host_dir = Path(sandbox.workdir(container)).parent / "old-python"
+    host_dir.mkdir(exist_ok=True)
+    script = host_dir / "python3"
+    script.write_text(OLD_PYTHON.replace("__REAL__", shlex.quote(real)))
+    script.chmod(0o755)
+    return str(Path(sandbox.container_workdir(container)).parent / "old-python" / "python3")

@@ -5,9 +5,10 @@
 (written by the wrapper, also on signals), ``wrapper.pid`` (the pane's PID and start time),
 ``pgid`` (the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
 reserved at launch, so a full disk can still take tee's complaint and the exit status),
-``tee_status``, ``stop_requested`` (JSON ``{"at", "signal", "by", "grace_s"}``, written by
-``stop`` before its first signal), ``heartbeat`` and ``metrics.jsonl`` (the trainer), ``gpu.jsonl``
-(the flight recorder). ``<workdir>/runs/current`` holds the newest run id (atomic).
+``tee_status``, ``env`` (the run's environment, 0600: :data:`ENV`), ``stop_requested`` (JSON
+``{"at", "signal", "by", "grace_s"}``, written by ``stop`` before its first signal), ``heartbeat``
+and ``metrics.jsonl`` (the trainer), ``gpu.jsonl`` (the flight recorder).
+``<workdir>/runs/current`` holds the newest run id (atomic).
 
 Runs inside the container (standard library and the agent package only).
 """
@@ -32,6 +33,12 @@ RUNS, CURRENT = "runs", "current"
 MANIFEST, LOG, EXIT_STATUS, HEARTBEAT = "manifest.json", "train.log", "exit_status", "heartbeat"
 STOP_REQUEST = "stop_requested"
 """File in the run directory that says an operator asked the run to stop (JSON)."""
+
+
+ENV = "env"
+"""The run's whole environment, 0600: ``NAME=VALUE`` records, each ending in a NUL byte (the format
+of ``/proc/PID/environ``). The agent writes it from what came over its stdin; the wrapper exports
+it before anything else, so no value travels on a command line (``ps`` shows argv to everyone)."""
 
 
 TEE_ERR = "tee.err"

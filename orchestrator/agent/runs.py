@@ -6,7 +6,8 @@ JSON line per chunk) and exits 0 (done), 1 (failed), 2 (bad arguments) or
 4 (refused: a live run is in the way; pass ``--force``).
 
 Run layout: ``<workdir>/runs/<run-id>/`` holds ``manifest.json``, ``command``
-(the shell text that runs), ``wrapper.sh``, ``train.log`` (tee -a),
+(the shell text that runs), ``wrapper.sh``, ``env`` (the run's environment, 0600,
+from the launch's stdin), ``train.log`` (tee -a),
 ``exit_status`` (written by the wrapper, also on signals), ``wrapper.pid`` and
 ``pgid`` (the command's process group), ``tee.err`` (tee's own complaints, e.g.
 ``No space left on device`` when the disk fills: space reserved at launch, so it can
@@ -18,11 +19,14 @@ tell an operator's stop from a crash). ``<workdir>/runs/current`` holds the
 newest run id, written atomically.
 
 The tmux session is built in one tmux command sequence: a placeholder window,
-then the session's ``history-limit``, then the run window (``-e`` for every
-variable: the tmux server keeps the environment it started with), then
-``remain-on-exit on``. The wrapper waits for a ``go`` file that the agent
-writes only after reading both options back, so even an instant crash leaves
-its pane, its exit status and its log (seed 000).
+then the session's ``history-limit``, then the run window, then
+``remain-on-exit on``. The run window starts ``env -i bash wrapper.sh RUN_DIR``:
+nothing of the tmux server's environment (whoever started that server, with
+whatever ``SSH_*``/``XDG_*`` they had) reaches the run, and no value is on a
+command line; the wrapper exports the ``env`` file before anything else. The
+wrapper waits for a ``go`` file that the agent writes only after reading both
+options back, so even an instant crash leaves its pane, its exit status and its
+log (seed 000).
 """
 
 from __future__ import annotations
@@ -33,10 +37,11 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterator
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -54,6 +59,7 @@ from orchestrator.agent.answer import (
 from orchestrator.agent.logs import read_from, tail_lines
 from orchestrator.agent.procs import group_members, proc_stat
 from orchestrator.agent.rundir import (
+    ENV,
     NAME_RE,
     STATUS_RESERVE,
     STOP_REQUEST,
@@ -70,6 +76,13 @@ from orchestrator.agent.rundir import (
     wrapper_alive,
     wrapper_pid,
 )
+from orchestrator.agent.runenv import (
+    MAX_ENV_DOC_BYTES,
+    env_records,
+    parse_env_document,
+    run_env,
+    run_environment,
+)
 from orchestrator.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
 from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.model import RunManifest
@@ -81,16 +94,15 @@ GO_TIMEOUT_S = 30.0
 
 
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-_ENV_KEY_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*$")
 
 # Seed 000: an `exec` in the start script bypassed tee and no log was ever written.
 # Nothing below may put `exec` in front of the pipeline; tests/launch check the log exists.
 WRAPPER = r"""#!/usr/bin/env bash
-# Written by orch (orchestrator/agent/runs.py). Settings come from ORCH_* variables and
-# files in the run directory; no value is pasted into this text.
+# Written by orch (orchestrator/agent/runs.py). Started as `env -i bash wrapper.sh RUN_DIR`;
+# settings come from files in the run directory; no value is pasted into this text.
 set -o pipefail
 set -m  # background jobs get their own process group: `orch stop` signals the command, not tee
-RUN_DIR="${ORCH_RUN_DIR:?ORCH_RUN_DIR not set}"
+RUN_DIR="${1:?usage: wrapper.sh RUN_DIR}"
 LOG="$RUN_DIR/train.log"
 put() { printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp" && mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"; }
 # A full disk takes no new file: the status then overwrites the blanks reserved at launch (in
@@ -105,6 +117,14 @@ early() { put_status "$1"; exit "$1"; }
 trap 'early 130' INT
 trap 'early 143' TERM
 trap 'early 129' HUP
+# The run's whole environment (PATH, HOME, LANG, hosts.yaml's env, --env, ORCH_*): NAME=VALUE
+# records ending in NUL, in a 0600 file, so no value was ever on a command line (ps shows argv).
+if [[ ! -r "$RUN_DIR/__ENV__" ]]; then
+  echo "orch: $RUN_DIR/__ENV__ is missing; nothing was started" >&2
+  early 125
+fi
+while IFS= read -r -d '' kv; do export -- "$kv" || echo "orch: could not set ${kv%%=*}" >&2; done \
+  <"$RUN_DIR/__ENV__"
 # The launcher says go once remain-on-exit and history-limit are in force.
 for ((i = 0; i < __GO_TICKS__; i++)); do [[ -e "$RUN_DIR/go" ]] && break; sleep 0.05; done
 if [[ ! -e "$RUN_DIR/go" ]]; then
@@ -162,43 +182,11 @@ if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null;
 printf '\n[orch] command exited with status %s at %s\n' "$st" "$(date '+%F %T')"
 exit "$st"
 """.replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05)))
-WRAPPER = WRAPPER.replace("__RESERVE__", STATUS_RESERVE).replace("__TEE_ERR__", TEE_ERR)
-
-
-# --- pure helpers ----------------------------------------------------------------------------
-
-
-def parse_env(items: Sequence[str]) -> dict[str, str]:
-    """``K=V`` items to a dict; the value is kept byte for byte.
-
-    >>> parse_env(["A=1", "B=x=y; $(rm -rf /)"])
-    {'A': '1', 'B': 'x=y; $(rm -rf /)'}
-    >>> parse_env(["1A=x"])
-    Traceback (most recent call last):
-    ...
-    ValueError: bad --env item '1A=x' (want NAME=VALUE)
-    """
-    env: dict[str, str] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep or not _ENV_KEY_RE.match(key):
-            raise ValueError(f"bad --env item {item!r} (want NAME=VALUE)")
-        env[key] = value
-    return env
-
-
-def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
-    """The variables a run gets: the GPU assignment, unbuffered Python, then the user's.
-
-    >>> run_env({"LR": "1"}, (0, 2))
-    {'CUDA_DEVICE_ORDER': 'PCI_BUS_ID', 'CUDA_VISIBLE_DEVICES': '0,2', 'PYTHONUNBUFFERED': '1', 'LR': '1'}
-    """
-    env = {"CUDA_DEVICE_ORDER": "PCI_BUS_ID"}
-    if gpus:
-        env["CUDA_VISIBLE_DEVICES"] = ",".join(str(g) for g in gpus)
-    env["PYTHONUNBUFFERED"] = "1"
-    env.update(user_env)
-    return env
+WRAPPER = (
+    WRAPPER.replace("__RESERVE__", STATUS_RESERVE)
+    .replace("__TEE_ERR__", TEE_ERR)
+    .replace("__ENV__", ENV)
+)
 
 
 # --- files -----------------------------------------------------------------------------------
@@ -300,7 +288,12 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
         raise RunError(EXIT_USAGE, "bad-run-id", f"bad run id {run_id!r} (letters, digits, ._-)")
     try:
         gpus = tuple(parse_gpu_spec(args.gpus)) if args.gpus else ()
-        env = run_env(parse_env(args.env or []), gpus)
+        given = (
+            parse_env_document(sys.stdin.buffer.read(MAX_ENV_DOC_BYTES + 1))
+            if args.env_stdin
+            else {}
+        )
+        env = run_env(given, gpus)
     except ValueError as exc:
         raise RunError(EXIT_USAGE, "bad-argument", str(exc)) from None
     root = runs_root(workdir)
@@ -364,10 +357,6 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
     atomic_write(run_dir / "manifest.json", json.dumps(manifest.to_dict(), indent=2) + "\n")
     atomic_write(run_dir / "command", args.cmd + "\n")
     atomic_write(run_dir / "wrapper.sh", WRAPPER, 0o755)
-    reserve(run_dir / TEE_ERR)
-    reserve(run_dir / STATUS_RESERVE)
-    atomic_write(root / "current", run_id + "\n")
-
     bundle = Path(__file__).resolve().parents[2]
     internal = {
         "ORCH_RUN_DIR": str(run_dir),
@@ -375,10 +364,15 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
         "ORCH_AGENT_PYTHON": sys.executable or "python3",
         "ORCH_RECORD_INTERVAL_S": str(args.record_interval),
     }
+    atomic_write(run_dir / ENV, env_records(run_environment(os.environ, env, internal)), 0o600)
+    reserve(run_dir / TEE_ERR)
+    reserve(run_dir / STATUS_RESERVE)
+    atomic_write(root / "current", run_id + "\n")
+
+    start = [shutil.which("env") or "/usr/bin/env", "-i", shutil.which("bash") or "bash",
+             str(run_dir / "wrapper.sh"), str(run_dir)]  # fmt: skip
     try:
-        pane = tmux.start_session(args.session, str(workdir),
-                                  shlex.join(["bash", str(run_dir / "wrapper.sh")]),
-                                  {**env, **internal})  # fmt: skip
+        pane = tmux.start_session(args.session, str(workdir), shlex.join(start))
     except Exception as exc:  # noqa: BLE001 - libtmux's errors, a wedged server: all one answer
         with contextlib.suppress(Exception):
             tmux.kill_session(args.session)
@@ -500,7 +494,9 @@ def register(subparsers: Any) -> None:
     common(p)
     p.add_argument("--cmd", required=True, help="shell command to run")
     p.add_argument("--run-id", default=None, help="run id (default: a timestamp)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("--env-stdin", action="store_true",
+                   help='read the run\'s variables from stdin: {"env": {"NAME": "value"}} (never '
+                   "on a command line: ps shows argv)")  # fmt: skip
     p.add_argument("--gpus", default="", help="GPU indices, e.g. 0-3,6")
     p.add_argument("--force", action="store_true", help="stop a live session of that name first")
     p.add_argument("--grace", type=float, default=60.0, help="seconds --force waits (s)")

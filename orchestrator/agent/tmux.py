@@ -302,15 +302,18 @@ def start_session(
     session: str,
     workdir: str,
     shell_command: str,
-    env: dict[str, str],
+    env: dict[str, str] | None = None,
     *,
     timeout_s: float = LIFECYCLE_TIMEOUT_S,
 ) -> RunPane:
     """Create ``session``: a placeholder window, the session's ``history-limit``, the run window
-    running ``shell_command`` (``-e`` for every variable of ``env``: the tmux server keeps the
-    environment it started with), ``remain-on-exit on``, the placeholder removed; then read the
+    running ``shell_command``, ``remain-on-exit on``, the placeholder removed; then read the
     options back. Raises libtmux's errors or :class:`TmuxTimeout`; the caller removes the
     session on failure.
+
+    The pane's environment is the tmux server's (whoever started it) plus ``env`` (``-e``,
+    on tmux's command line: visible in ``ps``); a run clears it (``env -i``) and reads its
+    own from a file instead.
     """
 
     def work() -> RunPane:

@@ -187,18 +187,19 @@ def doctor_cmd(
     """Check what orch needs, one line each (✓ ok, ! warning, ✗ failed, - skipped), with a fix.
 
     Without TARGET: the operator side (hosts.yaml, permissions, identity files, host keys,
-    package versions). With TARGET: also ssh, pct on the host, the container running,
-    python3 and tmux in it, NVML readable there (this deploys the agent, as any command does).
+    package versions). With TARGET: also ssh, pct and python3 on the host, the container
+    running, python3 (>= 3.10) and tmux in it, NVML readable there (this deploys the agent,
+    as any command does).
     Exit codes: 0 every check passed; 1 something failed; 2 TARGET is unknown.
     """
-    from orchestrator.firstrun import doctor
+    from orchestrator.firstrun import checklist, doctor
 
-    on_check = None if as_json else (lambda c: print(doctor.render_text([c]), flush=True))
+    on_check = None if as_json else (lambda c: print(checklist.render_text([c]), flush=True))
     checks = doctor.run_doctor(state.config, target, on_check=on_check)
-    ok = doctor.passed(checks)
+    ok = checklist.passed(checks)
     if as_json:
-        print_json(doctor.to_json(checks))
+        print_json(checklist.to_json(checks))
     else:
-        failed = sum(c.status == doctor.FAIL for c in checks)
+        failed = sum(c.status == checklist.FAIL for c in checks)
         print("all checks passed" if ok else f"{failed} check(s) failed")
     raise typer.Exit(0 if ok else 1)

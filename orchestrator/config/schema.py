@@ -169,8 +169,10 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
         "`HOME=/root`, `LANG=C.UTF-8`; nothing of the host's environment is passed (pct "
         "would keep it, with its PATH forced to `/sbin:/bin:/usr/sbin:/usr/bin`). "
         "Values are taken literally; names that look secret (`*TOKEN*`, `*KEY*`, "
-        "`*SECRET*`, `*PASSWORD*`) are masked in everything orch writes. Merged key by "
-        "key with `defaults.env`.",
+        "`*SECRET*`, `*PASSWORD*`) are masked in everything orch writes and reach only the "
+        "run, over stdin into its 0600 `env` file: never a command line, which `ps` shows "
+        "(the others are also `env -i NAME=value` arguments of every command). Merged key "
+        "by key with `defaults.env`.",
     ),
     FieldSpec(
         "command",

@@ -295,7 +295,7 @@ def run_demo(
 
     t0 = time.monotonic()
     state = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="orch-demo-"))
-    if (state / "state.json").exists() and manager.status(state).get("sshd"):
+    if (state / "state.json").exists() and manager.status(state).get("running"):
         raise UsageError(f"{state}: a sandbox already runs there; use another --dir or "
                          f"orch sandbox down --dir {state}")  # fmt: skip
     result = DemoResult(state_dir=state.resolve(), config_path=state.resolve() / "demo.yaml")

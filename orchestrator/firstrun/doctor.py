@@ -5,7 +5,8 @@ directory not writable by others, each host's identity file readable (a warning
 when group or others can read it), each host's key in its known_hosts, versions of
 the Python packages orch runs on. With a TARGET (a container or a host of the
 inventory) the path to it, in order: ssh reachable and authenticated, ``pct``
-present on the host, the container running (``pct status``), python3 and tmux in
+present on the host and its python3 (>= 3.10 for the host probe: a warning), the
+container running (``pct status``), python3 (>= 3.10 for the agent) and tmux in
 the container, NVML readable there (the agent's ``facts``; ``nvidia-smi -L`` when
 the agent cannot run). A check that depends on a failed one is reported as skipped.
 
@@ -21,7 +22,6 @@ import stat
 import sys
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -45,10 +45,9 @@ from orchestrator.errors import (
     OrchError,
     UsageError,
 )
+from orchestrator.firstrun.checklist import FAIL, OK, SKIP, WARN, Check
 from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
-OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
-MARKS = {OK: "✓", WARN: "!", FAIL: "✗", SKIP: "-"}
 REMOTE_TIMEOUT_S = 15.0
 FACTS_TIMEOUT_S = 90.0
 PACKAGES = (
@@ -62,58 +61,6 @@ PACKAGES = (
     "libtmux",
 )
 """Distributions orch imports on the operator side (nvidia-ml-py is imported as pynvml)."""
-
-
-@dataclass(frozen=True, slots=True)
-class Check:
-    """One line of the checklist. ``status``: ok, warn (passes, with advice), fail, skip."""
-
-    name: str
-    status: str
-    detail: str
-    fix: str | None = None
-
-    @property
-    def ok(self) -> bool:
-        return self.status in (OK, WARN)
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "name": self.name,
-            "ok": self.ok,
-            "status": self.status,
-            "detail": self.detail,
-            "fix": self.fix,
-        }
-
-
-def passed(checks: list[Check]) -> bool:
-    """Whether nothing failed (warnings and skips after a failure do not count).
-
-    >>> passed([Check("a", OK, ""), Check("b", WARN, "")]), passed([Check("a", FAIL, "")])
-    (True, False)
-    """
-    return not any(c.status == FAIL for c in checks)
-
-
-def render_text(checks: list[Check]) -> str:
-    """The checklist as lines: mark, name, detail; a ``fix:`` line under each failure or warning.
-
-    >>> print(render_text([Check("tmux in ct200", FAIL, "not found", "apt-get install tmux")]))
-    ✗ tmux in ct200: not found
-        fix: apt-get install tmux
-    """
-    lines = []
-    for c in checks:
-        lines.append(f"{MARKS[c.status]} {c.name}: {c.detail}")
-        if c.fix and c.status in (FAIL, WARN):
-            lines.append(f"    fix: {c.fix}")
-    return "\n".join(lines)
-
-
-def to_json(checks: list[Check]) -> dict[str, Any]:
-    """The ``--json`` document: ``{"ok": bool, "checks": [{name, ok, status, detail, fix}]}``."""
-    return {"ok": passed(checks), "checks": [c.to_dict() for c in checks]}
 
 
 # --------------------------------------------------------------------------- operator side
@@ -409,6 +356,41 @@ def check_tool(
     )
 
 
+def _python_verdict(found: Check, where: str, python: str, *, host: bool) -> Check:
+    """``found`` (a ``python --version`` check), failed when that python is older than the
+    agent's :data:`~orchestrator.deploy.MIN_PYTHON` (on a host: a warning, orch works
+    without the host probe)."""
+    from orchestrator.deploy import MIN_PYTHON, parse_python_version, too_old
+
+    version = parse_python_version(found.detail) if found.status == OK else None
+    if version is None or version[:2] >= MIN_PYTHON:
+        return found
+    problem, fix = too_old(where, python, version, host=host)
+    return Check(found.name, WARN if host else FAIL, problem, fix)
+
+
+def check_python(inv: Inventory, ct: ContainerConfig) -> Check:
+    """The container's python (``python:`` in hosts.yaml) runs, and is >= 3.10 for the agent."""
+    found = check_tool(inv, ct, "python3", [ct.python, "--version"], "python3")
+    return _python_verdict(found, ct.name, ct.python, host=False)
+
+
+def check_host_python(inv: Inventory, host: HostConfig) -> Check:
+    """python3 on the Proxmox host, >= 3.10 for the host probe; a warning otherwise."""
+    from orchestrator.transport.connect import host_transport
+
+    name = f"python3 on {host.name}"
+    try:
+        res = host_transport(inv, host.name).run(["python3", "--version"], timeout=REMOTE_TIMEOUT_S)
+    except OrchError as exc:
+        return Check(name, WARN, str(exc), f"orch doctor {host.name}")
+    text = (res.out.strip() or res.err.strip() or "no output").splitlines()[0][:120]
+    if not res.ok:
+        return Check(name, WARN, f"python3 --version exited {res.exit_status}: {text}; the host "
+                     "probe needs Python >= 3.10", f"apt-get install -y python3 on {host.name}")  # fmt: skip
+    return _python_verdict(Check(name, OK, text), host.name, "python3", host=True)
+
+
 _NVML_FIXES = {
     "library-not-found": "libnvidia-ml.so.1 is not visible in the container: bind-mount the "
     "host's NVIDIA libraries and /dev/nvidia* into it (lxc.mount.entry in /etc/pve/lxc/VMID.conf)",
@@ -513,7 +495,7 @@ def _target_checks(
         ssh = check_ssh(inv, host)
         yield ssh
         if not ssh.ok:
-            names = [f"pct on {host.name}"]
+            names = [f"pct on {host.name}", f"python3 on {host.name}"]
             if ct is not None:
                 names += [
                     f"container {ct.name} running",
@@ -525,6 +507,7 @@ def _target_checks(
             return
         pct = check_pct(inv, host)
         yield pct
+        yield check_host_python(inv, host)
         if ct is None:
             return
         running = (
@@ -538,7 +521,7 @@ def _target_checks(
             yield from (_skip(f"{t} in {ct.name}", why) for t in ("python3", "tmux", "NVML"))
             return
     assert ct is not None
-    yield check_tool(inv, ct, "python3", [ct.python, "--version"], "python3")
+    yield check_python(inv, ct)
     yield check_tool(inv, ct, "tmux", ["tmux", "-V"], "tmux")
     yield check_nvml(inv, ct)
 

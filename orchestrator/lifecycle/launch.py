@@ -18,6 +18,7 @@ preflight (:class:`PreflightRefused`, nothing was started).
 
 from __future__ import annotations
 
+import json
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -126,7 +127,7 @@ def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...
 
 def parse_env_options(items: Sequence[str]) -> dict[str, str]:
     """``--env K=V`` options to a dict (``UsageError`` on a bad item)."""
-    from orchestrator.agent.runs import parse_env
+    from orchestrator.agent.runenv import parse_env
 
     try:
         return parse_env(items)
@@ -259,9 +260,9 @@ def launch(
         args.append("--force")
     if carry_from:
         args += ["--carry-from", carry_from]
-    for key, value in user_env.items():
-        args += ["--env", f"{key}={value}"]
-    doc = tgt.agent(args, timeout=grace_s + 60.0)
+    # the values go over stdin into the run's 0600 env file: argv shows in ps, host and container
+    env_doc = json.dumps({"env": user_env}).encode()
+    doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
     secrets = secret_values(user_env)
     if not doc.get("ok"):
         msg = redact(str(doc.get("message") or doc), secrets)

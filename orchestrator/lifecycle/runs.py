@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
+    ContainerNotFound,
     OrchError,
     UsageError,
 )
@@ -75,7 +76,8 @@ def follow_logs(
 def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
     """One row of ``orch status``: never raises; problems are in ``error``.
 
-    ``state`` is the word ``watch`` and ``check`` show (:func:`views.state.target_state`).
+    ``state`` is the word ``watch`` and ``check`` show (:func:`views.state.target_state`);
+    a vmid pct does not know is reachable, container ``missing``, state ``stopped``, as there.
     """
     row: dict[str, Any] = {"target": name, "reachable": False, "container": None, "error": None,
                            "state": "unreachable"}  # fmt: skip
@@ -86,6 +88,9 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
             row["reachable"], row["state"] = True, "stopped"
             return row
         snap = tgt.snapshot()
+    except ContainerNotFound as exc:  # pct answered: the host is there, the container is not
+        return {**row, "reachable": True, "container": "missing", "state": "stopped",
+                "error": str(exc)}  # fmt: skip
     except OrchError as exc:
         row["error"] = str(exc)
         return row

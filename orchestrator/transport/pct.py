@@ -11,7 +11,10 @@ RESTEnvironment.pm, lxc-attach) handled here:
   (``--keep-env 0`` only exists since pve-container 5.0.9), hands the host's whole
   environment (``SSH_*``, ``XDG_*``, ...) to the command: orch runs every command
   under ``env -i`` with an explicit environment, :data:`BASE_ENV` under the
-  container's ``env`` from hosts.yaml under the call's own;
+  container's ``env`` from hosts.yaml under the call's own; that ``env -i K=V`` is
+  argv, which ``ps`` shows to everyone on the host and in the container, so
+  secret-looking names (:func:`~orchestrator.secrets.is_secret_name`) are left out
+  of it: they reach a run only through ``orch launch``'s stdin;
 - exit codes pass through, 128+N for a signal; pct's own failures are a Perl ``die``
   whose exit status is ``$!`` when set (2 for a missing config) else 255, so they
   are recognised by their message, whatever the status, as
@@ -34,6 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
 from orchestrator.formats import parse_pct_status
+from orchestrator.secrets import is_secret_name
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.quoting import command_line, with_env
 
@@ -96,7 +100,8 @@ class PctTransport(Transport):
         name: what messages call the container (the hosts.yaml name).
         env: variables every command gets (the container's ``env`` in hosts.yaml), laid
             over :data:`BASE_ENV`; per-call ``env`` is laid over them. Nothing else of
-            the host's environment reaches the command.
+            the host's environment reaches the command. Secret-looking names are dropped
+            here: their values would be on ``pct exec``'s command line.
     """
 
     def __init__(
@@ -109,7 +114,7 @@ class PctTransport(Transport):
     ) -> None:
         self.host, self.vmid = host, int(vmid)
         self.name = name or f"{host.name}/{vmid}"
-        self.env = dict(env or {})
+        self.env = {k: v for k, v in (env or {}).items() if not is_secret_name(k)}
 
     def argv(
         self,
@@ -123,6 +128,8 @@ class PctTransport(Transport):
         >>> from orchestrator.transport.local import LocalTransport
         >>> PctTransport(LocalTransport(), 200, env={"LANG": "de_DE.UTF-8"}).argv(["tmux", "ls"], {"A": "1"})[4:]
         ['env', '-i', 'PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin', 'HOME=/root', 'LANG=de_DE.UTF-8', 'A=1', 'tmux', 'ls']
+        >>> PctTransport(LocalTransport(), 200, env={"HF_TOKEN": "hf_x"}).argv(["true"])[-2:]
+        ['LANG=C.UTF-8', 'true']
         >>> PctTransport(LocalTransport(), 200).argv(["true"], timeout=5)[:8]
         ['pct', 'exec', '200', '--', 'timeout', '-k', '2', '6']
         """

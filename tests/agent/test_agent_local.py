@@ -365,7 +365,7 @@ def test_too_old_python_names_the_version(agent_env: AgentEnv, tmp_path: Path) -
     )
     old.chmod(0o755)
     target = Target(agent_env.inventory(python=str(old)), "local")
-    with pytest.raises(AgentError, match=r"is 3\.8\.10; the orch agent needs >= 3\.10"):
+    with pytest.raises(AgentError, match=r"is Python 3\.8\.10; orch's agent needs Python >= 3\.10"):
         target.facts()
 
 

@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.helpers import wait_for
+from tests.helpers import SANDBOX_ISOLATION, wait_for
 
 ORCH = [sys.executable, "-c", "from orchestrator.cli import main; main()"]
 
@@ -190,3 +190,24 @@ def test_missing_tools_are_named_with_their_install_commands(tmp_path: Path) -> 
     assert "ssh-keygen: apt-get install -y openssh-client" in err
     assert "a C compiler (cc): apt-get install -y gcc" in err
     assert not state.exists()
+
+
+@pytest.mark.e2e
+def test_demo_refuses_a_directory_where_a_sandbox_runs(demo_dir: Path) -> None:
+    """``orch demo --dir D`` with a sandbox already up in D: exit 2 naming D and the way out,
+    and that sandbox is left exactly as it was (its sshd, its container)."""
+    from orchestrator.sandbox import manager
+
+    manager.up(demo_dir, containers=1, gpus=8, scenario="idle", isolation=SANDBOX_ISOLATION)
+    try:
+        before = manager.status(demo_dir)
+        proc = subprocess.run(ORCH + ["demo", "--dir", str(demo_dir)], stdin=subprocess.DEVNULL,
+                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        after = manager.status(demo_dir)
+    finally:
+        manager.down(demo_dir)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{demo_dir}: a sandbox already runs there" in proc.stderr, proc.stderr
+    assert f"orch sandbox down --dir {demo_dir}" in proc.stderr
+    assert after["running"] and after["sshd_pid"] == before["sshd_pid"], after
+    assert [c["status"] for c in after["containers"]] == ["running"], after["containers"]

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -15,6 +16,7 @@ import pytest
 import yaml
 
 from orchestrator.cli import run
+from tests.helpers import OLD_PYTHON, SANDBOX_ISOLATION, old_python
 
 SANDBOX_HOST = "sandbox"
 
@@ -214,6 +216,7 @@ def test_healthy_sandbox_passes_every_check(
     for name in (
         "ssh to sandbox",
         "pct on sandbox",
+        "python3 on sandbox",
         "container ct200 running",
         "python3 in ct200",
         "tmux in ct200",
@@ -288,3 +291,66 @@ def test_missing_tmux_in_the_container(
     assert checks["tmux in ct201"]["detail"] == "tmux not found on the container's PATH"
     assert checks["tmux in ct201"]["fix"] == "ssh sandbox pct exec 201 -- apt-get install -y tmux"
     assert checks["python3 in ct201"]["status"] == "ok"
+
+
+@pytest.mark.e2e
+def test_python_39_in_the_container_fails_saying_what_to_do(
+    sandbox: Any, sandbox_config: Any, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The container's ``python:`` is a 3.9 (Debian 11, Ubuntu 20.04): it runs, so it is found,
+    but the agent cannot run on it; doctor fails that check with the exact version, what
+    orch needs and the two ways out."""
+    real = yaml.safe_load(Path(sandbox.config_path).read_text())["containers"]["ct201"]
+    old = old_python(sandbox, "ct201", real.get("python", "python3"))
+    code, checks = doctor(capsys, sandbox_config(containers={"ct201": {"python": old}}), "ct201")
+    assert code == 1
+    assert failing(checks) == {"python3 in ct201"}, failing(checks)
+    check = checks["python3 in ct201"]
+    assert check["detail"] == (
+        f"ct201: {old} is Python 3.9.2; orch's agent needs Python >= 3.10 "
+        "(Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)"
+    )
+    assert check["fix"].startswith("install Python >= 3.10 in ct201 and point python: of ct201")
+    assert "upgrade the container to Debian 12 or Ubuntu 22.04" in check["fix"]
+    assert checks["NVML in ct201"]["status"] == "warn"  # nvidia-smi still answers
+    assert checks["python3 on sandbox"]["status"] == "ok"
+
+
+@pytest.mark.e2e
+def test_python_39_on_the_host_warns_and_the_probe_says_why(
+    tmp_path: Path, private_env: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A Proxmox VE 7 host (python3 3.9): doctor warns, naming the host probe and the upgrade;
+    the probe itself fails with the same words. A private sandbox: its host's python3 is
+    swapped for one that says 3.9.2."""
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.errors import AgentError
+    from orchestrator.sandbox import manager
+    from orchestrator.target import Host
+    from orchestrator.transport.connect import close_all
+
+    state = tmp_path / "sb"
+    info = manager.up(state, containers=1, gpus=8, scenario="idle", isolation=SANDBOX_ISOLATION)
+    try:
+        real = os.path.realpath(state / "bin" / "python3")
+        if (state / "bin" / "python3").read_bytes().startswith(b"#!"):  # a venv's sh wrapper
+            real = sys.executable
+        (state / "bin" / "python3").unlink()
+        (state / "bin" / "python3").write_text(OLD_PYTHON.replace("__REAL__", real))
+        (state / "bin" / "python3").chmod(0o755)
+        code, checks = doctor(capsys, info.config_path, "ct200")
+        with pytest.raises(AgentError) as raised:
+            Host(
+                load_inventory(info.config_path), "sandbox", workdir=str(tmp_path / "probe")
+            ).probe()
+    finally:
+        close_all()
+        manager.down(state)
+    check = checks["python3 on sandbox"]
+    assert code == 0 and check["status"] == "warn", check
+    assert check["detail"] == (
+        "sandbox: python3 is Python 3.9.2; orch's host probe needs Python >= 3.10 "
+        "(Proxmox VE 7 ships 3.9)"
+    )
+    assert check["fix"].startswith("upgrade sandbox to Proxmox VE 8 (Python 3.11)")
+    assert str(raised.value).startswith(check["detail"] + "; upgrade sandbox to Proxmox VE 8")

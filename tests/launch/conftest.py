@@ -40,15 +40,21 @@ class LocalAgent:
     env: dict[str, str]
     workdir: Path
 
-    def __call__(self, *argv: str, timeout_s: float = 60.0) -> tuple[int, dict]:
-        res = self.raw(*argv, timeout_s=timeout_s)
+    def __call__(
+        self, *argv: str, timeout_s: float = 60.0, stdin: str | None = None
+    ) -> tuple[int, dict]:
+        res = self.raw(*argv, timeout_s=timeout_s, stdin=stdin)
         lines = [line for line in res.stdout.splitlines() if line.strip()]
         assert lines, f"agent printed nothing (rc {res.returncode}); stderr: {res.stderr}"
         return res.returncode, json.loads(lines[-1])
 
-    def raw(self, *argv: str, timeout_s: float = 60.0) -> subprocess.CompletedProcess[str]:
+    def raw(
+        self, *argv: str, timeout_s: float = 60.0, stdin: str | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        """Run the agent; ``stdin`` is its input (``launch --env-stdin``'s document)."""
         return subprocess.run(
             [sys.executable, "-c", _DISPATCH, *argv],
+            input=stdin if stdin is not None else "",
             capture_output=True,
             text=True,
             env=self.env,

@@ -11,9 +11,10 @@ import time
 from pathlib import Path
 
 import pytest
+import yaml
 
 from orchestrator.cli import run
-from tests.helpers import wait_for
+from tests.helpers import old_python, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -171,3 +172,39 @@ def test_logs_follow_through_ssh_ends_with_the_run(orch, idle) -> None:  # type:
     assert code == 0, err
     assert out.splitlines() == [f"line-{i}" for i in range(1, 7)]
     assert "run ended: exit status 0" in err
+
+
+def test_python_39_in_the_container_is_refused_saying_what_to_do(
+    sandbox, sandbox_config, idle, capsys
+) -> None:  # type: ignore[no-untyped-def]
+    """Debian 11 / Ubuntu 20.04 ship python 3.9: the launch stops at preflight, says which
+    python is too old, what orch needs and how to get it, and starts nothing."""
+    base = yaml.safe_load(Path(sandbox.config_path).read_text())["containers"]["ct202"]
+    old = old_python(sandbox, "ct202", base.get("python", "python3"))
+    config = sandbox_config(SESSION, containers={"ct202": {"python": old}})
+    before = _runs(sandbox.workdir("ct202"))
+    capsys.readouterr()
+    code = run(["-c", str(config), "launch", "ct202", "--cmd", "sleep 30"])
+    err = capsys.readouterr().err
+    assert code == 1, err
+    assert (f"error: ct202: {old} is Python 3.9.2; orch's agent needs Python >= 3.10 (Debian 11, "
+            "Ubuntu 20.04 and Proxmox VE 7 ship 3.9); install Python >= 3.10 in ct202 and point "
+            "python: of ct202 in hosts.yaml at it") in err, err  # fmt: skip
+    assert "Traceback" not in err and _runs(sandbox.workdir("ct202")) == before
+
+
+def test_status_says_missing_for_a_vmid_the_host_does_not_have(sandbox, capsys, tmp_path) -> None:  # type: ignore[no-untyped-def]
+    """pct answered "Configuration file ... does not exist": the host is reachable and the
+    container missing, as orch check and orch snapshot say; not unreachable."""
+    doc = yaml.safe_load(Path(sandbox.config_path).read_text())
+    doc["containers"]["ct299"] = {**doc["containers"]["ct200"], "vmid": 299}
+    config = tmp_path / "missing-vmid.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    config.chmod(0o600)
+    capsys.readouterr()
+    code = run(["-c", str(config), "status", "ct299", "--json"])
+    out, err = capsys.readouterr()
+    assert code == 0, err
+    row = json.loads(out)[0]
+    assert row["reachable"] is True and row["container"] == "missing", row
+    assert row["state"] == "stopped" and "299" in row["error"], row

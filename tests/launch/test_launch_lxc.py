@@ -5,11 +5,14 @@ environment. Skipped in process mode (no namespaces, no /usr/local of its own)."
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import run
+from orchestrator.sandbox import control
+from orchestrator.sandbox.info import vmid_of
 from orchestrator.transport.pct import BASE_ENV
 from tests.helpers import wait_for
 
@@ -27,9 +30,36 @@ def lxc_sandbox(sandbox):  # type: ignore[no-untyped-def]
     return sandbox
 
 
+DIRTY = {"SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22", "XDG_SESSION_ID": "42",
+         "OPERATOR_ONLY": "from-the-operators-shell"}  # fmt: skip
+"""What an operator's shell had when it started (or last fed) the container's tmux server."""
+
+
+def _dirty_tmux_server(sb) -> Callable[[], None]:  # type: ignore[no-untyped-def]
+    """Make the container's tmux server's global environment an operator's: start it from a
+    shell with :data:`DIRTY` (or, when one runs already, set them globally, which is what a
+    new pane inherits either way). Returns the undo."""
+    vmid = str(vmid_of("ct200"))
+    sets = [a for k, v in DIRTY.items() for a in (";", "set-environment", "-g", k, v)]
+    shell = ["env", *(f"{k}={v}" for k, v in DIRTY.items())]
+    res = control.run_pct(sb.state_dir, "exec", vmid, "--", *shell, "tmux", "new-session", "-A",
+                          "-d", "-s", "operator", "sleep 600", *sets)  # fmt: skip
+    assert res.returncode == 0, res.stderr
+
+    def undo() -> None:
+        unset = [a for k in DIRTY for a in (";", "set-environment", "-gu", k)]
+        control.run_pct(
+            sb.state_dir, "exec", vmid, "--", "tmux", "kill-session", "-t", "=operator", *unset
+        )
+
+    return undo
+
+
 def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     lxc_sandbox, sandbox_config, sandbox_scenario, capsys, monkeypatch
 ) -> None:  # type: ignore[no-untyped-def]
+    """Even when the container's tmux server was started by an operator's shell with SSH_*,
+    XDG_* and its own variables, the run sees none of them."""
     sb = lxc_sandbox
     sandbox_scenario("idle")
     monkeypatch.setenv("SSH_AUTH_SOCK", "/tmp/operator-agent.sock")  # the operator's own
@@ -38,6 +68,7 @@ def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     tool = sb.host_path("ct200", TOOL)
     tool.write_text("#!/bin/sh\necho tool-ran\n")
     tool.chmod(0o755)
+    undo = _dirty_tmux_server(sb)
     try:
         code = run(["-c", config, "launch", "ct200", "--cmd", CMD, "--name", "lxc",
                     "--no-verify", "--json"])  # fmt: skip
@@ -51,12 +82,15 @@ def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     finally:
         run(["-c", config, "stop", "ct200", "--grace", "3"])
         capsys.readouterr()
+        undo()
         Path(tool).unlink()
     lines = text.splitlines()
     env = dict(x[4:].split("=", 1) for x in lines if x.startswith("env:") and "=" in x)
     assert "tool-ran" in lines, lines  # found by name on the PATH orch gave it
     assert env["PATH"] == BASE_ENV["PATH"] and env["HOME"] == "/root", env
-    leaked = sorted(k for k in env if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB")))
+    assert env["PATH"].startswith("/usr/local/sbin:/usr/local/bin:") and env["LANG"] == "C.UTF-8"
+    leaked = sorted(k for k in env if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB"))
+                    or k in DIRTY or k == "TMUX")  # fmt: skip
     assert not leaked, leaked
     # its PID is the container's own: small, and not the one the host knows it by
     assert host is not None and pid != host and pid < sb.init_pid("ct200"), (pid, host)

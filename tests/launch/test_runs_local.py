@@ -5,6 +5,8 @@ from __future__ import annotations
 import json
 import os
 import signal
+import stat
+import subprocess
 import time
 from pathlib import Path
 
@@ -13,10 +15,12 @@ from tests.helpers import wait_for
 from tests.launch.conftest import LocalAgent
 
 
-def launch(agent: LocalAgent, cmd: str, *extra: str, session: str = "train") -> tuple[int, dict]:
+def launch(
+    agent: LocalAgent, cmd: str, *extra: str, session: str = "train", stdin: str | None = None
+) -> tuple[int, dict]:
     return agent(
         "launch", "--workdir", str(agent.workdir), "--session", session, "--cmd", cmd,
-        "--no-recorder", *extra,
+        "--no-recorder", *extra, stdin=stdin,
     )  # fmt: skip
 
 
@@ -116,10 +120,9 @@ def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_pat
         "['NASTY', 'HF_TOKEN', 'CUDA_VISIBLE_DEVICES', 'CUDA_DEVICE_ORDER', 'PYTHONUNBUFFERED']},"
         f" open('{out}', 'w'))\""
     )
-    rc, doc = launch(
-        local_agent, cmd, "--run-id", "e1", "--env", f"NASTY={nasty}",
-        "--env", "HF_TOKEN=hf_secret", "--gpus", "0-2,5",
-    )  # fmt: skip
+    env = json.dumps({"env": {"NASTY": nasty, "HF_TOKEN": "hf_secret"}})
+    rc, doc = launch(local_agent, cmd, "--run-id", "e1", "--env-stdin", "--gpus", "0-2,5",
+                     stdin=env)  # fmt: skip
     assert rc == 0, doc
     assert wait_for(lambda: exit_status(local_agent, "e1") is not None, 10) is True
     assert exit_status(local_agent, "e1") == 0
@@ -136,6 +139,67 @@ def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_pat
     assert manifest["env"]["HF_TOKEN"] == "***" and manifest["env"]["NASTY"] == nasty
     assert manifest["gpus"] == [0, 1, 2, 5] and manifest["command"] == cmd
     assert "hf_secret" not in json.dumps(doc)
+
+
+def test_the_run_gets_its_own_environment_not_the_tmux_servers(
+    local_agent: LocalAgent, tmp_path: Path
+) -> None:
+    """Whoever started the tmux server (an operator's shell, with SSH_* and XDG_*) does not
+    hand its environment to the run: the run gets the agent's (the transport set it
+    explicitly) and the variables it was given, nothing else."""
+    agent_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
+                 "TMUX_TMPDIR": local_agent.env["TMUX_TMPDIR"],
+                 "PYTHONPATH": local_agent.env["PYTHONPATH"]}  # fmt: skip
+    dirty = {"SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22", "XDG_RUNTIME_DIR": "/run/user/1000",
+             "OPERATOR_ONLY": "from-the-operators-shell"}  # fmt: skip
+    started = subprocess.run(["tmux", "new-session", "-d", "-s", "operator", "sleep 600"],
+                             env={**agent_env, **dirty}, capture_output=True, text=True)  # fmt: skip
+    assert started.returncode == 0, started.stderr
+    agent = LocalAgent(env=agent_env, workdir=local_agent.workdir)
+    out = tmp_path / "seen.env"
+    rc, doc = launch(agent, f"env -0 > {out}", "--run-id", "clean", "--env-stdin",
+                     stdin=json.dumps({"env": {"HF_TOKEN": "hf_given"}}))  # fmt: skip
+    assert rc == 0, doc
+    assert wait_for(lambda: exit_status(agent, "clean") is not None, 10, what="the run's end")
+    seen = dict(x.split("=", 1) for x in out.read_text().split("\0") if x)
+    assert not set(dirty) & set(seen), sorted(seen)
+    assert not [k for k in seen if k.startswith(("SSH_", "XDG_", "TMUX_PANE"))], sorted(seen)
+    assert "TMUX" not in seen, "the run thinks it is a tmux client"
+    assert {k: seen[k] for k in ("PATH", "HOME", "LANG")} == {
+        k: agent_env[k] for k in ("PATH", "HOME", "LANG")
+    }
+    assert seen["HF_TOKEN"] == "hf_given" and seen["CUDA_DEVICE_ORDER"] == "PCI_BUS_ID"
+    assert seen["ORCH_RUN_DIR"] == str(agent.workdir / "runs" / "clean")
+
+
+def test_the_env_file_is_private_and_a_forced_replacement_keeps_the_old_one(
+    local_agent: LocalAgent,
+) -> None:
+    """The values live in one 0600 file per run; ``launch --force`` stops the old run but
+    neither rewrites, removes nor copies its file, and no other file holds a value."""
+    runs = local_agent.workdir / "runs"
+    rc, doc = launch(local_agent, "echo old; sleep 60", "--run-id", "o1", "--env-stdin",
+                     stdin=json.dumps({"env": {"HF_TOKEN": "hf_old_value"}}))  # fmt: skip
+    assert rc == 0, doc
+    old = runs / "o1" / rundir.ENV
+    before = old.read_bytes()
+    assert b"HF_TOKEN=hf_old_value\0" in before and stat.S_IMODE(old.stat().st_mode) == 0o600
+    wait_for(lambda: "old" in (runs / "o1" / "train.log").read_text(), 10, what="old's output")
+    rc, doc = launch(local_agent, "sleep 60", "--run-id", "n1", "--env-stdin", "--force",
+                     "--grace", "2",
+                     stdin=json.dumps({"env": {"WANDB_API_KEY": "wb_new_value"}}))  # fmt: skip
+    assert rc == 0 and doc["replaced"]["run_id"] == "o1", doc
+    assert (runs / "o1" / "pane.txt").exists(), "the old pane was not archived"
+    assert old.read_bytes() == before and stat.S_IMODE(old.stat().st_mode) == 0o600
+    new = (runs / "n1" / rundir.ENV).read_bytes()
+    assert b"WANDB_API_KEY=wb_new_value\0" in new and b"hf_old_value" not in new
+    assert stat.S_IMODE((runs / "n1" / rundir.ENV).stat().st_mode) == 0o600
+    values = (b"hf_old_value", b"wb_new_value")
+    holders = sorted(str(f.relative_to(runs)) for f in runs.rglob("*")
+                     if f.is_file() and any(v in f.read_bytes() for v in values))  # fmt: skip
+    assert holders == ["n1/env", "o1/env"], holders
+    assert "_value" not in json.dumps(doc)
+    local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "2")
 
 
 CHECKPOINTER = (

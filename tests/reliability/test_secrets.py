@@ -2,8 +2,11 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import signal
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -30,7 +33,8 @@ def _files(root: Path) -> list[Path]:
     fault=f"secret env values planted: HF_TOKEN={CANARY} in hosts.yaml env, "
     f"WANDB_API_KEY={LAUNCH_CANARY} in `orch launch --env`",
     must="the canary appears in no artefact orch writes: manifest, postmortem bundle, orch's "
-    "own log output, every --json output, webhook bodies, the state DB, export metrics",
+    "own log output, every --json output, webhook bodies, the state DB, export metrics; only "
+    "in the run's own 0600 env file",
 )
 def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noqa: F811
     doc = yaml.safe_load(fleet.config.read_text())
@@ -78,8 +82,13 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
     for p in [db, tmp_path / "metrics.prom", *_files(tmp_path / "pm"), *_files(state)]:
         if p.exists():
             artefacts[str(p.relative_to(tmp_path))] = p.read_bytes()
+    env_file = run_dir / "env"  # where the run's values live, and nowhere else: 0600, not shown
+    assert stat.S_IMODE(env_file.stat().st_mode) == 0o600
+    assert (
+        CANARY.encode() in env_file.read_bytes() and LAUNCH_CANARY.encode() in env_file.read_bytes()
+    )
     for p in _files(run_dir):
-        if p.name != "train.log":  # the program's own output is not orch's to rewrite
+        if p.name not in ("train.log", "env"):  # the program's own output is not orch's to rewrite
             artefacts[f"run dir: {p.name}"] = p.read_bytes()
     leaks = sorted(k for k, v in artefacts.items() if CANARY.encode() in v)
     checked = len(artefacts)
@@ -92,7 +101,69 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
     assert not leaks, leaks
 
 
-def _env() -> dict[str, str]:
-    import os
+PS_CANARY = CANARY + "-ps"
+SHOW_HASH = (
+    'for i in $(seq 200); do echo "step=$i sha=$(printf %s "$SECRET_TOKEN" | sha256sum | cut -c1-16)'
+    ' hosts=$(printf %s "$HF_TOKEN" | sha256sum | cut -c1-16)"; sleep 0.5; done'
+)
 
+
+@pytest.mark.fault(
+    area="security",
+    fault=f"secret values on their way to a run: SECRET_TOKEN={PS_CANARY} by `orch launch "
+    f"--env`, HF_TOKEN={CANARY}-hosts in hosts.yaml env; every process's command line sampled "
+    "(/proc/*/cmdline in a loop, `ps -eww` on the host and inside the container) during the "
+    "launch and while the run runs",
+    must="the values are on no command line, host or container (not pct exec's, the agent's, "
+    "tmux's or the wrapper's); the run still sees both (it prints their hashes)",
+)
+def test_secret_values_are_on_no_command_line(fleet, observe, tmp_path):  # type: ignore[no-untyped-def]
+    from orchestrator.cli import run
+
+    hosts_canary = CANARY + "-hosts"
+    doc = yaml.safe_load(fleet.config.read_text())
+    doc["containers"]["ct201"]["env"] = {"HF_TOKEN": hosts_canary}
+    config = tmp_path / "secret.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    fleet.scenario("idle")
+    out = tmp_path / "argv.json"
+    env = {**os.environ, **fleet.info.env()}
+    env["PATH"] = f"{fleet.state_dir / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
+    watch = subprocess.Popen(
+        [sys.executable, "-m", "tests.reliability.argv_watch", str(out), "--pct",
+         str(fleet.state_dir / "bin" / "pct"), "--vmid", "201", "--mark", "launching=--env-stdin",
+         "--mark", "running=-secretps/wrapper.sh"],
+        stdin=subprocess.PIPE, cwd=ROOT, env=env, text=True,
+    )  # fmt: skip
+    assert watch.stdin is not None
+    watch.stdin.write(f"{PS_CANARY}\n{hosts_canary}\n")
+    watch.stdin.close()
+    try:
+        wait_for(out.with_suffix(".ready").exists, 30, what="the argv watcher")
+        argv = ["-c", str(config), "launch", "ct201", "--cmd", SHOW_HASH, "--name", "secretps",
+                "--env", f"SECRET_TOKEN={PS_CANARY}", "--force", "--grace", "2",
+                "--no-verify"]  # fmt: skip
+        code = run(argv)  # in this process: pytest's command line carries no value
+        assert code == 0, "orch launch failed"
+        run_dir = fleet.run_dir("ct201")
+        wait_for(lambda: "step=4 " in (run_dir / "train.log").read_text(), 30,
+                 what="the run's 4th step")  # fmt: skip
+    finally:
+        Path(str(out) + ".stop").write_text("")
+        watch.wait(timeout=60)
+        run(["-c", str(config), "stop", "ct201", "--grace", "2"])
+    report = json.loads(out.read_text())
+    seen = (run_dir / "train.log").read_text()
+    want = [hashlib.sha256(v.encode()).hexdigest()[:16] for v in (PS_CANARY, hosts_canary)]
+    observe(f"{report['scans']} scans of every /proc/*/cmdline, {report['ps_host']} ps on the "
+            f"host, {report['ps_container']} in ct201 (the launch in {report['marks']['launching']}"
+            f" scans, the run in {report['container_marks']['running']} in-container ps); values "
+            f"found: {len(report['hits'])}; the run saw both: {all(w in seen for w in want)}")  # fmt: skip
+    assert not report["hits"], report["hits"][:5]
+    assert report["marks"]["launching"] > 0, "the launch was never sampled: this proves nothing"
+    assert report["container_marks"]["running"] > 0 and report["ps_host"] > 0, report
+    assert f"sha={want[0]} hosts={want[1]}" in seen, seen[-300:]
+
+
+def _env() -> dict[str, str]:
     return dict(os.environ)
