@@ -130,7 +130,10 @@ def test_supervise_relaunches_a_crash_with_resume_auto_once(heal: Heal) -> None:
     assert manifest["command"].endswith(" ".join(CRASH_ONCE) + " --resume auto"), manifest[
         "command"
     ]
-    assert manifest["env"]["ORCH_RESUME_FROM"] == str(old_dir)
+    assert (
+        manifest["env"]["ORCH_RESUME_FROM"]
+        == f"{heal.sandbox.container_workdir('ct200')}/runs/{old}"
+    )
     crash_to_relaunch = manifest["started_at"] - (old_dir / "exit_status").stat().st_mtime
     print(f"crash -> relaunch: {crash_to_relaunch:.2f} s (backoff 2 s, interval 0.5 s)")
     assert crash_to_relaunch >= 2.0, "never before the backoff"
