@@ -84,7 +84,10 @@ def test_prewarm_relaunch_of_a_dead_custom_command_run(orch, sandbox) -> None:  
     assert relaunched["gpus"] == [6, 7]
     # resume: auto for a custom command: the same command line, told where the last run was
     assert relaunched["env"]["ORCH_RESUME"] == "auto"
-    assert relaunched["env"]["ORCH_RESUME_FROM"] == str(workdir / "runs" / first)
+    assert (
+        relaunched["env"]["ORCH_RESUME_FROM"]
+        == f"{sandbox.container_workdir('ct201')}/runs/{first}"
+    )
     assert (workdir / "runs" / first / "exit_status").is_file(), "old run kept"
     assert (workdir / "runs" / "current").read_text().strip() == new
 

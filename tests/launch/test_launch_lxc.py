@@ -92,5 +92,6 @@ def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     leaked = sorted(k for k in env if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB"))
                     or k in DIRTY or k == "TMUX")  # fmt: skip
     assert not leaked, leaked
-    # its PID is the container's own: small, and not the one the host knows it by
-    assert host is not None and pid != host and pid < sb.init_pid("ct200"), (pid, host)
+    # its PID is the container's own, not the one the host knows it by (host_pid maps it
+    # through NSpid; comparing sizes would race a fresh host, whose PIDs are small too)
+    assert host is not None and pid != host, (pid, host)

@@ -57,7 +57,9 @@ def test_init_has_two_pids_and_proxmoxs_cgroup(ct) -> None:  # type: ignore[no-u
     out = run_pct(ct.state_dir, "exec", "200", "--", "sh", "-c", inside)
     pid, hostname, init_cmd, seen = out.stdout.splitlines()
     assert hostname == "ct200" and init_cmd.strip() == "/sbin/init"
-    assert int(pid) < init and int(seen) < 50  # its own PIDs: the host's processes are not there
+    # its own PIDs: the host's processes are not there (sizes are no proof: a fresh host's
+    # PIDs are small too)
+    assert int(pid) != init and int(seen) < 50
 
 
 def test_a_killed_pct_exec_leaves_its_command_running(ct) -> None:  # type: ignore[no-untyped-def]
