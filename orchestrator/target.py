@@ -14,6 +14,7 @@ log at the last offset so no line is lost or repeated; the monitor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -205,6 +206,7 @@ def run_agent(
     bundle: deploy.Bundle | None = None,
     timeout: float = 30.0,
     max_output_bytes: int | None = MAX_DOC_BYTES,
+    boot: str | None = None,
 ) -> Result:
     """Run one agent command from the bundle, deploying it only when needed.
 
@@ -215,12 +217,15 @@ def run_agent(
     and sends the bundle (raising its clear ``AgentError``), and the command runs
     once more. Raises TransportError/CommandTimeout from the transport. stdout is cut
     at ``max_output_bytes`` (``Result.truncated``; :func:`parse_answer` reports it).
+    ``boot`` replaces the interpreter's boot script (the host observer's checks more).
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)
     bundle_dir = known or deploy.bundle_path(workdir, bundle)
     res = transport.run(
-        agent_argv(python, bundle_dir, args), timeout=timeout, max_output_bytes=max_output_bytes
+        agent_argv(python, bundle_dir, args, boot=boot),
+        timeout=timeout,
+        max_output_bytes=max_output_bytes,
     )
     if agent_never_ran(res):
         log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
@@ -228,7 +233,7 @@ def run_agent(
         deploy.forget(transport, workdir)
         bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle)
         res = transport.run(
-            agent_argv(python, bundle_dir, args),
+            agent_argv(python, bundle_dir, args, boot=boot),
             timeout=timeout,
             max_output_bytes=max_output_bytes,
         )
@@ -237,7 +242,9 @@ def run_agent(
     return res
 
 
-def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
+def agent_argv(
+    python: str, bundle_dir: str, args: Sequence[str], *, boot: str | None = None
+) -> list[str]:
     """The argv that runs an agent command from ``bundle_dir``.
 
     ``-S`` (no site-packages) and the bundle first on ``sys.path``: the agent runs
@@ -250,7 +257,7 @@ def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
     >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[4:]
     ['/w/.orch/agent-1', 'snapshot']
     """
-    return [python, "-S", "-c", _BOOT, bundle_dir, *args]
+    return [python, "-S", "-c", boot or _BOOT, bundle_dir, *args]
 
 
 class Target:
@@ -375,11 +382,16 @@ class Target:
             return container_down(self.name, exc, time.time())
         try:
             check_schema(doc)
-            snap = Snapshot.from_dict(doc)
+            snap = self._own(Snapshot.from_dict(doc))
         except (SchemaError, TypeError, ValueError) as exc:
             raise AgentProtocolError(self.name, str(exc)[:300]) from None
         self._remember(snap)
         return snap
+
+    def _own(self, snap: Snapshot) -> Snapshot:
+        """``snap`` with this container's vmid (host-side events are matched by it)."""
+        vmid = self.container.vmid
+        return snap if vmid is None or snap.vmid == vmid else dataclasses.replace(snap, vmid=vmid)
 
     def _remember(self, snap: Snapshot) -> None:
         if snap.run is not None:
@@ -440,7 +452,7 @@ class Target:
                     )
                     break
                 try:
-                    snap = parse_snapshot(self.name, line)
+                    snap = self._own(parse_snapshot(self.name, line))
                 except AgentProtocolError as exc:
                     yield Snapshot(
                         target=self.name,

@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),
     ("config", "detect", "playbooks", "matching"),
     ("transport", "deploy"),
-    ("target",),
+    ("target", "hostlink"),
     ("monitor", "lifecycle", "postmortem", "sandbox", "firstrun"),
     ("views",),
     ("commands", "cli"),
