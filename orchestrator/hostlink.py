@@ -32,7 +32,8 @@ from orchestrator.errors import (
 )
 from orchestrator.model import HostDocument, SchemaError, check_schema
 from orchestrator.target import (
-    _BOOT,
+    HOST_BOOT,
+    HOST_DIR_REFUSED,
     MAX_DOC_BYTES,
     agent_argv,
     parse_answer,
@@ -43,22 +44,6 @@ from orchestrator.target import (
 from orchestrator.transport.base import LineStream, Result, Transport
 
 log = logging.getLogger(__name__)
-
-HOST_DIR_REFUSED = 96
-"""The host boot's exit status when ``agent_dir`` is not the SSH user's own."""
-
-# Before the common boot: the directories the bundle lives in must be the user's own and
-# writable by nobody else (an agent planted there would run as root on the host).
-HOST_BOOT = (
-    "import os, stat, sys\n"
-    "d = sys.argv[1]; top = os.path.dirname(os.path.dirname(d))\n"
-    "for p in (top, os.path.dirname(d), d):\n"
-    "    try: st = os.lstat(p)\n"
-    "    except OSError: continue\n"
-    "    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:\n"
-    "        sys.stderr.write('orch host agent: %s must be a directory of uid %d that nobody "
-    "else may write (mode %o)\\n' % (p, os.geteuid(), st.st_mode & 0o7777)); sys.exit(96)\n"
-) + _BOOT
 
 
 @dataclass(frozen=True, slots=True)

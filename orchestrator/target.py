@@ -177,6 +177,22 @@ _BOOT = (
 ).replace("__MARKER__", deploy.MARKER)
 _NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
 
+HOST_DIR_REFUSED = 96
+"""The host boot's exit status when ``agent_dir`` is not the SSH user's own."""
+
+# Before the common boot: the directories the bundle lives in must be the user's own and
+# writable by nobody else (an agent planted there would run as root on the host).
+HOST_BOOT = (
+    "import os, stat, sys\n"
+    "d = sys.argv[1]; top = os.path.dirname(os.path.dirname(d))\n"
+    "for p in (top, os.path.dirname(d), d):\n"
+    "    try: st = os.lstat(p)\n"
+    "    except OSError: continue\n"
+    "    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:\n"
+    "        sys.stderr.write('orch host agent: %s must be a directory of uid %d that nobody "
+    "else may write (mode %o)\\n' % (p, os.geteuid(), st.st_mode & 0o7777)); sys.exit(96)\n"
+) + _BOOT
+
 
 def agent_never_ran(res: Result) -> bool:
     """True when a failed agent call failed before the agent itself ran.
@@ -477,7 +493,8 @@ class Target:
 class Host:
     """A Proxmox host of the inventory, probed with the agent's ``probe`` command.
 
-    The bundle goes to ``<workdir>/.orch/`` on the host (default ``/var/tmp/orch``).
+    The bundle goes to ``<agent_dir>/.orch/`` on the host (hosts.yaml ``agent_dir``, default
+    ``/var/lib/orch``; the boot refuses a directory others may write: :data:`HOST_BOOT`).
     """
 
     def __init__(
@@ -486,14 +503,15 @@ class Host:
         host: str,
         *,
         transport: Transport | None = None,
-        workdir: str = "/var/tmp/orch",
-        python: str = "python3",
+        workdir: str | None = None,
+        python: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.name = host
         self._transport = transport
-        self.workdir = workdir
-        self.python = python
+        cfg = inventory.hosts.get(host)
+        self.workdir = workdir or (cfg.agent_dir if cfg else "/var/lib/orch")
+        self.python = python or (cfg.host_python if cfg else "python3")
 
     @property
     def transport(self) -> Transport:
@@ -513,14 +531,23 @@ class Host:
             }
         )
 
-    def probe(self, since: float | None = None, *, timeout: float = 60.0) -> HostProbe:
-        """``pct status``, kernel events since ``since`` (Unix s), GPU PIDs -> vmid."""
+    def probe(
+        self, since: float | None = None, *, timeout: float = 60.0, previous_boot: bool = False
+    ) -> HostProbe:
+        """``pct status``, kernel events since ``since`` (Unix s; with ``previous_boot`` those of
+        the boot before this one too), GPU processes -> container."""
         args = ["probe", "--host", self.name]
         for vmid in self.vmids():
             args += ["--vmid", str(vmid)]
         if since is not None:
             args += ["--since", repr(float(since))]
-        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout)
+        if previous_boot:
+            args.append("--previous-boot")
+        res = run_agent(
+            self.transport, self.workdir, self.python, args, timeout=timeout, boot=HOST_BOOT
+        )
+        if res.exit_status == HOST_DIR_REFUSED:
+            raise AgentError(f"{self.name}: {res.err.strip()[-300:]}")
         if not res.ok and not res.stdout.strip():
             raise AgentError(
                 f"{self.name}: host probe failed (exit {res.exit_status}): "

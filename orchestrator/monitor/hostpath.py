@@ -47,6 +47,8 @@ HOST_EVENTS_KEEP_S = 3600.0
 """How long a host-wide event stays shown in a stream (seconds)."""
 KEEP_EVENTS = 64
 """Most events kept per container (the newest)."""
+MAX_PIDS = 4096
+"""Run processes (host PIDs) a stream remembers, to place an OOM kill of one gone since."""
 HOST_PREFIX = "host:"
 """The target name of a host's own findings (``host:pve1``)."""
 
@@ -83,15 +85,21 @@ def container_gpus(
 
 
 def fan_out(
-    doc: HostDocument, inventory: Inventory, names: Iterable[str]
+    doc: HostDocument,
+    inventory: Inventory,
+    names: Iterable[str],
+    known_pids: Mapping[int, str] | None = None,
 ) -> tuple[dict[str, Snapshot], list[KernelEvent]]:
     """Per-container snapshots of ``doc`` for ``names``, and the host's own events (no owner,
-    or a container hosts.yaml does not name)."""
+    or a container hosts.yaml does not name). An OOM kill the host could not place (the
+    victim was gone before its cgroup was read) goes to the container whose run had that
+    host PID at an earlier observation (``known_pids``: host PID -> container name)."""
     vmids: dict[int, str] = {}
     for n, c in inventory.containers.items():
         if c.vmid is not None and c.host == doc.host:
             vmids[c.vmid] = n
     mine = {n: inventory.container(n).vmid for n in names}
+    events = [_placed(e, known_pids or {}, mine) for e in doc.kernel_events]
     out: dict[str, Snapshot] = {}
     for name, vmid in mine.items():
         snap = doc.containers.get(name)
@@ -102,18 +110,31 @@ def fan_out(
             continue
         running = snap.container_status in (None, "running")
         gpus = container_gpus(doc, doc.visible_gpus.get(name), vmids) if running else ()
-        events = tuple(e for e in doc.kernel_events if e.vmid == vmid)
         out[name] = dataclasses.replace(
             snap,
             target=name,
             vmid=vmid,
             gpus=gpus,
             nvml=doc.nvml if running else None,
-            kernel_events=events,
+            kernel_events=tuple(e for e in events if e.vmid == vmid),
             reachable=True,
         )
-    host_events = [e for e in doc.kernel_events if e.vmid is None or e.vmid not in vmids]
+    host_events = [e for e in events if e.vmid is None or e.vmid not in vmids]
     return out, host_events
+
+
+def _placed(
+    e: KernelEvent, known_pids: Mapping[int, str], vmids: Mapping[str, int | None]
+) -> KernelEvent:
+    """``e`` with the vmid of the container that had its victim's host PID, when it has none."""
+    if e.vmid is not None or e.kind != "oom-killer" or e.pid is None or e.pid not in known_pids:
+        return e
+    return dataclasses.replace(e, vmid=vmids.get(known_pids[e.pid]))
+
+
+def run_host_pids(snaps: Iterable[Snapshot]) -> dict[int, str]:
+    """Host PID -> container name of every run process in ``snaps`` (read from the host)."""
+    return {p.host_pid: s.target for s in snaps for p in s.processes if p.host_pid is not None}
 
 
 def needs_pane(snap: Snapshot) -> bool:
@@ -184,10 +205,14 @@ class HostFeed:
         self._events: dict[str, list[KernelEvent]] = {n: [] for n in self.names}
         self._pane_at: dict[str, float] = {}
         self._pane: dict[str, Snapshot] = {}
+        self._pids: dict[int, str] = {}
 
     def apply(self, doc: HostDocument) -> dict[str, Snapshot]:
         """The containers' snapshots of ``doc`` (events accumulated, panes when needed)."""
-        snaps, host_events = fan_out(doc, self.inventory, self.names)
+        snaps, host_events = fan_out(doc, self.inventory, self.names, self._pids)
+        self._pids.update(run_host_pids(snaps.values()))
+        if len(self._pids) > 4 * MAX_PIDS:
+            self._pids = dict(list(self._pids.items())[-MAX_PIDS:])
         out = {}
         for name, snap in snaps.items():
             kept = self._events[name]
@@ -274,6 +299,7 @@ def read_round(
     groups: Mapping[str, Sequence[str]],
     got: Mapping[str, Any],
     at: float,
+    known_pids: Mapping[int, str] | None = None,
 ) -> HostRound:
     """Turn each host's answer (``got[host]``: a :class:`HostDocument` or the exception its
     observation raised) into per-container snapshots; a failed host's containers are
@@ -286,7 +312,7 @@ def read_round(
     for host, names in groups.items():
         value = got.get(host)
         if isinstance(value, HostDocument):
-            snaps, events = fan_out(value, inventory, names)
+            snaps, events = fan_out(value, inventory, names, known_pids)
             out.snaps.update(snaps)
             out.host_events[host] = events
             out.cursors[host] = (value.kernel_cursor, value.taken_at)

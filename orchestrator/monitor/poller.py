@@ -26,6 +26,7 @@ from orchestrator.monitor.hostpath import (
     host_judgement,
     pump_host,
     read_round,
+    run_host_pids,
 )
 from orchestrator.monitor.judge import Judgement, TargetHistory, with_unreachable
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather
@@ -145,8 +146,9 @@ class Poller:
         jobs.update({f"{HOST_PREFIX}{h}": host_job(h) for h in hosts})
         got = gather(jobs, workers=self.workers, timeout_s=self.timeout_s)
         now = time.time()
+        known = run_host_pids(h.snapshots[-1] for h in self._history.values() if h.snapshots)
         hosted = read_round(self.inventory, {h: self.groups[h] for h in hosts},
-                            {h: got.get(HOST_PREFIX + h) for h in hosts}, now)  # fmt: skip
+                            {h: got.get(HOST_PREFIX + h) for h in hosts}, now, known)  # fmt: skip
         if hosted.fallback:
             got.update(gather({n: job(n) for n in hosted.fallback}, workers=self.workers,
                               timeout_s=self.timeout_s))  # fmt: skip

@@ -32,6 +32,7 @@ from orchestrator.monitor.hostpath import (
     needs_pane,
     owned_lines,
     read_round,
+    run_host_pids,
     with_pane,
 )
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge
@@ -192,7 +193,8 @@ def run_check(
             groups = {}
         got = gather(jobs, workers=opts.workers, timeout_s=opts.timeout_s, meanwhile=meanwhile)
         now = time.time()
-        hosted = read_round(inventory, groups, {h: got.get(f"H:{h}") for h in groups}, now)
+        known = run_host_pids(s for n in on_host for s in past.get(n, ())[-2:])
+        hosted = read_round(inventory, groups, {h: got.get(f"H:{h}") for h in groups}, now, known)
         if hosted.fallback:  # a host that cannot run the observer: its containers from inside
             got.update(gather(inside_jobs(hosted.fallback), workers=opts.workers,
                               timeout_s=opts.timeout_s))  # fmt: skip
@@ -218,7 +220,8 @@ def run_check(
                 j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
                 all_findings.extend(j.findings)
                 results.append(j)
-            host_results = _host_results(hosted, probes, all_findings, now)
+            # the hosts' own events belong to a check of the whole fleet, not of named targets
+            host_results = [] if opts.names else _host_results(hosted, probes, all_findings, now)
             all_findings.extend(f for j in host_results for f in j.findings)
             history.record(snaps.values())
             for h, p in probes.items():

@@ -106,6 +106,7 @@ class Postmortem:
             "exit_status": ev.exit_status,
             "container_status": ev.container_status,
             "kernel_events": [e.to_dict() for e in (ev.probe.kernel_events if ev.probe else ())],
+            "kernel_log_boots": ["previous", "current"] if ev.previous_boot else ["current"],
             "errors": list(ev.errors),
             "tee_error": ev.tee_error,
             "bundle": self.bundle,
@@ -145,13 +146,16 @@ def our_oom_kills(ev: Evidence, history: Sequence[Snapshot]) -> list[KernelEvent
     """
     if ev.probe is None:
         return []
+    from orchestrator.detect.host import kernel_events
+
     pids, names = run_pids_and_names(ev, history)
     return oom_kills_of_run(
-        ev.probe.kernel_events,
+        kernel_events([ev.probe], history),
         pids=pids,
         names=names,
         started_at=ev.manifest.started_at if ev.manifest else None,
         died_at=died_at(ev, history),
+        vmid=ev.vmid,
     )
 
 
@@ -167,6 +171,8 @@ def judge(
 
     pbs = tuple(default_playbooks() if playbooks is None else playbooks)
     history = reconstruct_history(ev)
+    if ev.vmid is not None:  # the container's own: host events of others are not this run's
+        history = [dataclasses.replace(s, vmid=ev.vmid) for s in history]
     probes = [ev.probe] if ev.probe is not None else []
     findings = run_detectors(
         history, limits=limits or Limits(), roles=roles, probes=probes, playbooks=pbs
@@ -399,6 +405,13 @@ def decide(
             )
             v = from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
             return dataclasses.replace(v, confidence=PROBABLE, confirm=confirm) if confirm else v
+        lost = first.get("xid")
+        if lost is not None and lost.playbook == "gpu-fallen-off-bus" and code is None:
+            # its GPU fell off the bus: the usual end of a run, and of the host's boot
+            boot = " (kernel log of the previous boot: the host rebooted since)" if (
+                ev.previous_boot and "previous boot" in lost.summary) else ""  # fmt: skip
+            return from_finding(lost, f"{what} vanished{when}: its GPU fell off the bus "
+                                f"({lost.summary.split(' (')[0]}){boot}")  # fmt: skip
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if asked and (code == 0 or "finished" in first):

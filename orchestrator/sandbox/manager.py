@@ -31,6 +31,7 @@ from orchestrator.errors import UsageError
 from orchestrator.sandbox import kernel, lxc, process
 from orchestrator.sandbox.control import (
     kill_tmux_server,
+    reboot,
     run_pct,
     start_container,
     start_sshd,
@@ -64,7 +65,7 @@ from orchestrator.sandbox.state import (
 
 __all__ = [  # the sandbox's API; tests and the reliability suite use these names
     "SandboxError", "SandboxInfo", "down", "host_env", "info", "kill_tmux_server", "load_scenario",
-    "read_scenario", "resize_scenario", "resolve_state_dir", "run_pct", "scenario_names",
+    "read_scenario", "reboot", "resize_scenario", "resolve_state_dir", "run_pct", "scenario_names",
     "set_scenario", "start_container", "start_sshd", "status", "stop_container", "stop_sshd", "up",
 ]  # fmt: skip
 

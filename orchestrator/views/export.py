@@ -161,7 +161,8 @@ class FleetCollector(Collector):
         self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.source.latest(), self.source.hosts())
+        hosts = getattr(self.source, "hosts", None)  # a source without hosts has none
+        yield from families(self.source.latest(), hosts() if hosts else ())
 
 
 def parse_listen(value: str) -> tuple[str, int]:
