@@ -72,15 +72,39 @@ def kernel_events(probes: Sequence[HostProbe], history: History = ()) -> list[Ke
     """
     vmid = next((s.vmid for s in reversed(history) if s.vmid is not None), None)
     host_pids = {p.host_pid for s in history for p in s.processes if p.host_pid is not None}
+    gpus = run_host_gpus(history)
     seen: dict[tuple[str, float | None], KernelEvent] = {}
     every = [e for probe in probes for e in probe.kernel_events]
     every += [e for s in history for e in s.kernel_events]
     for e in every:
-        named = e.vmid is None and e.kind == "oom-killer" and e.pid in host_pids
+        named = e.vmid is None and (
+            (e.kind == "oom-killer" and e.pid in host_pids) or (e.gpu is not None and e.gpu in gpus)
+        )
         if vmid is not None and e.vmid != vmid and not named:
             continue
         seen.setdefault((e.line, e.at), e)
     return list(seen.values())
+
+
+def run_host_gpus(history: History) -> set[int]:
+    """The host indices of the GPUs the run's manifest names (its container's numbering mapped
+    through the newest snapshot's ``host_index``; the same numbers when it has none).
+
+    >>> from orchestrator.model import GpuSample, RunManifest, RunState, Snapshot
+    >>> m = RunManifest("r", "c", "/w", "t", 0.0, gpus=(0,))
+    >>> s = Snapshot("ct", 1.0, run=RunState("r", "/r", manifest=m),
+    ...              gpus=(GpuSample(index=0, host_index=4),))
+    >>> run_host_gpus([s])
+    {4}
+    """
+    manifest = manifest_of(history)
+    if manifest is None:
+        return set()
+    latest = next((s for s in reversed(history) if s.gpus), None)
+    if latest is None:
+        return set(manifest.gpus)
+    by_index = {g.index: g.host_index if g.host_index is not None else g.index for g in latest.gpus}
+    return {by_index.get(i, i) for i in manifest.gpus}
 
 
 def run_pids_and_names(history: History) -> tuple[set[int], set[str]]:

@@ -224,6 +224,8 @@ class HostFeed:
             del kept[:-KEEP_EVENTS]
             snap = dataclasses.replace(snap, kernel_events=tuple(kept))
             out[name] = self._paned(name, snap)
+        claimed = {g for snap in out.values() for g in host_detect.run_host_gpus([snap])}
+        host_events = [e for e in host_events if e.gpu is None or e.gpu not in claimed]
         now = doc.taken_at
         self.view.events = [e for e in [*self.view.events, *host_events]
                             if e.at is None or now - e.at <= HOST_EVENTS_KEEP_S][-KEEP_EVENTS:]  # fmt: skip

@@ -30,6 +30,7 @@ from orchestrator.detect.limits import Limits
 from orchestrator.matching import CERTAIN, PROBABLE
 from orchestrator.model import (
     Finding,
+    HostProbe,
     KernelEvent,
     Severity,
     Snapshot,
@@ -173,13 +174,37 @@ def judge(
     history = reconstruct_history(ev)
     if ev.vmid is not None:  # the container's own: host events of others are not this run's
         history = [dataclasses.replace(s, vmid=ev.vmid) for s in history]
-    probes = [ev.probe] if ev.probe is not None else []
+    probes = [claim_gpu_events(ev, roles)] if ev.probe is not None else []
     findings = run_detectors(
         history, limits=limits or Limits(), roles=roles, probes=probes, playbooks=pbs
     )
     matches = match_log([*ev.log_tail, *ev.pane, *([ev.tee_error] if ev.tee_error else ())], pbs)
     verdict = decide(ev, history, findings, matches, pbs)
     return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
+
+
+def claim_gpu_events(ev: Evidence, roles: dict[int, str] | None = None) -> HostProbe:
+    """The probe with the host-wide GPU events of the run's lifetime given to this run, when
+    they name a GPU it may use (its manifest's, else the container's roles, else any): the
+    postmortem asks what ended THIS run, and a GPU that fell off the bus under it is the
+    likeliest answer even when no process of it was left holding the GPU to tell the host."""
+    assert ev.probe is not None
+    if ev.vmid is None:
+        return ev.probe
+    manifest = ev.manifest
+    gpus = set(manifest.gpus if manifest and manifest.gpus else ()) or set(roles or {})
+    started = manifest.started_at if manifest else None
+
+    def claim(e: KernelEvent) -> KernelEvent:
+        if e.vmid is not None or e.kind not in ("xid", "fallen-off-bus"):
+            return e
+        if (gpus and e.gpu not in gpus) or (started and e.at is not None and e.at < started - 1):
+            return e
+        return dataclasses.replace(e, vmid=ev.vmid)
+
+    return dataclasses.replace(
+        ev.probe, kernel_events=tuple(claim(e) for e in ev.probe.kernel_events)
+    )
 
 
 _GENERIC_IDS = frozenset(

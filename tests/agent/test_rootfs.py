@@ -16,10 +16,10 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.agent.containerview import RootFiles
 from orchestrator.agent.logs import LogReader
 from orchestrator.agent.rootfs import ContainerRoot
 from orchestrator.agent.runfacts import RunReader
-from orchestrator.agent.containerview import RootFiles
 
 CANARY = b"HOST-CANARY-3f9c1e do not leak"
 
