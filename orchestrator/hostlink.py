@@ -22,7 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 from orchestrator import deploy
-from orchestrator.config.inventory import ContainerConfig, Inventory
+from orchestrator.config.inventory import ContainerConfig, HostConfig, Inventory
 from orchestrator.errors import (
     AgentError,
     AgentProtocolError,
@@ -54,12 +54,12 @@ class ObservePath:
     reason: str
 
 
-_fallback: dict[str, str] = {}
+_fallback: dict[HostConfig, str] = {}
 _fallback_lock = threading.Lock()
 
 
-def forced_to_containers(host: str, reason: str) -> None:
-    """Remember (for this process) that ``host`` cannot run the observer, and why."""
+def forced_to_containers(host: HostConfig, reason: str) -> None:
+    """Remember (for this process) that ``host`` (as configured) cannot run the observer, and why."""
     with _fallback_lock:
         _fallback[host] = reason
 
@@ -78,7 +78,7 @@ def observe_path(inventory: Inventory, container: ContainerConfig) -> ObservePat
     if host.observe == "container":
         return ObservePath("container", f"observe: container in hosts.yaml (host {host.name})")
     with _fallback_lock:
-        why = _fallback.get(host.name)
+        why = _fallback.get(host)
     if why is not None:
         return ObservePath("container", why)
     how = "observe: host" if host.observe == "host" else "observe: auto"
@@ -203,7 +203,7 @@ class HostLink:
     def _note_old_python(self, exc: AgentError) -> None:
         text = str(exc)
         if "the orch agent needs" in text or "is too old" in text or "not found" in text:
-            forced_to_containers(self.host.name, f"the host cannot run the observer: {text}")
+            forced_to_containers(self.host, f"the host cannot run the observer: {text}")
 
     def open_stream(self, interval_s: float) -> LineStream:
         """Start ``agent host-stream`` on the host (deploying it when needed)."""

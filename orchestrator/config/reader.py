@@ -262,7 +262,9 @@ class NodeReader:
     def kind_hostdir(self, node: yaml.Node, key: str) -> str:
         value = self.kind_workdir(node, key)
         if not value.startswith("/") or "\n" in value:
-            raise self.fail(node, key, f"must be an absolute path on the host (got {show(value)!r})")
+            raise self.fail(
+                node, key, f"must be an absolute path on the host (got {show(value)!r})"
+            )
         return value
 
     def kind_text(self, node: yaml.Node, key: str) -> str:

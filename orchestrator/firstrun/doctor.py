@@ -45,6 +45,7 @@ from orchestrator.errors import (
     OrchError,
     UsageError,
 )
+from orchestrator.firstrun.observepath import observe_checks
 from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
 OK, WARN, FAIL, SKIP = "ok", "warn", "fail", "skip"
@@ -526,6 +527,7 @@ def _target_checks(
         pct = check_pct(inv, host)
         yield pct
         if ct is None:
+            yield from observe_checks(inv, host, None, Check) if pct.ok else ()
             return
         running = (
             check_container_running(inv, ct)
@@ -541,6 +543,7 @@ def _target_checks(
     yield check_tool(inv, ct, "python3", [ct.python, "--version"], "python3")
     yield check_tool(inv, ct, "tmux", ["tmux", "-V"], "tmux")
     yield check_nvml(inv, ct)
+    yield from observe_checks(inv, host, ct, Check)
 
 
 def run_doctor(

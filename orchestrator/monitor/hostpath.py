@@ -195,12 +195,19 @@ class HostFeed:
     """Turns one host's stream of documents into per-container snapshots (see the module)."""
 
     def __init__(
-        self, inventory: Inventory, host: str, names: Sequence[str], *, pane: Pane | None = None
+        self,
+        inventory: Inventory,
+        host: str,
+        names: Sequence[str],
+        *,
+        pane: Pane | None = None,
+        fallback: Callable[[list[str]], None] | None = None,
     ) -> None:
         self.inventory = inventory
         self.host = host
         self.names = list(names)
         self.pane = pane
+        self.fallback = fallback
         self.view = HostView(host)
         self._events: dict[str, list[KernelEvent]] = {n: [] for n in self.names}
         self._pane_at: dict[str, float] = {}
@@ -249,6 +256,20 @@ class HostFeed:
                 self._pane[name] = got
         return with_pane(snap, self._pane.get(name))
 
+    def fell_back(self) -> bool:
+        """Whether the host turned out unable to run the observer: its containers then go to
+        ``fallback`` (observed from inside from now on), once."""
+        from orchestrator.hostlink import observe_path
+
+        if self.fallback is None or not self.names:
+            return False
+        if observe_path(self.inventory, self.inventory.container(self.names[0])).mode == "host":
+            return False
+        log.warning("%s: observing %s from inside", self.host, ", ".join(self.names))
+        self.fallback(self.names)
+        self.fallback = None
+        return True
+
     def gap(self, marker: Snapshot) -> dict[str, Snapshot]:
         """Every container unreachable, with the host stream's reason."""
         reason = "; ".join(marker.errors) or "host stream ended"
@@ -271,6 +292,8 @@ def pump_host(
     try:
         for item in items:
             if stop.is_set():
+                return
+            if not isinstance(item, HostDocument) and feed.fell_back():
                 return
             batch = feed.apply(item) if isinstance(item, HostDocument) else feed.gap(item)
             for name, snap in batch.items():

@@ -93,7 +93,8 @@ class Poller:
             def connect(link: HostLink = link) -> Iterable[HostDocument]:
                 return link.stream_once(interval_s)
 
-            feed = HostFeed(self.inventory, host, names, pane=self._snapshot)
+            feed = HostFeed(self.inventory, host, names, pane=self._snapshot,
+                            fallback=self._streaming.difference_update)  # fmt: skip
             threading.Thread(target=pump_host, args=(feed, connect, items, self._stop),
                              name=f"export-host-{host}", daemon=True).start()  # fmt: skip
             self._streaming.update(names)
@@ -129,9 +130,11 @@ class Poller:
 
     def poll_once(self) -> None:
         """One concurrent round of snapshots, then the judgement; never raises for a target."""
-        from orchestrator.hostlink import HostLink
+        from orchestrator.hostlink import HostLink, observe_path
 
-        on_host = {n for ns in self.groups.values() for n in ns}
+        live = {h: ns for h, ns in self.groups.items()
+                if observe_path(self.inventory, self.inventory.container(ns[0])).mode == "host"}  # fmt: skip
+        on_host = {n for ns in live.values() for n in ns}
 
         def job(name: str) -> Callable[[], Snapshot]:
             return lambda: self._fetch(name)
@@ -142,7 +145,7 @@ class Poller:
             return lambda: link.observe(timeout=self.timeout_s)
 
         jobs: dict[str, Callable[[], Any]] = {n: job(n) for n in self.names if n not in on_host}
-        hosts = [h for h in self.groups if not set(self.groups[h]) <= self._streaming]
+        hosts = [h for h in live if not set(live[h]) <= self._streaming]
         jobs.update({f"{HOST_PREFIX}{h}": host_job(h) for h in hosts})
         got = gather(jobs, workers=self.workers, timeout_s=self.timeout_s)
         now = time.time()

@@ -150,14 +150,16 @@ def watch(
     model = WatchModel(views, judge) if judge is not None else WatchModel(views)
     titles = playbook_titles()
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
-    on_host = start_host_streams(inventory, names, interval_s, events, stop, targets) if (
-        stream_factory is None) else set()  # fmt: skip
-    for n in names:
-        if n in on_host:
-            continue
-        threading.Thread(
-            target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
-        ).start()
+
+    def inside(group: Sequence[str]) -> None:
+        for n in group:
+            threading.Thread(
+                target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
+            ).start()
+
+    on_host = (start_host_streams(inventory, names, interval_s, events, stop, targets, inside)
+               if stream_factory is None else set())  # fmt: skip
+    inside([n for n in names if n not in on_host])
 
     interactive = not plain and console.is_terminal
     try:
@@ -180,8 +182,10 @@ def start_host_streams(
     events: queue.Queue[tuple[str, Any]],
     stop: threading.Event,
     targets: dict[str, Any],
+    inside: Callable[[Sequence[str]], None],
 ) -> set[str]:
-    """One stream per host for its containers observed from the host; their names."""
+    """One stream per host for its containers observed from the host; their names. A host
+    that cannot run the observer hands its containers to ``inside`` (one stream each)."""
     from orchestrator.hostlink import HostLink, host_groups
 
     on_host: set[str] = set()
@@ -195,7 +199,7 @@ def start_host_streams(
         def connect(link: HostLink = link) -> Iterable[Any]:
             return link.stream_once(interval_s)
 
-        feed = HostFeed(inventory, host, group, pane=pane)
+        feed = HostFeed(inventory, host, group, pane=pane, fallback=inside)
         threading.Thread(target=pump_host, args=(feed, connect, events, stop),
                          name=f"watch-host-{host}", daemon=True).start()  # fmt: skip
         on_host.update(group)
