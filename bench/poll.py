@@ -35,7 +35,7 @@ around collecting and encoding one snapshot), median over the stream's lines.
     operator holds the parsed document minus the moment the observer began it; CPU = the
     observer's own ``cost.cpu_ms`` per document (for every container of it at once).
 
-Usage: ``python bench/poll.py [-n 30] [--tmux-only] [--json]``; the last line with ``--json`` is
+Usage: ``python bench/poll.py [-n 30] [--tmux-only | --host-only] [--json]``; the last line with ``--json`` is
 ``{"seed_ms", "oneshot_ms", "stream_ms", "ratio_seed_vs_stream",
 "ratio_oneshot_vs_stream", "agent_cpu_ms", "first_oneshot_ms", "agent_process_cpu_ms",
 "host_stream_1_ms", "host_stream_8_ms", "host_cpu_ms_1", "host_cpu_ms_8", ...}``.
@@ -283,8 +283,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stream-interval", type=float, default=0.25, help="stream interval (s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--tmux-only", action="store_true", help="only (d): raw tmux vs libtmux")
+    ap.add_argument("--host-only", action="store_true", help="only (e): the host observer")
     args = ap.parse_args(argv)
     n = max(args.n, 30)
+    if args.host_only:
+        print(f"samples: {n}")
+        host_fig = host_path_figures(n, args.stream_interval)
+        if args.json:
+            print(json.dumps({**host_fig, "samples": n}))
+        return 0
     tmux_fig = tmux_figures(n)
     if args.tmux_only:
         print(f"samples: {n}")

@@ -151,7 +151,9 @@ class HostLink:
         return json.dumps(out, separators=(",", ":"))
 
     def _args(self, command: str, extra: Sequence[str] = ()) -> list[str]:
-        args = [command, "--host", self.host.name, "--containers", self.specs(), *extra]
+        state = f"{self.host.agent_dir.rstrip('/')}/.orch/containers.json"
+        args = [command, "--host", self.host.name, "--containers", self.specs(), "--state", state,
+                *extra]  # fmt: skip
         if self.cursor:
             args += ["--cursor", self.cursor]
         if self.since is not None:

@@ -214,6 +214,7 @@ def _host_observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         timeout_s=args.timeout,
         gpu_deadline_s=args.gpu_deadline,
         gpu_source=args.gpu_source,
+        state_path=args.state,
     )
 
 
@@ -229,9 +230,10 @@ def cmd_host_observe(args: argparse.Namespace) -> int:
 
 
 def cmd_host_stream(args: argparse.Namespace) -> int:
-    from orchestrator.agent.host import document_json
+    from orchestrator.agent.host import KERNEL_EVERY_S, document_json
 
     obs = _host_observer(args)
+    obs.kernel_every_s = min(KERNEL_EVERY_S, max(args.interval, 0.0) * 5)
     try:
         return _every(args, lambda: document_json(obs.observe()))
     finally:
@@ -352,6 +354,7 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
         p.add_argument("--since", type=float, default=None, help="kernel lines since (Unix s)")
         p.add_argument("--cursor", default=None, help="kernel lines after this journal cursor")
         p.add_argument("--timeout", type=float, default=10.0, help="limit per pct/journalctl (s)")
+        p.add_argument("--state", default=None, help="file keeping the containers' init PIDs")
         _gpu_opts(p)
         if name == "host-stream":
             p.add_argument("--interval", type=float, default=2.0, help="seconds between documents")

@@ -16,6 +16,7 @@ restarts mid-stream is reported as such; nothing about one container stops the o
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import time
@@ -26,13 +27,15 @@ from typing import Any
 from orchestrator.agent.cgroups import CgroupMounts, parse_cgroup_vmid, read_text
 from orchestrator.agent.containerview import ContainerView
 from orchestrator.agent.gpu import GpuCollector
-from orchestrator.agent.hostprocs import ProcessReader
+from orchestrator.agent.hostprocs import ProcessReader, start_ticks
 from orchestrator.agent.kernel import KernelParser, read_kernel
 from orchestrator.formats import parse_pct_status
 from orchestrator.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
 
 STOPPED_RECHECK_S = 10.0
 """How often a stream asks pct again about a container it saw stopped or missing (seconds)."""
+KERNEL_EVERY_S = 5.0
+"""Least seconds between two kernel-log reads of a stream (one ``journalctl`` process each)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -235,6 +238,9 @@ class HostObserver:
         cursor: continue the kernel log after this journal cursor (wins over ``since``).
         timeout_s: limit per pct / journalctl call.
         gpu_deadline_s, gpu_source: as the in-container agent's.
+        state_path: a file where the containers' init PIDs are kept between processes (one
+            ``host-observe`` per ``orch check``): a container whose init is still the same
+            process needs no ``pct`` at all (pct costs ~0.3 s of CPU a call on a real host).
     """
 
     def __init__(
@@ -248,8 +254,10 @@ class HostObserver:
         gpu_deadline_s: float = 2.0,
         gpu_source: str | None = None,
         proc: str = "/proc",
+        state_path: str | None = None,
     ) -> None:
         self.host = host or os.uname().nodename
+        self.state_path = state_path
         self.proc = proc
         self.procs = ProcessReader(proc)
         self.mounts = CgroupMounts(proc)
@@ -264,8 +272,15 @@ class HostObserver:
         self.timeout_s = timeout_s
         self.gpus = GpuCollector(deadline_s=gpu_deadline_s, source=gpu_source)
         self.kernel = KernelParser(boot=0)
+        self.kernel_every_s = 0.0  # one-shot: every document reads it; a stream sets it
+        self._kernel_at: float | None = None
         self.source: str | None = None
         self.pid_vmid: dict[int, int | None] = {}
+        self._kept = load_inits(state_path)
+        for vmid, (pid, start) in self._kept.items():
+            kept = self.views.get(vmid)
+            if kept is not None and start_ticks(pid, proc) == start and kept.attach(pid) is None:
+                kept.status = "running"
 
     def close(self) -> None:
         self.gpus.close()
@@ -314,7 +329,7 @@ class HostObserver:
 
     def observe(self) -> HostDocument:
         """One document. Never raises for what it finds: problems are ``errors``."""
-        cpu0, wall0 = time.process_time(), time.monotonic()
+        cpu0, wall0, kids0 = time.process_time(), time.monotonic(), _children_cpu_s()
         now = time.time()
         errors: list[str] = []
         self._refresh_status(now, errors)
@@ -339,6 +354,7 @@ class HostObserver:
                     g.index for g in samples if devices is None or self._minor(g) in devices
                 )
         events = self._events(samples, snaps, visible, errors)
+        self._keep_inits()
         self.procs.forget((p.pid, p.start) for v in self.views.values() for p in v.table.values())
         if len(self.pid_vmid) > 50000:  # keep the killed-PID memory bounded
             self.pid_vmid = {p: self.pid_vmid[p] for p in list(self.pid_vmid)[-20000:]}
@@ -355,11 +371,18 @@ class HostObserver:
             kernel_cursor=self.cursor,
             errors=tuple(errors),
             cost=AgentCost(
-                cpu_ms=round((time.process_time() - cpu0) * 1000, 3),
+                cpu_ms=round((time.process_time() - cpu0 + _children_cpu_s() - kids0) * 1000, 3),
                 bytes_read=0,
                 wall_ms=round((time.monotonic() - wall0) * 1000, 3),
             ),
         )
+
+    def _keep_inits(self) -> None:
+        inits = {vmid: v.init for vmid, v in self.views.items() if v.init is not None}
+        if self.state_path is None or inits == self._kept:
+            return
+        self._kept = dict(inits)  # type: ignore[arg-type]
+        save_inits(self.state_path, self._kept)
 
     def _minor(self, g: GpuSample) -> int:
         return self.gpus.minor(g.index)
@@ -371,6 +394,10 @@ class HostObserver:
         visible: Mapping[str, Sequence[int]],
         errors: list[str],
     ) -> list[KernelEvent]:
+        now = time.monotonic()
+        if self._kernel_at is not None and now - self._kernel_at < self.kernel_every_s:
+            return []
+        self._kernel_at = now
         read = read_kernel(self.since, cursor=self.cursor, timeout_s=self.timeout_s)
         errors.extend(read.errors)
         everything = self.since is None and self.cursor is None
@@ -408,6 +435,37 @@ def run_claims(
         seen = list(visible.get(name, ()))
         out[vmid] = [seen[i] for i in s.run.manifest.gpus if 0 <= i < len(seen)]
     return out
+
+
+def _children_cpu_s() -> float:
+    """CPU seconds of this process's finished children (pct, journalctl): part of the cost."""
+    t = os.times()
+    return t.children_user + t.children_system
+
+
+def load_inits(path: str | None) -> dict[int, tuple[int, int]]:
+    """The kept ``{vmid: (init pid, start ticks)}`` (empty when missing or unreadable)."""
+    if not path:
+        return {}
+    try:
+        with open(path, encoding="utf-8") as fh:
+            doc = json.load(fh)
+        return {int(k): (int(v[0]), int(v[1])) for k, v in doc.items()}
+    except (OSError, ValueError, TypeError, IndexError, AttributeError):
+        return {}
+
+
+def save_inits(path: str, inits: Mapping[int, tuple[int, int]]) -> None:
+    """Write them atomically (0600: which processes are whose is the host's business)."""
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w", encoding="utf-8") as fh:
+            json.dump({str(k): list(v) for k, v in inits.items()}, fh)
+        os.replace(tmp, path)
+    except OSError:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
 
 
 def document_json(doc: HostDocument) -> dict[str, Any]:
