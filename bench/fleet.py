@@ -1,31 +1,40 @@
-"""Benchmark: ``orch check --json`` over 64 containers on 8 hosts behind 25 ms links.
+"""Benchmark: ``orch check`` over 64 containers on 8 hosts behind 25 ms links, three ways.
 
-Each of 8 sandbox hosts (``orch.sandbox.manager.up``, 8 containers x 8 GPUs) has
-its sshd moved into a network namespace of its own (``ip netns`` + a veth pair),
-and is reached through ``bench/delay_proxy.py`` on 127.0.0.1, which delays every
-byte by 25 ms in each direction (this kernel has no ``netem``). One merged
-hosts.yaml names the 64 containers ``h<host>-ct<vmid>``.
+Each of 8 sandbox hosts (``orch.sandbox.manager.up``, 8 containers x 8 GPUs; real LXC
+containers where this machine can run them, ``--isolation``) lives in a network namespace
+of its own (``ip netns`` + a veth pair): its containers are started from inside it (LXC's
+command sockets are abstract unix sockets, which belong to a network namespace) and its
+sshd listens there. ``bench/delay_proxy.py`` on 127.0.0.1 delays every byte by 25 ms in
+each direction (this kernel has no ``netem``). One merged hosts.yaml names the 64
+containers ``h<host>-ct<vmid>``; each runs a fake trainer (a line per second, in tmux).
 
-The same ``orch check --json`` runs concurrently (``--jobs 64``, the default
-pool) and strictly sequentially (``--jobs 1``), interleaved, ``--repeat`` times
-each after one untimed warm-up (agent deploy); the medians and their ratio are
-printed, and with ``--json`` the last line is
-``{"targets": 64, "concurrent_s": ..., "sequential_s": ..., "ratio": ...}``.
+Timed, interleaved, ``--repeat`` times after one untimed warm-up (agent deploys):
 
-Where the time goes: the CPU of the ``orch check`` process (operator) and of
-everything the 8 sshds start (the simulated hosts and containers: sessions, pct,
-agents, probes; counted in a cpuacct cgroup when this kernel has one) are
-printed per target, with the load average. On this machine the "remote" CPU
-runs on the same cores as the operator, so ``(operator + remote CPU) / cores``
-(``cpu_floor_s``) is a floor under the concurrent figure.
+- ``concurrent_s``: ``orch check --json`` over all 64 by the host path (one observer call
+  per host, the default);
+- ``container_path_s``: the same check with ``observe: container`` (one ``pct exec`` agent
+  snapshot per container plus one probe per host, concurrently): the path before the host
+  observer;
+- ``seeds_sequential_s``: the seeds' way, one container at a time: a new ``ssh HOST pct exec
+  VMID -- bash -c "nvidia-smi ...; tmux capture-pane ...; tail -n 50 LOG"`` each.
 
-Needs root (namespaces) and cleans up everything it made: namespaces, veths,
-sshds, tmux servers, the cgroup and the state directory. Goal: <= 2 s and >= 10x.
+``ratio`` = seeds_sequential_s / concurrent_s. ``cpu_ms_per_target``: all CPU on the hosts'
+side (sshd sessions, observers, pct, journalctl: everything the 8 sshds start, counted in a
+cpuacct cgroup) per container per check of the host path; the containers' own CPU (the
+agents inside, on the container path) is counted in their cgroups and printed beside it.
+On this machine the "remote" CPU shares the cores with the operator, so ``(operator +
+remote CPU) / cores`` is a floor under the concurrent figures.
+
+Needs root (namespaces) and cleans up everything it made. Goal: concurrent_s <= 2,
+ratio >= 10, cpu_ms_per_target <= 30. ``--json`` prints one JSON object last:
+``{"targets", "hosts", "concurrent_s", "seeds_sequential_s", "ratio", "cpu_ms_per_target",
+"container_path_s", ...}``.
 """
 
 from __future__ import annotations
 
 import argparse
+import concurrent.futures
 import json
 import os
 import resource
@@ -44,13 +53,19 @@ import yaml
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator.sandbox import manager, sshd  # noqa: E402 - after the path fix-up
+from orchestrator.sandbox import lxc, sshd  # noqa: E402 - after the path fix-up
 
 SSHD = "/usr/sbin/sshd"
+TRAINER = 'i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0 tok/s=21500"; sleep 1; done'
+SEED_SCRIPT = (
+    "nvidia-smi --query-gpu=index,memory.used,utilization.gpu --format=csv,noheader; echo ===; "
+    "tmux capture-pane -t train -p -S -8 2>/dev/null; echo ===; "
+    "tail -n 50 /root/dflash/runs/$(cat /root/dflash/runs/current)/train.log 2>/dev/null"
+)
 
 
 def sh(*argv: str) -> None:
-    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=30)
+    subprocess.run(argv, check=True, capture_output=True, text=True, timeout=60)
 
 
 def free_subnet() -> int:
@@ -89,14 +104,7 @@ class CpuGroup:
             (self.path / "cgroup.procs").write_text(str(os.getpid()))
 
     def cpu_s(self) -> float | None:
-        if self.path is None:
-            return None
-        if self.v2:
-            for line in (self.path / "cpu.stat").read_text().splitlines():
-                if line.startswith("usage_usec "):
-                    return int(line.split()[1]) / 1e6
-            return None
-        return int((self.path / "cpuacct.usage").read_text()) / 1e9
+        return cgroup_cpu_s(self.path, self.v2) if self.path is not None else None
 
     def remove(self) -> None:
         if self.path is not None:
@@ -104,6 +112,19 @@ class CpuGroup:
                 self.path.rmdir()
             except OSError as exc:
                 print(f"warning: cgroup {self.path} not removed: {exc}", file=sys.stderr)
+
+
+def cgroup_cpu_s(path: Path, v2: bool) -> float | None:
+    """CPU seconds used by everything in cgroup ``path`` (and below), ``None`` when unreadable."""
+    try:
+        if v2:
+            for line in (path / "cpu.stat").read_text().splitlines():
+                if line.startswith("usage_usec "):
+                    return int(line.split()[1]) / 1e6
+            return None
+        return int((path / "cpuacct.usage").read_text()) / 1e9
+    except OSError:
+        return None
 
 
 def wait_port(host: str, port: int, timeout_s: float = 20.0) -> None:
@@ -118,11 +139,41 @@ def wait_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     raise SystemExit(f"sshd at {host}:{port} did not answer within {timeout_s} s")
 
 
+def netns(ns: str) -> list[str]:
+    """The prefix that runs a command in network namespace ``ns`` and nothing else: not ``ip
+    netns exec``, whose fresh /sys has no cgroup file system (LXC and the observer need it)."""
+    return ["nsenter", f"--net=/run/netns/{ns}", "--"]
+
+
+def in_netns(ns: str, code: str, *args: str, timeout_s: float = 600) -> str:
+    """Run Python ``code`` (with this checkout importable) inside network namespace ``ns``."""
+    res = subprocess.run(
+        [*netns(ns), sys.executable, "-c", code, *args],
+        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )  # fmt: skip
+    if res.returncode != 0:
+        raise SystemExit(f"in {ns}: {res.stderr[-2000:]}")
+    return res.stdout
+
+
+UP = (
+    "import json, sys; from orchestrator.sandbox import manager\n"
+    "i = manager.up(sys.argv[1], containers=int(sys.argv[2]), gpus=8, scenario='idle',"
+    " isolation=sys.argv[3])\n"
+    "print(json.dumps({'port': i.port, 'isolation': i.isolation, 'fallback': i.fallback}))\n"
+)
+DOWN = "import sys; from orchestrator.sandbox import manager; manager.down(sys.argv[1])\n"
+
+
 class Fleet:
     """Everything the benchmark starts, so that :meth:`close` can take it all down."""
 
-    def __init__(self, hosts: int, per_host: int, delay_ms: float, workdir: Path) -> None:
+    def __init__(
+        self, hosts: int, per_host: int, delay_ms: float, workdir: Path, isolation: str
+    ) -> None:
         self.hosts, self.per_host, self.delay_ms, self.workdir = hosts, per_host, delay_ms, workdir
+        self.isolation = isolation
         self.tag = f"ob{os.getpid() % 100000}"
         self.namespaces: list[str] = []
         self.veths: list[str] = []
@@ -130,18 +181,19 @@ class Fleet:
         self.sshds: list[subprocess.Popen[bytes]] = []
         self.proxy: subprocess.Popen[str] | None = None
         self.config = workdir / "hosts.yaml"
+        self.inside_config = workdir / "hosts-inside.yaml"
         self.cpu = CpuGroup(f"orch-bench-{self.tag}")
+        self.ports: list[int] = []
+        self.hosts_doc: dict = {}
 
-    def up(self) -> None:
+    def up(self) -> str:
+        """Bring every host up; the isolation the containers got."""
         base = free_subnet()
         routes, merged = [], {"defaults": {"poll_interval": 2}, "hosts": {}, "containers": {}}
+        got = self.isolation
         for h in range(self.hosts):
             state_dir = self.workdir / f"host{h}"
             self.state_dirs.append(state_dir)
-            # its bin/ and each container's usr/bin/ hold python3 -> the real interpreter
-            info = manager.up(  # process mode: 64 containers; this bench measures orch, not LXC
-                state_dir, containers=self.per_host, gpus=8, scenario="healthy", isolation="process"
-            )
             ns, veth_host, veth_ns = f"{self.tag}n{h}", f"{self.tag}h{h}", f"{self.tag}c{h}"
             host_ip, ns_ip = f"10.213.{base + h}.1", f"10.213.{base + h}.2"
             sh("ip", "netns", "add", ns)
@@ -154,18 +206,22 @@ class Fleet:
             sh("ip", "netns", "exec", ns, "ip", "addr", "add", f"{ns_ip}/24", "dev", veth_ns)
             sh("ip", "netns", "exec", ns, "ip", "link", "set", veth_ns, "up")
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
-            # move the sandbox's sshd into the namespace: same config, keys and port
+            # the containers start inside the namespace: lxc-attach reaches their monitors there
+            info = json.loads(in_netns(ns, UP, str(state_dir), str(self.per_host), self.isolation))
+            got = info["isolation"]
+            port = int(info["port"])
+            self.ports.append(port)
             sshd.stop_sshd(state_dir / "sshd")
             config = state_dir / "sshd" / "sshd_config"
             config.write_text(
                 config.read_text().replace(
-                    f"ListenAddress 127.0.0.1:{info.port}", f"ListenAddress {ns_ip}:{info.port}"
+                    f"ListenAddress 127.0.0.1:{port}", f"ListenAddress {ns_ip}:{port}"
                 )
             )
             log = open(state_dir / "sshd" / "sshd.log", "ab")  # noqa: SIM115 - lives as long as sshd
             self.sshds.append(
                 subprocess.Popen(
-                    ["ip", "netns", "exec", ns, SSHD, "-D", "-e", "-f", str(config)],
+                    [*netns(ns), SSHD, "-D", "-e", "-f", str(config)],
                     stdin=subprocess.DEVNULL,
                     stdout=log,
                     stderr=log,
@@ -173,57 +229,85 @@ class Fleet:
                     preexec_fn=self.cpu.join,
                 )
             )
-            wait_port(ns_ip, info.port)
+            wait_port(ns_ip, port)
             # the proxy takes the sandbox's old address, so its hosts.yaml and known_hosts hold
-            routes.append(f"127.0.0.1:{info.port}={ns_ip}:{info.port}")
-            doc = yaml.safe_load(info.config_path.read_text())
+            routes.append(f"127.0.0.1:{port}={ns_ip}:{port}")
+            doc = yaml.safe_load((state_dir / "hosts.yaml").read_text())
             merged["hosts"][f"h{h}"] = doc["hosts"]["sandbox"]
             for name, c in doc["containers"].items():
                 merged["containers"][f"h{h}-{name}"] = {**c, "host": f"h{h}"}
         self.proxy = subprocess.Popen(
-            [
-                sys.executable,
-                str(ROOT / "bench" / "delay_proxy.py"),
-                "--delay-ms",
-                str(self.delay_ms),
-                *routes,
-            ],
-            stdout=subprocess.PIPE,
-            text=True,
-            start_new_session=True,
-        )
+            [sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay-ms",
+             str(self.delay_ms), *routes],
+            stdout=subprocess.PIPE, text=True, start_new_session=True,
+        )  # fmt: skip
         assert self.proxy.stdout is not None
         if self.proxy.stdout.readline().strip() != "ready":
             raise SystemExit("delay proxy did not start")
+        self.hosts_doc = merged
         self.config.write_text(yaml.safe_dump(merged, sort_keys=False))
+        inside = json.loads(json.dumps(merged))
+        for host in inside["hosts"].values():
+            host["observe"] = "container"
+        self.inside_config.write_text(yaml.safe_dump(inside, sort_keys=False))
+        return str(got)
 
-    def check(self, jobs: int, db: Path, timeout_s: float) -> tuple[float, dict, dict]:
+    def start_runs(self) -> None:
+        """A fake trainer in every container (through the agent's launch, concurrently)."""
+        from orchestrator.config.inventory import load_inventory
+        from orchestrator.target import Target
+        from orchestrator.transport.connect import close_all
+
+        inv = load_inventory(self.config)
+
+        def launch(name: str) -> None:
+            c = inv.container(name)
+            doc = Target(inv, name).agent(
+                ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
+                 "--no-recorder", "--force", "--grace", "2"], timeout=120,
+            )  # fmt: skip
+            if not doc.get("ok"):
+                raise SystemExit(f"{name}: launch failed: {doc}")
+
+        names = [n for n in inv.containers if n != "local"]
+        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+            list(pool.map(launch, names))
+        close_all()
+
+    def container_cpu_s(self) -> float | None:
+        """CPU of everything inside the sandboxes' containers (their cgroup trees)."""
+        total = 0.0
+        for d in self.state_dirs:
+            prefix = lxc.cgroup_prefix(d)
+            for root, v2 in ((Path("/sys/fs/cgroup/cpuacct"), False),
+                             (Path("/sys/fs/cgroup"), True)):  # fmt: skip
+                got = cgroup_cpu_s(root / prefix, v2)
+                if got is not None:
+                    total += got
+                    break
+            else:
+                return None
+        return total
+
+    def check(
+        self, config: Path, jobs: int, db: Path, timeout_s: float
+    ) -> tuple[float, dict, dict]:
         """One ``orch check --json`` as its own process; (wall s, its JSON, CPU s by side)."""
-        argv = [
-            sys.executable,
-            "-m",
-            "orchestrator.cli",
-            "-c",
-            str(self.config),
-            "check",
-            "--json",
-            "--db",
-            str(db),
-            "--jobs",
-            str(jobs),
-            "--timeout",
-            str(timeout_s),
-        ]
-        remote0, ru0 = self.cpu.cpu_s(), resource.getrusage(resource.RUSAGE_CHILDREN)
+        argv = [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "--json",
+                "--db", str(db), "--jobs", str(jobs), "--timeout", str(timeout_s)]  # fmt: skip
+        remote0, inside0 = self.cpu.cpu_s(), self.container_cpu_s()
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
         proc = subprocess.run(
             argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s * 70
         )
         wall = time.perf_counter() - started
-        ru1, remote1 = resource.getrusage(resource.RUSAGE_CHILDREN), self.cpu.cpu_s()
+        ru1, remote1, inside1 = (resource.getrusage(resource.RUSAGE_CHILDREN), self.cpu.cpu_s(),
+                                 self.container_cpu_s())  # fmt: skip
         cpu = {
             "operator": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
             "remote": None if remote0 is None or remote1 is None else remote1 - remote0,
+            "inside": None if inside0 is None or inside1 is None else inside1 - inside0,
         }
         try:
             doc = json.loads(proc.stdout)
@@ -233,14 +317,39 @@ class Fleet:
             ) from None
         return wall, doc, cpu
 
+    def seeds(self) -> tuple[float, dict]:
+        """The seeds' way over every container, one after the other; (wall s, CPU s by side)."""
+        remote0, inside0 = self.cpu.cpu_s(), self.container_cpu_s()
+        started = time.perf_counter()
+        for h, (name, host) in enumerate(self.hosts_doc["hosts"].items()):
+            for c in self.hosts_doc["containers"].values():
+                if c["host"] != name:
+                    continue
+                argv = ["ssh", "-p", str(self.ports[h]), "-i", host["identity_file"], "-o",
+                        f"UserKnownHostsFile={host['known_hosts']}", "-o",
+                        "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-F", "/dev/null",
+                        f"{host['user']}@127.0.0.1", "pct", "exec", str(c["vmid"]), "--",
+                        "bash", "-c", f"'{SEED_SCRIPT}'"]  # fmt: skip
+                out = subprocess.run(argv, capture_output=True, timeout=120, check=False)
+                if out.stdout.count(b"===") < 2 or b"step=" not in out.stdout:
+                    raise SystemExit(
+                        f"seed poll of {name}/{c['vmid']} failed: {out.stderr[-300:]!r}"
+                    )
+        wall = time.perf_counter() - started
+        remote1, inside1 = self.cpu.cpu_s(), self.container_cpu_s()
+        return wall, {
+            "remote": None if remote0 is None or remote1 is None else remote1 - remote0,
+            "inside": None if inside0 is None or inside1 is None else inside1 - inside0,
+        }
+
     def close(self) -> None:
         if self.proxy is not None and self.proxy.poll() is None:
             self.proxy.terminate()
             self.proxy.wait(timeout=10)
-        for state_dir in self.state_dirs:
+        for state_dir, ns in zip(self.state_dirs, self.namespaces, strict=False):
             try:
-                manager.down(state_dir)  # its sshd pid file is the namespaced sshd's
-            except Exception as exc:  # noqa: BLE001 - keep cleaning up
+                in_netns(ns, DOWN, str(state_dir))  # its sshd pid file is the namespaced sshd's
+            except (SystemExit, Exception) as exc:  # noqa: BLE001 - keep cleaning up
                 print(f"warning: sandbox down {state_dir}: {exc}", file=sys.stderr)
         for p in self.sshds:
             if p.poll() is None:
@@ -253,12 +362,19 @@ class Fleet:
         self.cpu.remove()
 
 
+def med_ms(values: list[float], n: int) -> float | None:
+    """Median of CPU seconds per check as ms per target."""
+    return round(statistics.median(values) / n * 1000, 1) if values else None
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=8)
     ap.add_argument("--per-host", type=int, default=8, help="containers per host")
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added per direction")
-    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each mode (median)")
+    ap.add_argument("--repeat", type=int, default=5, help="timed runs of each check (median)")
+    ap.add_argument("--seed-repeat", type=int, default=3, help="timed runs of the seeds' way")
+    ap.add_argument("--isolation", choices=("auto", "lxc", "process"), default="auto")
     ap.add_argument("--timeout", type=float, default=120.0, help="orch check --timeout (s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--keep", action="store_true", help="leave the state directory for inspection")
@@ -266,101 +382,101 @@ def main(argv: list[str] | None = None) -> int:
     if os.geteuid() != 0:
         raise SystemExit("bench/fleet.py needs root for ip netns")
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-fleet-"))
-    fleet = Fleet(args.hosts, args.per_host, args.delay_ms, workdir)
+    fleet = Fleet(args.hosts, args.per_host, args.delay_ms, workdir, args.isolation)
     n = args.hosts * args.per_host
+    figures: dict[str, list[float]] = {k: [] for k in ("host", "inside", "seeds")}
+    cpu: dict[str, list[float]] = {}
+    missed = 0
     try:
         t0 = time.perf_counter()
-        fleet.up()
-        print(
-            f"fleet: {n} containers on {args.hosts} hosts, +{args.delay_ms:g} ms each way "
-            f"(up in {time.perf_counter() - t0:.1f} s)",
-            file=sys.stderr,
-        )
-        for attempt in range(3):  # the first check deploys the agent everywhere
-            warm, doc, _cpu = fleet.check(64, workdir / "warm.db", args.timeout)
-            states = sorted({t["state"] for t in doc["targets"]})
-            print(
-                f"warm-up {attempt + 1}: {warm:.2f} s, status {doc['status']}, states {states}",
-                file=sys.stderr,
-            )
-            down = [t for t in doc["targets"] if not t["reachable"]]
-            for t in down[:3]:
-                print(
-                    f"  {t['name']}: {t['findings'][0]['evidence'] if t['findings'] else '?'}",
-                    file=sys.stderr,
-                )
-            if len(doc["targets"]) == n and not down:
-                break
-        else:
-            raise SystemExit(f"warm-up did not reach every target: {doc['status']}")
-        conc, seq, missed = [], [], 0
-        cpu_seen: dict[str, list[float]] = {"operator": [], "remote": []}
+        isolation = fleet.up()
+        fleet.start_runs()
+        print(f"fleet: {n} {isolation} containers on {args.hosts} hosts, +{args.delay_ms:g} ms "
+              f"each way, a fake trainer in each (up in {time.perf_counter() - t0:.1f} s)",
+              file=sys.stderr)  # fmt: skip
+        for config, tag in ((fleet.config, "host"), (fleet.inside_config, "inside")):
+            for attempt in range(3):  # the first check deploys the agents everywhere
+                wall, doc, _ = fleet.check(config, 64, workdir / f"warm-{tag}.db", args.timeout)
+                down = [t for t in doc["targets"] if not t["reachable"]]
+                print(f"warm-up {tag} {attempt + 1}: {wall:.2f} s, status {doc['status']}, "
+                      f"{len(down)} unreachable", file=sys.stderr)  # fmt: skip
+                if len(doc["targets"]) == n and not down:
+                    break
+            else:
+                raise SystemExit(f"warm-up ({tag}) did not reach every target")
         load_before = os.getloadavg()[0]
         for i in range(args.repeat):
             line = f"  run {i + 1}:"
-            for jobs, walls, tag in ((64, conc, "concurrent"), (1, seq, "sequential")):
-                wall, doc, cpu = fleet.check(jobs, workdir / f"{tag}{i}.db", args.timeout)
-                walls.append(wall)
-                for side, used in cpu.items():
-                    if used is not None:
-                        cpu_seen[side].append(used)
+            for config, tag in ((fleet.config, "host"), (fleet.inside_config, "inside")):
+                wall, doc, used = fleet.check(config, 64, workdir / f"{tag}{i}.db", args.timeout)
+                figures[tag].append(wall)
+                for side, value in used.items():
+                    if value is not None:
+                        cpu.setdefault(f"{tag}_{side}", []).append(value)
                 down = [t for t in doc["targets"] if not t["reachable"]]
+                wrong = [t for t in doc["targets"] if t["observed_from"] != (
+                    "host" if tag == "host" else "container")]  # fmt: skip
                 missed += len(down)
-                line += (
-                    f" {tag} {wall:.2f} s" + (f" ({len(down)} unreachable)" if down else "") + ","
-                )
-                for t in down[:2]:
-                    ev = t["findings"][0]["evidence"] if t["findings"] else "?"
-                    print(f"    {tag}: {t['name']} unreachable: {ev}", file=sys.stderr)
-            print(line.rstrip(","), file=sys.stderr)
+                assert not wrong, f"{tag}: {wrong[0]}"
+                line += f" {tag} {wall:.2f} s" + (f" ({len(down)} unreachable)" if down else "")
+            if i < args.seed_repeat:
+                wall, used = fleet.seeds()
+                figures["seeds"].append(wall)
+                for side, value in used.items():
+                    if value is not None:
+                        cpu.setdefault(f"seeds_{side}", []).append(value)
+                line += f" seeds {wall:.2f} s"
+            print(line, file=sys.stderr)
         load_after = os.getloadavg()[0]
     finally:
         fleet.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    c, s = statistics.median(conc), statistics.median(seq)
-    per_target_ms = {
-        side: round(statistics.median(v) / n * 1000, 1) if v else None
-        for side, v in cpu_seen.items()
-    }
+    med = statistics.median
+    c, inside, seeds = med(figures["host"]), med(figures["inside"]), med(figures["seeds"])
+    per = {k: med_ms(v, n) for k, v in cpu.items()}
     cores = os.cpu_count() or 1
-    # all this CPU shares the same cores: the concurrent figure cannot be lower than this
-    cpu_floor_s = (
-        round((per_target_ms["operator"] + per_target_ms["remote"]) * n / 1000 / cores, 2)
-        if per_target_ms["operator"] and per_target_ms["remote"]
+    floor = (
+        round((per["host_operator"] + per["host_remote"]) * n / 1000 / cores, 2)
+        if per.get("host_operator") and per.get("host_remote")
         else None
     )
-    print(
-        f"orch check over {n} targets ({args.hosts} hosts, +{args.delay_ms:g} ms each way), "
-        f"median of {args.repeat}:"
-    )
-    print(f"  concurrent: {c:.2f} s")
-    print(f"  sequential: {s:.2f} s")
+    print(f"orch check over {n} {isolation} containers ({args.hosts} hosts, +{args.delay_ms:g} ms "
+          f"each way), median of {args.repeat} (seeds: {args.seed_repeat}):")  # fmt: skip
+    print(f"  host path (concurrent):        {c:.2f} s")
+    print(f"  container path (concurrent):   {inside:.2f} s")
+    print(f"  seeds' way (sequential):       {seeds:.2f} s")
+    print(f"  ratio seeds / host path:       {seeds / c:.1f}x   (goal: <= 2 s and >= 10x)")
+    print(f"  CPU per target, host path:     hosts' side {per.get('host_remote')} ms (goal <= 30), "
+          f"inside the containers {per.get('host_inside')} ms, operator {per.get('host_operator')} ms")  # fmt: skip
+    print(f"  CPU per target, container path: hosts' side {per.get('inside_remote')} ms, inside the "
+          f"containers {per.get('inside_inside')} ms, operator {per.get('inside_operator')} ms")  # fmt: skip
+    print(f"  CPU per target, seeds' way:    hosts' side {per.get('seeds_remote')} ms, inside "
+          f"{per.get('seeds_inside')} ms")  # fmt: skip
+    print(f"  all CPU of a host-path check on {cores} cores: >= {floor} s; load average "
+          f"{load_before:.1f} -> {load_after:.1f}")  # fmt: skip
     if missed:
         print(f"  ({missed} target answers were missing over all timed runs; see stderr)")
-    print(f"  ratio:      {s / c:.1f}x   (goal: <= 2 s and >= 10x)")
-    print(
-        f"  CPU per target: operator {per_target_ms['operator']} ms, simulated hosts and "
-        f"containers {per_target_ms['remote']} ms (all of it on {cores} cores: >= {cpu_floor_s} s); "
-        f"load average {load_before:.1f} -> {load_after:.1f}"
-    )
     if args.json:
-        print(
-            json.dumps(
-                {
-                    "targets": n,
-                    "unreachable_seen": missed,
-                    "concurrent_s": round(c, 3),
-                    "sequential_s": round(s, 3),
-                    "ratio": round(s / c, 2),
-                    "operator_cpu_ms_per_target": per_target_ms["operator"],
-                    "remote_cpu_ms_per_target": per_target_ms["remote"],
-                    "cpu_floor_s": cpu_floor_s,
-                    "cores": cores,
-                    "loadavg": [round(load_before, 2), round(load_after, 2)],
-                }
-            )
-        )
+        print(json.dumps({
+            "targets": n,
+            "hosts": args.hosts,
+            "isolation": isolation,
+            "concurrent_s": round(c, 3),
+            "seeds_sequential_s": round(seeds, 3),
+            "ratio": round(seeds / c, 2),
+            "cpu_ms_per_target": per.get("host_remote"),
+            "container_path_s": round(inside, 3),
+            "container_path_cpu_ms_per_target": per.get("inside_remote"),
+            "container_path_inside_cpu_ms_per_target": per.get("inside_inside"),
+            "host_path_inside_cpu_ms_per_target": per.get("host_inside"),
+            "operator_cpu_ms_per_target": per.get("host_operator"),
+            "seeds_cpu_ms_per_target": per.get("seeds_remote"),
+            "cpu_floor_s": floor,
+            "unreachable_seen": missed,
+            "cores": cores,
+            "loadavg": [round(load_before, 2), round(load_after, 2)],
+        }))  # fmt: skip
     return 0
 
 

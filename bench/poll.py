@@ -29,9 +29,16 @@ around collecting and encoding one snapshot), median over the stream's lines.
     observation imported it), as ``python3 -S -c "import libtmux"`` minus ``-c "pass"``.
     ``--tmux-only`` runs just these.
 
-Usage: ``python bench/poll.py [-n 30] [--tmux-only] [--json]``; the last line with ``--json`` is
+(e) the host path (real LXC containers, where this machine runs them): the next line of a
+    running host observer stream (``host-stream``, one SSH channel for the host) at the same
+    interval, for one container and for 8 containers of one host. Latency = the moment the
+    operator holds the parsed document minus the moment the observer began it; CPU = the
+    observer's own ``cost.cpu_ms`` per document (for every container of it at once).
+
+Usage: ``python bench/poll.py [-n 30] [--tmux-only | --host-only] [--json]``; the last line with ``--json`` is
 ``{"seed_ms", "oneshot_ms", "stream_ms", "ratio_seed_vs_stream",
-"ratio_oneshot_vs_stream", "agent_cpu_ms", "first_oneshot_ms", "agent_process_cpu_ms", ...}``.
+"ratio_oneshot_vs_stream", "agent_cpu_ms", "first_oneshot_ms", "agent_process_cpu_ms",
+"host_stream_1_ms", "host_stream_8_ms", "host_cpu_ms_1", "host_cpu_ms_8", ...}``.
 ``agent_process_cpu_ms`` is the user+system CPU of one whole ``agent snapshot``
 process (interpreter start, imports, NVML init, observation) run directly in the
 container, median over ``n``: a figure that the machine's load barely moves. Goal: a/c >= 20, CPU <= 10 ms.
@@ -219,14 +226,72 @@ def print_tmux(fig: dict[str, float]) -> None:
     )
 
 
+def host_path_figures(n: int, interval_s: float) -> dict[str, float]:
+    """(e): the host observer's stream for 1 and for 8 containers of one host (LXC)."""
+    from orchestrator.hostlink import HostLink, parse_host_document
+    from orchestrator.sandbox import lxc
+    from orchestrator.target import parse_document
+
+    why = lxc.unavailable()
+    if why is not None:
+        print(f"(e) host path: skipped, LXC containers cannot run here ({why})")
+        return {}
+    state = Path(tempfile.mkdtemp(prefix="orch-bench-poll-host-"))
+    info = manager.up(state, containers=8, gpus=8, scenario="healthy", isolation="lxc")
+    out: dict[str, float] = {}
+    try:
+        inv = load_inventory(info.config_path)
+        names = [f"ct{v}" for v in info.vmids]
+        for name in names:
+            start_trainer(Target(inv, name), "/root/dflash")
+        for group, tag in ((names[:1], "1"), (names, "8")):
+            link = HostLink(inv, info.host, group)
+            ages, cpu = [], []
+            stream = link.open_stream(interval_s)
+            try:
+                skip = 2  # the first documents pay for NVML init, pct and the log tails
+                while len(ages) < n:
+                    line = stream.readline(timeout=30)
+                    if line is None:
+                        raise RuntimeError(f"the host stream ended: {stream.stderr_tail[-300:]!r}")
+                    now = time.time()
+                    doc = parse_host_document(info.host, parse_document(info.host, line))
+                    if skip:
+                        skip -= 1
+                        continue
+                    assert len(doc.containers) == len(group) and len(doc.gpus) == 8
+                    ages.append((now - doc.taken_at) * 1000)
+                    cpu.append(doc.cost.cpu_ms if doc.cost else float("nan"))
+            finally:
+                stream.close()
+            out[f"host_stream_{tag}_ms"] = round(statistics.median(ages), 2)
+            out[f"host_cpu_ms_{tag}"] = round(statistics.median(cpu), 2)
+    finally:
+        close_all()
+        manager.down(state)
+    print(f"(e) host    next stream line, 1 container           : median "
+          f"{out['host_stream_1_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_1']} ms a line)")  # fmt: skip
+    print(f"            next stream line, 8 containers          : median "
+          f"{out['host_stream_8_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_8']} ms a line, "
+          f"{out['host_cpu_ms_8'] / 8:.2f} ms a container)")  # fmt: skip
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=30, help="samples per way (>= 30)")
     ap.add_argument("--stream-interval", type=float, default=0.25, help="stream interval (s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--tmux-only", action="store_true", help="only (d): raw tmux vs libtmux")
+    ap.add_argument("--host-only", action="store_true", help="only (e): the host observer")
     args = ap.parse_args(argv)
     n = max(args.n, 30)
+    if args.host_only:
+        print(f"samples: {n}")
+        host_fig = host_path_figures(n, args.stream_interval)
+        if args.json:
+            print(json.dumps({**host_fig, "samples": n}))
+        return 0
     tmux_fig = tmux_figures(n)
     if args.tmux_only:
         print(f"samples: {n}")
@@ -332,6 +397,7 @@ def main(argv: list[str] | None = None) -> int:
         f"{result['agent_cpu_ms_oneshot']} ms one-shot"
     )
     print_tmux(tmux_fig)
+    result.update(host_path_figures(n, args.stream_interval))
     if args.json:
         print(json.dumps(result))
     return 0

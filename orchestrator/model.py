@@ -192,11 +192,21 @@ def check_schema(data: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess(Wire):
-    """A compute process holding a GPU, as NVML reports it (a host PID inside LXC)."""
+    """A compute process holding a GPU, as NVML reports it (a host PID inside LXC).
+
+    Read on the Proxmox host (or attributed with its probe), ``vmid`` is the container whose
+    cgroup holds the process (``None``: a host process, or not known), ``container_pid`` its
+    PID inside that container (``NSpid``) and ``container`` its name in hosts.yaml (when
+    hosts.yaml names it). ``name`` is the process's ``comm``; inside a container the agent
+    leaves it ``None``, since the host PID may be another process there.
+    """
 
     pid: int
     used_memory_mib: float | None = None
     name: str | None = None
+    vmid: int | None = None
+    container_pid: int | None = None
+    container: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -217,6 +227,10 @@ class GpuSample(Wire):
     power_w: float | None = None
     processes: tuple[GpuProcess, ...] | None = None
     error: str | None = None
+    pci_bus_id: str | None = None
+    """NVML's bus id (``00000000:5D:00.0``): how a kernel line (Xid) names this GPU."""
+    host_index: int | None = None
+    """The GPU's NVML index on the Proxmox host, when read there (``index`` is the container's)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -234,6 +248,31 @@ class NvmlStatus(Wire):
     message: str | None = None
     driver_version: str | None = None
     elapsed_ms: float | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class KernelEvent(Wire):
+    """A kernel-log line that matters: ``kind`` is ``xid``, ``sxid`` (NVSwitch),
+    ``fallen-off-bus`` or ``oom-killer``.
+
+    ``vmid`` is the container it belongs to, when the host could tell (the OOM victim's
+    ``task_memcg=/lxc/<vmid>/``, its cgroup, the container whose processes hold the GPU the
+    line names); ``None``: a host-wide event. ``boot`` is ``0`` for the running boot and
+    ``-1`` for the one before (the journal's numbering), ``None`` when not known. ``gpu`` is
+    the host's NVML index of the GPU ``pci`` names, when known.
+    """
+
+    kind: str
+    line: str
+    at: float | None = None
+    xid: int | None = None
+    pci: str | None = None
+    pid: int | None = None
+    process: str | None = None
+    vmid: int | None = None
+    boot: int | None = None
+    gpu: int | None = None
+    memcg: str | None = None
 
 
 # --- tmux, processes, run --------------------------------------------------------------------
@@ -265,6 +304,8 @@ class ProcessInfo(Wire):
     rss_mib: float | None = None
     threads: int | None = None
     zombie: bool = False
+    host_pid: int | None = None
+    """The same process's PID on the Proxmox host (read there; the kernel log names it)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -364,6 +405,13 @@ class Snapshot(Wire):
     errors: tuple[str, ...] = ()
     reachable: bool = True
     container_status: str | None = None
+    vmid: int | None = None
+    """The container's vmid when the operator knows it (host-side events are matched by it)."""
+    source: str | None = None
+    """Where it was observed: ``host`` (the Proxmox host's observer), ``container`` (the agent
+    inside), ``None`` (an older orch)."""
+    kernel_events: tuple[KernelEvent, ...] = ()
+    """Host kernel events attributed to this container (its cgroup, its GPU), oldest first."""
 
     @classmethod
     def unreachable(cls, target: str, at: float, reason: str) -> Snapshot:
@@ -372,19 +420,6 @@ class Snapshot(Wire):
 
 
 # --- host side -------------------------------------------------------------------------------
-
-
-@dataclass(frozen=True, slots=True)
-class KernelEvent(Wire):
-    """A kernel-log line that matters: ``kind`` is ``xid``, ``fallen-off-bus`` or ``oom-killer``."""
-
-    kind: str
-    line: str
-    at: float | None = None
-    xid: int | None = None
-    pci: str | None = None
-    pid: int | None = None
-    process: str | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -402,6 +437,37 @@ class HostProbe(Wire):
     gpu_pids: dict[str, int | None] = field(default_factory=dict)
     kernel_log_source: str | None = None
     errors: tuple[str, ...] = ()
+    gpu_processes: tuple[GpuProcess, ...] = ()
+    """Every GPU process of the host: host PID, its container's vmid, PID inside and name."""
+
+
+@dataclass(frozen=True, slots=True)
+class HostDocument(Wire):
+    """One observation of a Proxmox host by its observer (``agent host-observe`` / ``host-stream``,
+    run on the host, not in a container): every container of the host that hosts.yaml names.
+
+    ``gpus`` are the host's GPUs, each process mapped to its container (``GpuProcess.vmid``,
+    ``container_pid``, ``container``). ``containers`` holds one snapshot per container name,
+    read from the host (``source`` ``host``; its ``gpus`` empty: ``visible_gpus`` lists the host
+    indices of the GPUs it sees, and the operator fills them in). ``kernel_events`` are the
+    kernel lines new since the previous document (or since ``--since``), each with its
+    owner's ``vmid`` when known; ``kernel_cursor`` is where the next read continues.
+    ``container_status`` is pct's word per vmid (``running``, ``stopped``, ``missing``).
+    """
+
+    host: str
+    taken_at: float
+    schema_version: int = SCHEMA_VERSION
+    gpus: tuple[GpuSample, ...] = ()
+    nvml: NvmlStatus | None = None
+    containers: dict[str, Snapshot] = field(default_factory=dict)
+    visible_gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    container_status: dict[int, str] = field(default_factory=dict)
+    kernel_events: tuple[KernelEvent, ...] = ()
+    kernel_log_source: str | None = None
+    kernel_cursor: str | None = None
+    errors: tuple[str, ...] = ()
+    cost: AgentCost | None = None
 
 
 # --- judgement -------------------------------------------------------------------------------

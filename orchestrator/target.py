@@ -14,6 +14,7 @@ log at the last offset so no line is lost or repeated; the monitor
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import time
@@ -176,6 +177,22 @@ _BOOT = (
 ).replace("__MARKER__", deploy.MARKER)
 _NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
 
+HOST_DIR_REFUSED = 96
+"""The host boot's exit status when ``agent_dir`` is not the SSH user's own."""
+
+# Before the common boot: the directories the bundle lives in must be the user's own and
+# writable by nobody else (an agent planted there would run as root on the host).
+HOST_BOOT = (
+    "import os, stat, sys\n"
+    "d = sys.argv[1]; top = os.path.dirname(os.path.dirname(d))\n"
+    "for p in (top, os.path.dirname(d), d):\n"
+    "    try: st = os.lstat(p)\n"
+    "    except OSError: continue\n"
+    "    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:\n"
+    "        sys.stderr.write('orch host agent: %s must be a directory of uid %d that nobody "
+    "else may write (mode %o)\\n' % (p, os.geteuid(), st.st_mode & 0o7777)); sys.exit(96)\n"
+) + _BOOT
+
 
 def agent_never_ran(res: Result) -> bool:
     """True when a failed agent call failed before the agent itself ran.
@@ -207,6 +224,7 @@ def run_agent(
     max_output_bytes: int | None = MAX_DOC_BYTES,
     stdin: bytes | None = None,
     host: bool = False,
+    boot: str | None = None,
 ) -> Result:
     """Run one agent command from the bundle, deploying it only when needed.
 
@@ -219,13 +237,14 @@ def run_agent(
     at ``max_output_bytes`` (``Result.truncated``; :func:`parse_answer` reports it).
     ``stdin`` goes to the agent (both times: a boot that exits 97 reads none of it); what
     must not show in ``ps`` travels there, never in ``args``. ``host``: ``transport`` reaches
-    a Proxmox host (the probe), for the advice when its python is too old.
+    a Proxmox host (the probe), for the advice when its python is too old. ``boot`` replaces
+    the interpreter's boot script (the host observer's checks more).
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)
     bundle_dir = known or deploy.bundle_path(workdir, bundle)
     res = transport.run(
-        agent_argv(python, bundle_dir, args),
+        agent_argv(python, bundle_dir, args, boot=boot),
         timeout=timeout,
         max_output_bytes=max_output_bytes,
         stdin=stdin,
@@ -236,7 +255,7 @@ def run_agent(
         deploy.forget(transport, workdir)
         bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle, host=host)
         res = transport.run(
-            agent_argv(python, bundle_dir, args),
+            agent_argv(python, bundle_dir, args, boot=boot),
             timeout=timeout,
             max_output_bytes=max_output_bytes,
             stdin=stdin,
@@ -246,7 +265,9 @@ def run_agent(
     return res
 
 
-def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
+def agent_argv(
+    python: str, bundle_dir: str, args: Sequence[str], *, boot: str | None = None
+) -> list[str]:
     """The argv that runs an agent command from ``bundle_dir``.
 
     ``-S`` (no site-packages) and the bundle first on ``sys.path``: the agent runs
@@ -259,7 +280,7 @@ def agent_argv(python: str, bundle_dir: str, args: Sequence[str]) -> list[str]:
     >>> agent_argv("python3", "/w/.orch/agent-1", ["snapshot"])[4:]
     ['/w/.orch/agent-1', 'snapshot']
     """
-    return [python, "-S", "-c", _BOOT, bundle_dir, *args]
+    return [python, "-S", "-c", boot or _BOOT, bundle_dir, *args]
 
 
 class Target:
@@ -385,11 +406,16 @@ class Target:
             return container_down(self.name, exc, time.time())
         try:
             check_schema(doc)
-            snap = Snapshot.from_dict(doc)
+            snap = self._own(Snapshot.from_dict(doc))
         except (SchemaError, TypeError, ValueError) as exc:
             raise AgentProtocolError(self.name, str(exc)[:300]) from None
         self._remember(snap)
         return snap
+
+    def _own(self, snap: Snapshot) -> Snapshot:
+        """``snap`` with this container's vmid (host-side events are matched by it)."""
+        vmid = self.container.vmid
+        return snap if vmid is None or snap.vmid == vmid else dataclasses.replace(snap, vmid=vmid)
 
     def _remember(self, snap: Snapshot) -> None:
         if snap.run is not None:
@@ -450,7 +476,7 @@ class Target:
                     )
                     break
                 try:
-                    snap = parse_snapshot(self.name, line)
+                    snap = self._own(parse_snapshot(self.name, line))
                 except AgentProtocolError as exc:
                     yield Snapshot(
                         target=self.name,
@@ -475,7 +501,8 @@ class Target:
 class Host:
     """A Proxmox host of the inventory, probed with the agent's ``probe`` command.
 
-    The bundle goes to ``<workdir>/.orch/`` on the host (default ``/var/tmp/orch``).
+    The bundle goes to ``<agent_dir>/.orch/`` on the host (hosts.yaml ``agent_dir``, default
+    ``/var/lib/orch``; the boot refuses a directory others may write: :data:`HOST_BOOT`).
     """
 
     def __init__(
@@ -484,14 +511,15 @@ class Host:
         host: str,
         *,
         transport: Transport | None = None,
-        workdir: str = "/var/tmp/orch",
-        python: str = "python3",
+        workdir: str | None = None,
+        python: str | None = None,
     ) -> None:
         self.inventory = inventory
         self.name = host
         self._transport = transport
-        self.workdir = workdir
-        self.python = python
+        cfg = inventory.hosts.get(host)
+        self.workdir = workdir or (cfg.agent_dir if cfg else "/var/lib/orch")
+        self.python = python or (cfg.host_python if cfg else "python3")
 
     @property
     def transport(self) -> Transport:
@@ -511,14 +539,29 @@ class Host:
             }
         )
 
-    def probe(self, since: float | None = None, *, timeout: float = 60.0) -> HostProbe:
-        """``pct status``, kernel events since ``since`` (Unix s), GPU PIDs -> vmid."""
+    def probe(
+        self, since: float | None = None, *, timeout: float = 60.0, previous_boot: bool = False
+    ) -> HostProbe:
+        """``pct status``, kernel events since ``since`` (Unix s; with ``previous_boot`` those of
+        the boot before this one too), GPU processes -> container."""
         args = ["probe", "--host", self.name]
         for vmid in self.vmids():
             args += ["--vmid", str(vmid)]
         if since is not None:
             args += ["--since", repr(float(since))]
-        res = run_agent(self.transport, self.workdir, self.python, args, timeout=timeout, host=True)
+        if previous_boot:
+            args.append("--previous-boot")
+        res = run_agent(
+            self.transport,
+            self.workdir,
+            self.python,
+            args,
+            timeout=timeout,
+            host=True,
+            boot=HOST_BOOT,
+        )
+        if res.exit_status == HOST_DIR_REFUSED:
+            raise AgentError(f"{self.name}: {res.err.strip()[-300:]}")
         if not res.ok and not res.stdout.strip():
             raise AgentError(
                 f"{self.name}: host probe failed (exit {res.exit_status}): "

@@ -107,35 +107,41 @@ class _Wait:
 
 def cmd_stream(args: argparse.Namespace) -> int:
     obs = _observer(args)
+    try:
+        return _every(args, obs.observe_dict)
+    finally:
+        obs.close()
+
+
+def _every(args: argparse.Namespace, make: Any) -> int:
+    """Print ``make()`` as one JSON line every ``--interval`` until the reader goes away (or
+    ``--count`` lines); a line on stdin asks for one at once."""
     parent = os.getppid()
     out = sys.stdout.buffer
     waiter = _Wait(not args.ignore_stdin)
     sent = 0
-    try:
+    while True:
+        start = time.monotonic()
+        line = json.dumps(make(), separators=(",", ":")).encode() + b"\n"
+        try:
+            out.write(line)
+            out.flush()
+        except (BrokenPipeError, OSError, ValueError):
+            return 0
+        sent += 1
+        if args.count and sent >= args.count:
+            return 0
         while True:
-            start = time.monotonic()
-            line = json.dumps(obs.observe_dict(), separators=(",", ":")).encode() + b"\n"
-            try:
-                out.write(line)
-                out.flush()
-            except (BrokenPipeError, OSError, ValueError):
+            left = args.interval - (time.monotonic() - start)
+            if left <= 0:
+                break
+            what = waiter.wait(min(left, 1.0))
+            if what == "gone" or os.getppid() != parent:
                 return 0
-            sent += 1
-            if args.count and sent >= args.count:
-                return 0
-            while True:
-                left = args.interval - (time.monotonic() - start)
-                if left <= 0:
-                    break
-                what = waiter.wait(min(left, 1.0))
-                if what == "gone" or os.getppid() != parent:
-                    return 0
-                if what == "now":
-                    break
-            if os.getppid() != parent:
-                return 0
-    finally:
-        obs.close()
+            if what == "now":
+                break
+        if os.getppid() != parent:
+            return 0
 
 
 def cmd_facts(args: argparse.Namespace) -> int:
@@ -186,9 +192,52 @@ def cmd_probe(args: argparse.Namespace) -> int:
         gpu_deadline_s=args.gpu_deadline,
         gpu_source=args.gpu_source,
         proc_root=args.proc_root,
+        previous_boot=args.previous_boot,
     )
     _emit({"schema_version": SCHEMA_VERSION, **result.to_dict()})
     return 0
+
+
+def _host_observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from orchestrator.agent.host import HostObserver, parse_specs
+
+    try:
+        specs = parse_specs(args.containers)
+    except ValueError as exc:
+        _emit({"ok": False, "error": "bad-arguments", "message": str(exc)})
+        raise SystemExit(2) from None
+    return HostObserver(
+        specs,
+        host=args.host,
+        since=args.since,
+        cursor=args.cursor,
+        timeout_s=args.timeout,
+        gpu_deadline_s=args.gpu_deadline,
+        gpu_source=args.gpu_source,
+        state_path=args.state,
+    )
+
+
+def cmd_host_observe(args: argparse.Namespace) -> int:
+    from orchestrator.agent.host import document_json
+
+    obs = _host_observer(args)
+    try:
+        _emit(document_json(obs.observe()))
+    finally:
+        obs.close()
+    return 0
+
+
+def cmd_host_stream(args: argparse.Namespace) -> int:
+    from orchestrator.agent.host import KERNEL_EVERY_S, document_json
+
+    obs = _host_observer(args)
+    obs.kernel_every_s = min(KERNEL_EVERY_S, max(args.interval, 0.0) * 5)
+    try:
+        return _every(args, lambda: document_json(obs.observe()))
+    finally:
+        obs.close()
 
 
 GPU_DEADLINE_ENV = "ORCH_AGENT_GPU_DEADLINE_S"
@@ -241,7 +290,9 @@ def _observe_opts(p: argparse.ArgumentParser) -> None:
     _gpu_opts(p)
 
 
-OWN_COMMANDS = frozenset({"snapshot", "stream", "facts", "record", "probe"})
+OWN_COMMANDS = frozenset(
+    {"snapshot", "stream", "facts", "record", "probe", "host-observe", "host-stream"}
+)
 
 
 def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
@@ -287,8 +338,29 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--host", default="", help="name recorded in the probe")
     p.add_argument("--timeout", type=float, default=10.0, help="limit per host command (s)")
     p.add_argument("--proc-root", default=None, help="/proc to map PIDs in (env ORCH_PROC_ROOT)")
+    p.add_argument("--previous-boot", action="store_true",
+                   help="also the kernel log of the boot before this one (journalctl -b -1)")  # fmt: skip
     _gpu_opts(p)
     p.set_defaults(func=cmd_probe)
+
+    for name, func, what in (
+        ("host-observe", cmd_host_observe, "HOST side: one document for every container"),
+        ("host-stream", cmd_host_stream, "HOST side: one document per interval until stdin closes"),
+    ):
+        p = sub.add_parser(name, help=what)
+        p.add_argument("--containers", required=True, help="JSON list of {name, vmid, workdir, "
+                       "session, log_patterns, run_id, offset}")  # fmt: skip
+        p.add_argument("--host", default="", help="name recorded in the document")
+        p.add_argument("--since", type=float, default=None, help="kernel lines since (Unix s)")
+        p.add_argument("--cursor", default=None, help="kernel lines after this journal cursor")
+        p.add_argument("--timeout", type=float, default=10.0, help="limit per pct/journalctl (s)")
+        p.add_argument("--state", default=None, help="file keeping the containers' init PIDs")
+        _gpu_opts(p)
+        if name == "host-stream":
+            p.add_argument("--interval", type=float, default=2.0, help="seconds between documents")
+            p.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
+            p.add_argument("--ignore-stdin", action="store_true", help="ignore requests on stdin")
+        p.set_defaults(func=func)
 
     if not with_runs:
         return parser

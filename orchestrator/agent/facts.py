@@ -16,7 +16,7 @@ import time
 from typing import Any
 
 from orchestrator.agent.gpu import GpuCollector
-from orchestrator.agent.snapshot import disk_space_mib
+from orchestrator.agent.runfacts import disk_space_mib
 from orchestrator.agent.tmux import TmuxReader, tmux_version
 from orchestrator.model import SCHEMA_VERSION
 

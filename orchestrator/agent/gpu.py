@@ -17,6 +17,7 @@ and no new one starts while a killed one still will not exit.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import os
@@ -26,6 +27,7 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.agent.gpu_smi import SmiReader
+from orchestrator.agent.procs import in_host_pid_namespace
 from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
 
 log = logging.getLogger(__name__)
@@ -53,7 +55,10 @@ def nvml_error_kind(code: int | None) -> str:
 
 
 def _proc_name(pid: int) -> str | None:
-    """``/proc/<pid>/comm`` when that PID exists here (inside LXC, NVML gives host PIDs)."""
+    """``/proc/<pid>/comm`` in the host's PID namespace; ``None`` inside a container, where
+    NVML's host PID is missing or another process (named from the host instead)."""
+    if not in_host_pid_namespace():
+        return None
     try:
         with open(f"/proc/{pid}/comm", "rb") as fh:
             return fh.read(64).decode("utf-8", "replace").strip() or None
@@ -160,13 +165,18 @@ HANGING_PROBE_S = 0.25
 class _Gpu:
     """One GPU: its identity (learned once), its own worker, the workers stuck in it."""
 
-    __slots__ = ("index", "handle", "uuid", "name", "total_mib", "worker", "stuck", "hang_since")
+    __slots__ = (
+        "index", "handle", "uuid", "name", "pci", "minor", "total_mib", "worker", "stuck",
+        "hang_since",
+    )  # fmt: skip
 
     def __init__(self, index: int) -> None:
         self.index = index
         self.handle: Any = None
         self.uuid: str | None = None
         self.name: str | None = None
+        self.pci: str | None = None
+        self.minor: int | None = None
         self.total_mib: float | None = None
         self.worker: _Worker | None = None
         self.stuck: list[_Worker] = []  # retired workers still blocked in an NVML call
@@ -224,6 +234,14 @@ class GpuCollector:
             self._fallback_reason = status.message
         samples, status = self._collect_smi()
         return samples, _with_elapsed(status, start)
+
+    def minor(self, index: int) -> int:
+        """The minor number of GPU ``index``'s device node (``/dev/nvidia<minor>``); its index
+        when NVML did not say (nvidia-smi, or not read yet)."""
+        for g in self._gpus or ():
+            if g.index == index and g.minor is not None:
+                return g.minor
+        return index
 
     def preload(self) -> None:
         """Import pynvml now (when the source may use it) so the first collection costs less."""
@@ -384,12 +402,21 @@ class GpuCollector:
                 g.name = self._field(
                     worker, lambda: _text(nv.nvmlDeviceGetName(g.handle)), f"GetName(GPU {g.index})"
                 )
+                g.pci = self._field(
+                    worker,
+                    lambda: _text(nv.nvmlDeviceGetPciInfo(g.handle).busId),
+                    f"GetPciInfo(GPU {g.index})",
+                )
+                g.minor = self._field(
+                    worker, lambda: int(nv.nvmlDeviceGetMinorNumber(g.handle)),
+                    f"GetMinorNumber(GPU {g.index})",
+                )  # fmt: skip
             except nv.NVMLError:
                 pass  # read below: the reading reports the device's error
         sample = self._read_device(worker, g.handle, g.index, g.uuid, g.name)
         if sample.memory_total_mib is not None:
             g.total_mib = sample.memory_total_mib
-        return sample
+        return dataclasses.replace(sample, pci_bus_id=g.pci) if g.pci else sample
 
     def _field(self, worker: _Worker, call: Callable[[], Any], step: str) -> Any:
         """One optional reading: ``None`` when not supported; device errors propagate."""

@@ -17,8 +17,10 @@ from __future__ import annotations
 import logging
 import subprocess
 import time
+from dataclasses import replace
 from typing import Any
 
+from orchestrator.agent.procs import in_host_pid_namespace
 from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
 
 log = logging.getLogger(__name__)
@@ -83,6 +85,8 @@ class SmiReader:
             end,
         )
         apps = parse_smi_apps(out2) if isinstance(rc2, int) else None
+        if apps is not None and not in_host_pid_namespace():  # host PIDs: names are wrong here
+            apps = {u: [replace(p, name=None) for p in ps] for u, ps in apps.items()}
         driver = next((r.pop("driver_version") for r in rows), None)
         for r in rows:
             r.pop("driver_version", None)
@@ -211,8 +215,8 @@ def parse_smi_apps(text: str) -> dict[str, list[GpuProcess]]:
     """Parse ``--query-compute-apps=SMI_APP_FIELDS --format=csv,noheader,nounits`` by GPU uuid.
 
     >>> apps = parse_smi_apps("GPU-a, 4242, 80123, python3\\nGPU-a, 77, [N/A], x, y\\nNo running processes found\\n")
-    >>> apps["GPU-a"][0]
-    GpuProcess(pid=4242, used_memory_mib=80123.0, name='python3')
+    >>> apps["GPU-a"][0].pid, apps["GPU-a"][0].used_memory_mib, apps["GPU-a"][0].name
+    (4242, 80123.0, 'python3')
     >>> apps["GPU-a"][1].name, apps["GPU-a"][1].used_memory_mib
     ('x, y', None)
     """

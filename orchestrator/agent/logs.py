@@ -16,10 +16,10 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, BinaryIO
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
 
@@ -101,19 +101,26 @@ class LogReader:
         tail_bytes: how much of the end a first read looks at.
         max_read_bytes: most bytes one later read takes before jumping to the tail.
         max_line_bytes: longest line kept whole.
+        opener: opens a path for reading (default ``open(path, "rb")``; from the host, one
+            that resolves it inside the container's root).
     """
 
     def __init__(
-        self, tail_bytes: int = 16384, max_read_bytes: int = 1 << 20, max_line_bytes: int = 2000
+        self,
+        tail_bytes: int = 16384,
+        max_read_bytes: int = 1 << 20,
+        max_line_bytes: int = 2000,
+        opener: Callable[[str], BinaryIO] | None = None,
     ) -> None:
         self.tail_bytes = tail_bytes
         self.max_read_bytes = max_read_bytes
         self.max_line_bytes = max_line_bytes
+        self.opener = opener
 
     def read(self, path: str, offset: int | None) -> LogChunk:
         """Lines appended to ``path`` since ``offset`` (``None``: the tail only)."""
         try:
-            fh = open(path, "rb")  # noqa: SIM115 - closed below, fstat on the same fd
+            fh = self.opener(path) if self.opener else open(path, "rb")  # noqa: SIM115 - closed below
         except FileNotFoundError:
             err = "log deleted" if offset else None
             return LogChunk((), 0, None, None, 0, exists=False, error=err)

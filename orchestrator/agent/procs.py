@@ -21,19 +21,37 @@ _PAGE_MIB = (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096) / 1
 MAX_PROCS = 256
 
 
+def parse_stat_fields(text: str) -> tuple[str, str, int, int, int, int, int, int]:
+    """``/proc/<pid>/stat`` -> (comm, state, ppid, pgrp, cpu ticks, threads, start ticks, rss pages).
+
+    >>> parse_stat_fields("42 (python3 (x)) S 1 40 40 0 -1 4194560 1 0 0 0 150 50 0 0 20 0 7 0 1000 1 2560 x")
+    ('python3 (x)', 'S', 1, 40, 200, 7, 1000, 2560)
+    """
+    left = text.index("(")
+    right = text.rindex(")")
+    comm = text[left + 1 : right]
+    f = text[right + 2 :].split()
+    # f[0] is field 3 (state); pgrp=5, utime=14, stime=15, threads=20, starttime=22, rss=24
+    return (
+        comm,
+        f[0],
+        int(f[1]),
+        int(f[2]),
+        int(f[11]) + int(f[12]),
+        int(f[17]),
+        int(f[19]),
+        int(f[21]),
+    )
+
+
 def parse_stat(text: str) -> tuple[int, str, str, int, int, int, int, int]:
     """Parse ``/proc/<pid>/stat`` into (pid, comm, state, ppid, cpu ticks, threads, start ticks, rss pages).
 
     >>> parse_stat("42 (python3 (x)) S 1 42 42 0 -1 4194560 1 0 0 0 150 50 0 0 20 0 7 0 1000 1 2560 x")
     (42, 'python3 (x)', 'S', 1, 200, 7, 1000, 2560)
     """
-    left = text.index("(")
-    right = text.rindex(")")
-    pid = int(text[:left])
-    comm = text[left + 1 : right]
-    f = text[right + 2 :].split()
-    # f[0] is field 3 (state); utime=14, stime=15, threads=20, starttime=22, rss=24
-    return pid, comm, f[0], int(f[1]), int(f[11]) + int(f[12]), int(f[17]), int(f[19]), int(f[21])
+    comm, state, ppid, _pgrp, ticks, threads, start, rss = parse_stat_fields(text)
+    return int(text[: text.index("(")]), comm, state, ppid, ticks, threads, start, rss
 
 
 def read_text(path: str) -> str | None:
@@ -222,6 +240,22 @@ class ProcSampler:
                 kids = scan.get(pid, [])
             queue.extend(kids)
         return tuple(out)
+
+
+_HOST_NS: bool | None = None
+
+
+def in_host_pid_namespace(proc: str = "/proc") -> bool:
+    """Whether this process sees the host's PIDs: only the initial PID namespace shows the
+    kernel threads (PID 2 is ``kthreadd``). Inside an LXC container NVML reports host PIDs,
+    which there are missing or another process, so their names are not read there."""
+    global _HOST_NS
+    if _HOST_NS is None or proc != "/proc":
+        found = (read_text(f"{proc}/2/comm") or "").strip() == "kthreadd"
+        if proc != "/proc":
+            return found
+        _HOST_NS = found
+    return _HOST_NS
 
 
 def proc_stat(pid: int) -> tuple[str, int, int, int] | None:

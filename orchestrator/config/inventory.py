@@ -64,6 +64,9 @@ class HostConfig:
     proxy_jump: str | None = None
     connect_timeout_s: float = 10.0
     keepalive_s: float = 5.0
+    observe: str = "auto"
+    host_python: str = "python3"
+    agent_dir: str = "/var/lib/orch"
     explicit: frozenset[str] = frozenset()
 
 

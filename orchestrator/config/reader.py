@@ -111,6 +111,10 @@ def compose(path: str, text: str) -> yaml.Node | None:
         raise ConfigError(path, None, "", "YAML nested too deeply") from exc
 
 
+OBSERVE_CHOICES = ("auto", "host", "container")
+"""``observe:``'s words (hosts.yaml)."""
+
+
 class NodeReader:
     """Walks composed YAML nodes of one file, turning each mistake into a ConfigError."""
 
@@ -248,6 +252,20 @@ class NodeReader:
         value = self.text(node, key, "a path")
         if not value or not value.isprintable():
             raise self.fail(node, key, f"must be a path (got {show(value)!r})")
+        return value
+
+    def kind_observe(self, node: yaml.Node, key: str) -> str:
+        value = self.text(node, key, "auto, host or container")
+        if value not in OBSERVE_CHOICES:
+            raise self.fail(node, key, f"must be auto, host or container (got {show(value)!r})")
+        return value
+
+    def kind_hostdir(self, node: yaml.Node, key: str) -> str:
+        value = self.kind_workdir(node, key)
+        if not value.startswith("/") or "\n" in value:
+            raise self.fail(
+                node, key, f"must be an absolute path on the host (got {show(value)!r})"
+            )
         return value
 
     def kind_text(self, node: yaml.Node, key: str) -> str:

@@ -106,6 +106,36 @@ HOST_FIELDS: tuple[FieldSpec, ...] = (
         "`5`",
         "Seconds between liveness checks on an open connection.",
     ),
+    FieldSpec(
+        "observe",
+        "observe",
+        "observe",
+        "`auto`, `host` or `container`",
+        "`auto`",
+        "Where `check`, `watch` and `export` observe this host's containers from: `host` (one "
+        "observer process on the Proxmox host reads every container, its GPUs and the kernel "
+        "log, over one SSH channel), `container` (an agent inside each container through `pct "
+        "exec`), `auto` (the host when it has Python >= 3.10, else the containers). `orch "
+        "doctor` says which path each container uses and why.",
+    ),
+    FieldSpec(
+        "host_python",
+        "host_python",
+        "text",
+        "string",
+        "`python3`",
+        "Interpreter on the Proxmox host for the host observer and the host probe.",
+    ),
+    FieldSpec(
+        "agent_dir",
+        "agent_dir",
+        "hostdir",
+        "absolute path",
+        "`/var/lib/orch`",
+        "Directory on the Proxmox host for orch's host-side agent, deployed by content hash. "
+        "It must be owned by the SSH user (root) and writable by nobody else: orch refuses "
+        "to run from one that is not.",
+    ),
 )
 
 CONTAINER_FIELDS: tuple[FieldSpec, ...] = (

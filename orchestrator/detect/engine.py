@@ -119,11 +119,12 @@ def _explain_crash(
         pids, names = host.run_pids_and_names(history)
         manifest = manifest_of(history)
         ooms = host.oom_kills_of_run(
-            host.kernel_events(probes),
+            host.kernel_events(probes, history),
             pids=pids,
             names=names,
             started_at=manifest.started_at if manifest is not None else None,
             died_at=f.since,
+            vmid=next((s.vmid for s in reversed(history) if s.vmid is not None), None),
         )
         if ooms:
             e = ooms[0]

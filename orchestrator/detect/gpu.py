@@ -21,7 +21,7 @@ from orchestrator.detect.base import (
     trailing,
 )
 from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, GpuSample, HostProbe, Severity, Snapshot
+from orchestrator.model import Finding, GpuProcess, GpuSample, HostProbe, Severity, Snapshot
 
 _NVML_PLAYBOOK = {"driver-mismatch": "nvml-driver-mismatch", "gpu-lost": "gpu-fallen-off-bus"}
 _NVML_CRITICAL = {"driver-mismatch", "gpu-lost", "driver-not-loaded"}
@@ -38,20 +38,58 @@ def _is_ghost(g: GpuSample | None, limits: Limits) -> bool:
     )
 
 
+def _holder(p: GpuProcess) -> str:
+    """``python3 (pid 17 in ct201)``, ``pid 4242 on the host``...
+
+    >>> _holder(GpuProcess(pid=4242, name="python3", vmid=201, container_pid=17, container="ct201"))
+    'python3 (pid 17 in ct201)'
+    >>> _holder(GpuProcess(pid=9, vmid=203))
+    'pid ? in CT 203'
+    """
+    who = p.name or "a process"
+    if p.vmid is None:
+        return f"{who} (pid {p.pid})" if p.name else f"pid {p.pid}"
+    where = p.container or f"CT {p.vmid}"
+    inner = p.container_pid if p.container_pid is not None else "?"
+    return f"{who} (pid {inner} in {where})" if p.name else f"pid {inner} in {where}"
+
+
+def gpu_holders(
+    sample: GpuSample, vmid: int | None, probes: Sequence[HostProbe] = ()
+) -> tuple[list[GpuProcess], list[GpuProcess]] | None:
+    """(this container's or the host's processes, other containers') holding ``sample``; the
+    host probe's mapping (``gpu_processes``) fills in what the container could not tell.
+    ``None`` when the process list is unknown.
+
+    >>> g = GpuSample(index=3, processes=(GpuProcess(pid=7, vmid=201), GpuProcess(pid=8)))
+    >>> [[p.pid for p in side] for side in gpu_holders(g, 200)]
+    [[8], [7]]
+    """
+    if sample.processes is None:
+        return None
+    known = {p.pid: p for probe in probes[-1:] for p in probe.gpu_processes}
+    procs = [known.get(p.pid, p) if p.vmid is None else p for p in sample.processes]
+    own = [p for p in procs if vmid is None or p.vmid is None or p.vmid == vmid]
+    return own, [p for p in procs if p not in own]
+
+
 def ghost_utilization(
     history: History, limits: Limits, probes: Sequence[HostProbe] = ()
 ) -> list[Finding]:
     """GPUs busy (>= ``ghost_util_pct``) yet nearly empty (<= ``ghost_mem_mib``) for N samples.
 
     Cross-checked with power (a latched counter often still draws ~100 W) and with
-    whether any process holds the GPU (NVML's list, or the host's GPU PIDs).
+    whether a process holds the GPU: only this container's processes (or the host's) count,
+    as the host maps them (NVML's host PIDs, each process's cgroup); another container's
+    process on it is named, and the GPU still counts as held by none of this run.
     Seed 000: GPU 3 at ``0 MiB, 100 %`` with no run left.
     """
     snaps = reachable(history)
     if not snaps:
         return []
     target = snaps[-1].target
-    holders = sum(len(p.gpu_pids) for p in probes[-1:])
+    vmid = snaps[-1].vmid
+    listed = sum(len(p.gpu_pids) for p in probes[-1:])
     out: list[Finding] = []
     for g in snaps[-1].gpus:
         run = trailing(snaps, lambda s, i=g.index: _is_ghost(gpu(s, i), limits))  # type: ignore[misc]
@@ -59,13 +97,19 @@ def ghost_utilization(
             continue
         last = gpu(run[-1], g.index)
         assert last is not None
-        procs = last.processes
-        if procs:
-            held = f"held by {len(procs)} process(es)"
-        elif procs is None and not probes:
+        holders = gpu_holders(last, vmid, probes)
+        own, others = holders if holders is not None else ([], [])
+        if own:
+            held = f"held by {len(own)} process(es): {', '.join(_holder(p) for p in own[:3])}"
+        elif holders is None and not probes:
             held = "process list unknown"
+        elif others:
+            names = ", ".join(_holder(p) for p in others[:3])
+            held = f"held by no process of this container (another container's: {names})"
+        elif last.host_index is not None or snaps[-1].source == "host":
+            held = "held by no process (the host lists none)"
         else:
-            held = "held by no process" if not holders else "host lists GPU processes"
+            held = "held by no process" if not listed else "host lists GPU processes"
         power = f", drawing {fmt_num(last.power_w, 'W')}" if last.power_w is not None else ""
         evidence = tuple(
             f"{fmt_time(s.taken_at)} GPU {g.index}: {fmt_num(x.memory_used_mib, 'MiB')}, "
@@ -73,8 +117,8 @@ def ghost_utilization(
             for s in run[-5:]
             if (x := gpu(s, g.index)) is not None
         )
-        # Held by nothing, the GPU is wedged for the next run too (seed 000): page someone.
-        severity = Severity.WARNING if procs else Severity.CRITICAL
+        # Held by nothing of ours, the GPU is wedged for the next run too (seed 000): page someone.
+        severity = Severity.WARNING if own else Severity.CRITICAL
         out.append(
             Finding(
                 kind="ghost-utilization",
@@ -88,7 +132,7 @@ def ghost_utilization(
                 ),
                 gpus=(g.index,),
                 since=run[0].taken_at,
-                evidence=evidence,
+                evidence=evidence + tuple(f"GPU {g.index}: {_holder(p)}" for p in others[:3]),
                 playbook="ghost-utilization",
             )
         )

@@ -46,6 +46,7 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.firstrun.checklist import FAIL, OK, SKIP, WARN, Check
+from orchestrator.firstrun.observepath import observe_checks
 from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
 REMOTE_TIMEOUT_S = 15.0
@@ -376,19 +377,21 @@ def check_python(inv: Inventory, ct: ContainerConfig) -> Check:
 
 
 def check_host_python(inv: Inventory, host: HostConfig) -> Check:
-    """python3 on the Proxmox host, >= 3.10 for the host probe; a warning otherwise."""
+    """The host's python (``host_python:``, default python3) runs and is >= 3.10 for the host
+    probe and the host observer; a warning otherwise (orch then observes from inside)."""
     from orchestrator.transport.connect import host_transport
 
-    name = f"python3 on {host.name}"
+    python = host.host_python
+    name = f"{python} on {host.name}"
     try:
-        res = host_transport(inv, host.name).run(["python3", "--version"], timeout=REMOTE_TIMEOUT_S)
+        res = host_transport(inv, host.name).run([python, "--version"], timeout=REMOTE_TIMEOUT_S)
     except OrchError as exc:
         return Check(name, WARN, str(exc), f"orch doctor {host.name}")
     text = (res.out.strip() or res.err.strip() or "no output").splitlines()[0][:120]
     if not res.ok:
-        return Check(name, WARN, f"python3 --version exited {res.exit_status}: {text}; the host "
-                     "probe needs Python >= 3.10", f"apt-get install -y python3 on {host.name}")  # fmt: skip
-    return _python_verdict(Check(name, OK, text), host.name, "python3", host=True)
+        return Check(name, WARN, f"{python} --version exited {res.exit_status}: {text}; the "
+                     "host probe needs Python >= 3.10", f"apt-get install -y python3 on {host.name}")  # fmt: skip
+    return _python_verdict(Check(name, OK, text), host.name, python, host=True)
 
 
 _NVML_FIXES = {
@@ -509,6 +512,7 @@ def _target_checks(
         yield pct
         yield check_host_python(inv, host)
         if ct is None:
+            yield from observe_checks(inv, host, None, Check) if pct.ok else ()
             return
         running = (
             check_container_running(inv, ct)
@@ -524,6 +528,7 @@ def _target_checks(
     yield check_python(inv, ct)
     yield check_tool(inv, ct, "tmux", ["tmux", "-V"], "tmux")
     yield check_nvml(inv, ct)
+    yield from observe_checks(inv, host, ct, Check)
 
 
 def run_doctor(

@@ -22,7 +22,7 @@ import queue
 import threading
 import time
 from collections.abc import Callable, Generator, Iterable, Mapping, Sequence
-from typing import Any
+from typing import Any, TypeVar
 
 import tenacity
 
@@ -41,6 +41,7 @@ DEFAULT_JOBS = 32
 
 Connect = Callable[[], Iterable[Snapshot]]
 """Opens ONE connection and iterates its snapshots; raises (``StreamLost``...) when it is over."""
+T = TypeVar("T")
 
 
 def reconnect_wait(failures: int, cap_s: float = BACKOFF_CAP_S) -> float:
@@ -70,13 +71,14 @@ def failure_reason(value: object) -> str:
 
 def reconnecting(
     name: str,
-    connect: Connect,
+    connect: Callable[[], Iterable[T]],
     *,
     backoff_cap_s: float = BACKOFF_CAP_S,
     sleep: Callable[[float], Any] = time.sleep,
     stop: threading.Event | None = None,
-) -> Generator[Snapshot, None, None]:
-    """Snapshots of ``connect()``'s connections, forever (until ``stop`` is set).
+) -> Generator[T | Snapshot, None, None]:
+    """Snapshots (or a host's documents) of ``connect()``'s connections, forever (until ``stop``
+    is set).
 
     When a connection is over, the gap's marker is yielded (``StreamLost.marker``, or
     ``Snapshot.unreachable`` naming any other exception: lenient, a view must carry on),
@@ -133,7 +135,9 @@ def pump(
     backoff_cap_s: float = BACKOFF_CAP_S,
 ) -> None:
     """Put ``(name, Snapshot)`` on ``out`` until ``stop`` is set (a thread's body)."""
-    snaps = reconnecting(name, connect, backoff_cap_s=backoff_cap_s, sleep=stop.wait, stop=stop)
+    snaps: Generator[Snapshot, None, None] = reconnecting(
+        name, connect, backoff_cap_s=backoff_cap_s, sleep=stop.wait, stop=stop
+    )
     try:
         for snap in snaps:
             if stop.is_set():

@@ -1,17 +1,33 @@
 """``orch export``'s source: the newest judgement of every target, refreshed by one concurrent
 round of one-shot snapshots per :meth:`Poller.poll_once` over an in-memory history (the
 detection window), so a scrape never waits on SSH.
+
+Containers observed from their host come one document per host: one call per round, or,
+after :meth:`Poller.stream`, ONE stream per host that judges each document as it comes
+(the round then asks only the containers observed from inside).
 """
 
 from __future__ import annotations
 
 import logging
+import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.model import Snapshot
+from orchestrator.detect.limits import Limits
+from orchestrator.model import HostDocument, Snapshot
+from orchestrator.monitor.hostpath import (
+    HOST_PREFIX,
+    HostFeed,
+    HostView,
+    host_judgement,
+    pump_host,
+    read_round,
+    run_host_pids,
+)
 from orchestrator.monitor.judge import Judgement, TargetHistory, with_unreachable
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather
 from orchestrator.monitor.state import target_state
@@ -46,11 +62,65 @@ class Poller:
         self._latest: dict[str, Judgement] = {}
         self._history = {n: TargetHistory(n, inventory.container(n)) for n in self.names}
         self._targets: dict[str, Target] = {}
+        self._hosts: dict[str, Judgement] = {}
+        self._links: dict[str, Any] = {}
+        self._streaming: set[str] = set()
+        self._stop = threading.Event()
+        self.groups: dict[str, list[str]] = {}
+        if fetch is None:
+            from orchestrator.hostlink import host_groups
+
+            self.groups = host_groups(inventory, self.names)
 
     def latest(self) -> list[Judgement]:
         """The newest judgement of every target polled at least once, in the order given."""
         with self._lock:
             return [self._latest[n] for n in self.names if n in self._latest]
+
+    def hosts(self) -> list[Judgement]:
+        """The hosts' own findings (kernel events no container owns), one judgement per host."""
+        with self._lock:
+            return [self._hosts[h] for h in sorted(self._hosts)]
+
+    def stream(self, interval_s: float) -> None:
+        """Observe the host-path containers over ONE stream per host from now on (threads)."""
+        from orchestrator.hostlink import HostLink
+
+        items: queue.Queue[tuple[str, Any]] = queue.Queue()
+        for host, names in self.groups.items():
+            link = HostLink(self.inventory, host, names)
+
+            def connect(link: HostLink = link) -> Iterable[HostDocument]:
+                return link.stream_once(interval_s)
+
+            feed = HostFeed(self.inventory, host, names, pane=self._snapshot,
+                            fallback=self._streaming.difference_update)  # fmt: skip
+            threading.Thread(target=pump_host, args=(feed, connect, items, self._stop),
+                             name=f"export-host-{host}", daemon=True).start()  # fmt: skip
+            self._streaming.update(names)
+        threading.Thread(
+            target=self._drain, args=(items,), name="export-judge", daemon=True
+        ).start()
+
+    def _drain(self, items: queue.Queue[tuple[str, Any]]) -> None:
+        while not self._stop.is_set():
+            try:
+                name, item = items.get(timeout=0.5)
+            except queue.Empty:
+                continue
+            if isinstance(item, HostView):
+                self._host(item.host, item.findings, item.taken_at or time.time())
+            else:
+                self._judge(name, item)
+
+    def _host(self, host: str, findings: Sequence[Any], at: float) -> None:
+        with self._lock:
+            if findings:
+                name = HOST_PREFIX + host
+                snap = Snapshot(name, at)
+                self._hosts[host] = Judgement(name, snap, "host", tuple(findings), host=host)
+            else:
+                self._hosts.pop(host, None)
 
     def _snapshot(self, name: str) -> Snapshot:
         t = self._targets.get(name)
@@ -60,31 +130,55 @@ class Poller:
 
     def poll_once(self) -> None:
         """One concurrent round of snapshots, then the judgement; never raises for a target."""
+        from orchestrator.hostlink import HostLink, observe_path
+
+        live = {h: ns for h, ns in self.groups.items()
+                if observe_path(self.inventory, self.inventory.container(ns[0])).mode == "host"}  # fmt: skip
+        on_host = {n for ns in live.values() for n in ns}
 
         def job(name: str) -> Callable[[], Snapshot]:
             return lambda: self._fetch(name)
 
-        got = gather(
-            {n: job(n) for n in self.names},
-            workers=self.workers,
-            timeout_s=self.timeout_s,
-        )
+        def host_job(host: str) -> Callable[[], Any]:
+            link = self._links.get(host) or self._links.setdefault(
+                host, HostLink(self.inventory, host, self.groups[host]))  # fmt: skip
+            return lambda: link.observe(timeout=self.timeout_s)
+
+        jobs: dict[str, Callable[[], Any]] = {n: job(n) for n in self.names if n not in on_host}
+        hosts = [h for h in live if not set(live[h]) <= self._streaming]
+        jobs.update({f"{HOST_PREFIX}{h}": host_job(h) for h in hosts})
+        got = gather(jobs, workers=self.workers, timeout_s=self.timeout_s)
         now = time.time()
+        known = run_host_pids(h.snapshots[-1] for h in self._history.values() if h.snapshots)
+        hosted = read_round(self.inventory, {h: self.groups[h] for h in hosts},
+                            {h: got.get(HOST_PREFIX + h) for h in hosts}, now, known)  # fmt: skip
+        if hosted.fallback:
+            got.update(gather({n: job(n) for n in hosted.fallback}, workers=self.workers,
+                              timeout_s=self.timeout_s))  # fmt: skip
         for n in self.names:
-            snap = as_snapshot(n, got[n], now)
-            if snap is not got[n]:
-                self._targets.pop(n, None)  # reconnect next round
-            hist = self._history[n]
-            try:
-                j = hist.add(snap)
-            except Exception:  # noqa: BLE001 - a detector bug must not stop the exporter
-                log.exception("%s: detectors failed", n)
-                cfg = hist.config
-                findings = with_unreachable(n, snap, [])
-                state = target_state(snap, findings, startup_grace_s=cfg.limits.startup_grace_s)
-                j = Judgement(n, snap, state, tuple(findings), host=cfg.host)
-            with self._lock:
-                self._latest[n] = j
+            if n in hosted.snaps:
+                self._judge(n, hosted.snaps[n])
+            elif n in got:
+                snap = as_snapshot(n, got[n], now)
+                if snap is not got[n]:
+                    self._targets.pop(n, None)  # reconnect next round
+                self._judge(n, snap)
+        for h, events in hosted.host_events.items():
+            self._host(h, host_judgement(h, events, Limits()), now)
+
+    def _judge(self, n: str, snap: Snapshot) -> None:
+        hist = self._history[n]
+        try:
+            j = hist.add(snap)
+        except Exception:  # noqa: BLE001 - a detector bug must not stop the exporter
+            log.exception("%s: detectors failed", n)
+            cfg = hist.config
+            findings = with_unreachable(n, snap, [])
+            state = target_state(snap, findings, startup_grace_s=cfg.limits.startup_grace_s)
+            j = Judgement(n, snap, state, tuple(findings), host=cfg.host)
+        with self._lock:
+            self._latest[n] = j
 
     def close(self) -> None:
-        """Nothing to close: the transports are pooled per host (``close_all`` at exit)."""
+        """Stop the host streams; the transports are pooled per host (``close_all`` at exit)."""
+        self._stop.set()

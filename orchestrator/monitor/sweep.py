@@ -25,6 +25,16 @@ from orchestrator.detect.engine import default_playbooks
 from orchestrator.model import Finding, HostProbe, Severity, Snapshot
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import History
+from orchestrator.monitor.hostpath import (
+    HOST_PREFIX,
+    HostRound,
+    host_judgement,
+    needs_pane,
+    owned_lines,
+    read_round,
+    run_host_pids,
+    with_pane,
+)
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather, select_targets
 from orchestrator.target import Host, Target
@@ -41,12 +51,14 @@ severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)
 
 @dataclass(frozen=True, slots=True)
 class CheckReport:
-    """The whole check. ``problems`` are things about the check itself (alert delivery...)."""
+    """The whole check. ``problems`` are things about the check itself (alert delivery...);
+    ``hosts`` are the hosts' own findings (events no container owns), one judgement each."""
 
     status: int
     targets: tuple[Judgement, ...]
     problems: tuple[str, ...] = ()
     notified: int = 0
+    hosts: tuple[Judgement, ...] = ()
 
 
 def nagios_status(results: Sequence[Judgement]) -> int:
@@ -116,19 +128,25 @@ def run_check(
 ) -> CheckReport:
     """Snapshot, judge, alert, remember. Raises ``HistoryError`` when the database is unusable.
 
-    ``fetch`` stands in for ``Target(inventory, name).snapshot(...)`` (tests feed a recorded
-    history through it).
+    Containers observed from their host (:func:`~orchestrator.hostlink.host_groups`) take one
+    ``host-observe`` call per host; the others one in-container snapshot each plus one probe
+    per host. ``fetch`` stands in for every target's snapshot (tests feed a recorded history
+    through it).
     """
+    from orchestrator.hostlink import HostLink, host_groups
+
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
-    hosts = sorted({c.host for c in containers.values() if not c.is_local})
+    groups = host_groups(inventory, names)
+    on_host = {n for ns in groups.values() for n in ns}
 
     history = History.open(opts.db_path)
     with history:
-        since_raw = {h: history.get_meta(f"probe-since:{h}") for h in hosts}
         # continue each run's log where the previous check stopped (each line is seen once);
         # read in SQLite so the targets are asked at once, the stored history decoded meanwhile
         resume = history.last_runs(names)
+        meta = {h: (history.get_meta(f"kernel-cursor:{h}"), history.get_meta(f"probe-since:{h}"))
+                for h in {c.host for c in containers.values() if not c.is_local}}  # fmt: skip
         past: dict[str, list[Snapshot]] = {}
         started = time.time()
 
@@ -149,19 +167,43 @@ def run_check(
             default_playbooks()  # parsed once per process; the detectors need them
 
         def probe_job(host: str) -> Callable[[], HostProbe]:
-            raw = since_raw[host]
+            raw = meta[host][1]
             since = float(raw) if raw else started - 3600.0
             return lambda: Host(inventory, host).probe(since)
 
-        jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in names}
-        if opts.probe_hosts:
-            jobs.update({f"h:{h}": probe_job(h) for h in hosts})
+        def host_job(host: str) -> Callable[[], Any]:
+            link = HostLink(inventory, host, groups[host])
+            link.resume = {n: resume[n] for n in groups[host] if n in resume}
+            cursor, raw = meta[host]
+            link.cursor, link.since = cursor, float(raw) if raw else started - 3600.0
+            return lambda: link.observe(timeout=opts.timeout_s)
+
+        def inside_jobs(targets: Sequence[str]) -> dict[str, Callable[[], Any]]:
+            jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in targets}
+            if opts.probe_hosts:
+                hosts = sorted({containers[n].host for n in targets if not containers[n].is_local})
+                jobs.update({f"h:{h}": probe_job(h) for h in hosts})
+            return jobs
+
+        jobs = inside_jobs([n for n in names if n not in on_host])
+        if fetch is None:
+            jobs.update({f"H:{h}": host_job(h) for h in groups})
+        else:  # tests feed recorded snapshots: every target through ``fetch``
+            jobs.update({f"t:{n}": snap_job(n) for n in on_host})
+            groups = {}
         got = gather(jobs, workers=opts.workers, timeout_s=opts.timeout_s, meanwhile=meanwhile)
         now = time.time()
-        snaps = {n: as_snapshot(n, got[f"t:{n}"], now) for n in names}
+        known = run_host_pids(s for n in on_host for s in past.get(n, ())[-2:])
+        hosted = read_round(inventory, groups, {h: got.get(f"H:{h}") for h in groups}, now, known)
+        if hosted.fallback:  # a host that cannot run the observer: its containers from inside
+            got.update(gather(inside_jobs(hosted.fallback), workers=opts.workers,
+                              timeout_s=opts.timeout_s))  # fmt: skip
+        snaps = {n: hosted.snaps[n] if n in hosted.snaps else as_snapshot(n, got[f"t:{n}"], now)
+                 for n in names}  # fmt: skip
+        snaps.update(_panes(inventory, snaps, opts))
         probes: dict[str, HostProbe] = {}
         problems: list[str] = []
-        for h in hosts:
+        for h in meta:
             value = got.get(f"h:{h}")
             if isinstance(value, HostProbe):
                 probes[h] = value
@@ -178,19 +220,28 @@ def run_check(
                 j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
                 all_findings.extend(j.findings)
                 results.append(j)
+            # the hosts' own events belong to a check of the whole fleet, not of named targets
+            host_results = [] if opts.names else _host_results(hosted, probes, all_findings, now)
+            all_findings.extend(f for j in host_results for f in j.findings)
             history.record(snaps.values())
             for h, p in probes.items():
                 history.set_meta(f"probe-since:{h}", repr(p.taken_at))
+            for h, (cursor, at) in hosted.cursors.items():
+                if cursor:
+                    history.set_meta(f"kernel-cursor:{h}", cursor)
+                if at is not None:
+                    history.set_meta(f"probe-since:{h}", repr(at))
 
-            status = nagios_status(results)
+            status = nagios_status([*results, *host_results])
             notified = 0
             notifier = alerts.Notifier(webhook_url=opts.webhook_url, command=opts.notify_cmd)
+            checked = [*names, *(j.name for j in host_results)]
             if notifier.configured:
-                previous = history.alerts(names)
+                previous = history.alerts(checked)
                 notes, planned = alerts.plan(
                     previous,
                     all_findings,
-                    checked=names,
+                    checked=checked,
                     held=[r.name for r in results if not r.snapshot.reachable],
                     now=now,
                     renotify_s=opts.renotify_h * 3600.0,
@@ -210,9 +261,44 @@ def run_check(
                             problems.append(f"{d.sink} alert not delivered: {d.detail}")
                     notified = len(notes) if delivered else 0
                 history.save_alerts(
-                    names, alerts.settle(previous, planned, notes, delivered).values()
+                    checked, alerts.settle(previous, planned, notes, delivered).values()
                 )
-    return CheckReport(status, tuple(results), tuple(problems), notified)
+    return CheckReport(status, tuple(results), tuple(problems), notified, tuple(host_results))
+
+
+def _panes(
+    inventory: Inventory, snaps: dict[str, Snapshot], opts: CheckOptions
+) -> dict[str, Snapshot]:
+    """The pane lines, through ``pct exec``, of the containers the host cannot judge without
+    them (:func:`~orchestrator.monitor.hostpath.needs_pane`)."""
+    wanted = [n for n, s in snaps.items() if needs_pane(s)]
+    if not wanted:
+        return {}
+
+    def job(name: str) -> Callable[[], Snapshot]:
+        return lambda: Target(inventory, name).snapshot(timeout=opts.timeout_s)
+
+    got = gather({n: job(n) for n in wanted}, workers=opts.workers, timeout_s=opts.timeout_s)
+    return {n: with_pane(snaps[n], v if isinstance(v, Snapshot) else None) for n, v in got.items()}
+
+
+def _host_results(
+    hosted: HostRound, probes: dict[str, HostProbe], findings: Sequence[Finding], now: float
+) -> list[Judgement]:
+    """One judgement per host with events no container owns (or no container's finding shows)."""
+    from orchestrator.detect.limits import Limits
+
+    shown = owned_lines(findings)
+    events = {h: list(evs) for h, evs in hosted.host_events.items()}
+    for h, p in probes.items():
+        events.setdefault(h, []).extend(e for e in p.kernel_events if e.vmid is None)
+    out = []
+    for h, evs in sorted(events.items()):
+        found = host_judgement(h, [e for e in evs if e.line not in shown], Limits())
+        if found:
+            snap = Snapshot(HOST_PREFIX + h, now)
+            out.append(Judgement(HOST_PREFIX + h, snap, "host", tuple(found), host=h))
+    return out
 
 
 def playbook_titles() -> dict[str, str]:

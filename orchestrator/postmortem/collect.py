@@ -85,16 +85,29 @@ def _host_run(transport: Any, argv: list[str], timeout: float = 30.0) -> tuple[b
     return res.ok, res.out if res.ok else (res.err or res.out)
 
 
-def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None]:
-    """The host kernel log since ``since`` (last :data:`KERNEL_LOG_LINES` lines): journalctl, else dmesg."""
-    argv = ["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q"]
-    ok, text = _host_run(transport, [*argv, f"--since=@{int(since)}", "-n", str(KERNEL_LOG_LINES)])
+PREVIOUS_BOOT = "-- the boot before this one (journalctl -k -b -1) --"
+THIS_BOOT = "-- this boot (journalctl -k) --"
+"""The lines that part the two boots in the bundle's kernel.log, after a host reboot."""
+
+
+def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None, bool]:
+    """The host kernel log since ``since`` (last :data:`KERNEL_LOG_LINES` lines of each boot):
+    journalctl, else dmesg; the boot before this one too when it has lines since ``since``
+    (the host rebooted after the run started). Returns (lines, tool, previous boot read)."""
+    argv = ["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q", f"--since=@{int(since)}",
+            "-n", str(KERNEL_LOG_LINES)]  # fmt: skip
+    ok, text = _host_run(transport, argv)
     if ok:
-        return text.splitlines(), "journalctl"
+        lines = text.splitlines()
+        ok_prev, prev = _host_run(transport, [*argv, "-b", "-1"])  # "No journal boot entry..."
+        earlier = [x for x in prev.splitlines() if x.strip()] if ok_prev else []
+        if earlier:
+            return [PREVIOUS_BOOT, *earlier, THIS_BOOT, *lines], "journalctl", True
+        return lines, "journalctl", False
     ok, text = _host_run(transport, ["dmesg"])
     if ok:
-        return text.splitlines()[-KERNEL_LOG_LINES:], "dmesg"
-    return [], None
+        return text.splitlines()[-KERNEL_LOG_LINES:], "dmesg", False
+    return [], None, False
 
 
 def collect(
@@ -154,15 +167,17 @@ def collect(
     probe: HostProbe | None = None
     kernel: list[str] = []
     source = None
+    rebooted = False
     if host_tp is not None:
         since = (started or time.time() - 3600.0) - KERNEL_MARGIN_S
+        kernel, source, rebooted = _kernel_log(host_tp, since)
         try:
-            probe = Host(inventory, c.host).probe(since)
+            probe = Host(inventory, c.host).probe(since, previous_boot=rebooted)
         except (AgentError, OSError) as exc:
             errors.append(f"host probe: {exc}")
-        kernel, source = _kernel_log(host_tp, since)
-    return _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
-                     secrets, errors)  # fmt: skip
+    ev = _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
+                   secrets, errors)  # fmt: skip
+    return dataclasses.replace(ev, vmid=c.vmid, previous_boot=rebooted)
 
 
 def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:

@@ -65,6 +65,11 @@ class Evidence:
     tee_error: str | None = None
     """What tee said on its stderr (the run's ``tee.err``), e.g. "tee: .../train.log: No space
     left on device": the log stopped growing there (the pane kept the output)."""
+    vmid: int | None = None
+    """The container's vmid: host events of other containers are not this run's."""
+    previous_boot: bool = False
+    """The host rebooted since the run started: the kernel log holds the boot before this one
+    too (``journalctl -k -b -1``), marked in ``kernel_log`` and on each event (``boot``)."""
 
 
 # --- reconstruct (pure) ----------------------------------------------------------------------

@@ -30,6 +30,7 @@ from orchestrator.detect.limits import Limits
 from orchestrator.matching import CERTAIN, PROBABLE
 from orchestrator.model import (
     Finding,
+    HostProbe,
     KernelEvent,
     Severity,
     Snapshot,
@@ -111,6 +112,7 @@ class Postmortem:
             "exit_status": ev.exit_status,
             "container_status": ev.container_status,
             "kernel_events": [e.to_dict() for e in (ev.probe.kernel_events if ev.probe else ())],
+            "kernel_log_boots": ["previous", "current"] if ev.previous_boot else ["current"],
             "errors": list(ev.errors),
             "tee_error": ev.tee_error,
             "bundle": self.bundle,
@@ -150,13 +152,16 @@ def our_oom_kills(ev: Evidence, history: Sequence[Snapshot]) -> list[KernelEvent
     """
     if ev.probe is None:
         return []
+    from orchestrator.detect.host import kernel_events
+
     pids, names = run_pids_and_names(ev, history)
     return oom_kills_of_run(
-        ev.probe.kernel_events,
+        kernel_events([ev.probe], history),
         pids=pids,
         names=names,
         started_at=ev.manifest.started_at if ev.manifest else None,
         died_at=died_at(ev, history),
+        vmid=ev.vmid,
     )
 
 
@@ -172,13 +177,39 @@ def judge(
 
     pbs = tuple(default_playbooks() if playbooks is None else playbooks)
     history = reconstruct_history(ev)
-    probes = [ev.probe] if ev.probe is not None else []
+    if ev.vmid is not None:  # the container's own: host events of others are not this run's
+        history = [dataclasses.replace(s, vmid=ev.vmid) for s in history]
+    probes = [claim_gpu_events(ev, roles)] if ev.probe is not None else []
     findings = run_detectors(
         history, limits=limits or Limits(), roles=roles, probes=probes, playbooks=pbs
     )
     matches = match_log([*ev.log_tail, *ev.pane, *([ev.tee_error] if ev.tee_error else ())], pbs)
     verdict = decide(ev, history, findings, matches, pbs)
     return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
+
+
+def claim_gpu_events(ev: Evidence, roles: dict[int, str] | None = None) -> HostProbe:
+    """The probe with the host-wide GPU events of the run's lifetime given to this run, when
+    they name a GPU it may use (its manifest's, else the container's roles, else any): the
+    postmortem asks what ended THIS run, and a GPU that fell off the bus under it is the
+    likeliest answer even when no process of it was left holding the GPU to tell the host."""
+    assert ev.probe is not None
+    if ev.vmid is None:
+        return ev.probe
+    manifest = ev.manifest
+    gpus = set(manifest.gpus if manifest and manifest.gpus else ()) or set(roles or {})
+    started = manifest.started_at if manifest else None
+
+    def claim(e: KernelEvent) -> KernelEvent:
+        if e.vmid is not None or e.kind not in ("xid", "fallen-off-bus"):
+            return e
+        if (gpus and e.gpu not in gpus) or (started and e.at is not None and e.at < started - 1):
+            return e
+        return dataclasses.replace(e, vmid=ev.vmid)
+
+    return dataclasses.replace(
+        ev.probe, kernel_events=tuple(claim(e) for e in ev.probe.kernel_events)
+    )
 
 
 _GENERIC_IDS = frozenset(
@@ -404,6 +435,13 @@ def decide(
             )
             v = from_finding(f, summary, playbook=pb, remedy=remedy, cause=cause)
             return dataclasses.replace(v, confidence=PROBABLE, confirm=confirm) if confirm else v
+        lost = first.get("xid")
+        if lost is not None and lost.playbook == "gpu-fallen-off-bus" and code is None:
+            # its GPU fell off the bus: the usual end of a run, and of the host's boot
+            boot = " (kernel log of the previous boot: the host rebooted since)" if (
+                ev.previous_boot and "previous boot" in lost.summary) else ""  # fmt: skip
+            return from_finding(lost, f"{what} vanished{when}: its GPU fell off the bus "
+                                f"({lost.summary.split(' (')[0]}){boot}")  # fmt: skip
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if asked and (code == 0 or "finished" in first):

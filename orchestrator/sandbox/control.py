@@ -110,3 +110,21 @@ def kill_tmux_server(state_dir: Path | str | None, container: str | int) -> int 
     with contextlib.suppress(ProcessLookupError):
         os.kill(pid, signal.SIGKILL)
     return pid
+
+
+def reboot(state_dir: Path | str | None, *, at_s: float | None = None) -> str:
+    """Fault injection: the host reboots. Every container stops (and every process in it), the
+    kernel log starts a new boot (dmesg forgets the old one; ``journalctl -k -b -1`` keeps it),
+    and the containers start again (``onboot``), with empty ``/tmp``. The run directories
+    stay, as on a real host. Returns the new boot's id.
+    """
+    from orchestrator.sandbox import kernel
+
+    state_dir = resolve_state_dir(state_dir)
+    vmids = [int(c["vmid"]) for c in read_state(state_dir)["containers"]]
+    for vmid in vmids:
+        run_pct(state_dir, "stop", str(vmid))
+    boot_id = kernel.reboot(state_dir, at_s=at_s)
+    for vmid in vmids:
+        start_container(state_dir, vmid)
+    return boot_id

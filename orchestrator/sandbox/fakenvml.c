@@ -16,7 +16,7 @@
  *   - power is in milliwatts; memory in bytes.
  * Scenario keys (all optional): driver_version, nvml_version,
  * cuda_driver_version (e.g. 12080), init_error (name or code), init_hang_ms,
- * devices: [{index, name, uuid, pci_bus_id, util_pct, mem_util_pct, mem_used_mib,
+ * devices: [{index, minor, name, uuid, pci_bus_id, util_pct, mem_util_pct, mem_used_mib,
  * mem_total_mib, temp_c, power_w, power_limit_w, processes: [{pid, used_mib}],
  * lost, hang_ms}].
  */
@@ -491,6 +491,14 @@ EXPORT nvmlReturn_t nvmlDeviceGetIndex(nvmlDevice_t h, unsigned int *index) {
     DEVICE_CALL(h, s, dev)
     if (!index) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
     *index = (unsigned)jnum(dev, "index", (double)((uintptr_t)h - HANDLE_BASE));
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetMinorNumber(nvmlDevice_t h, unsigned int *minor) {
+    DEVICE_CALL(h, s, dev)
+    if (!minor) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *minor = (unsigned)jnum(dev, "minor", jnum(dev, "index", (double)((uintptr_t)h - HANDLE_BASE)));
     scenario_free(&s);
     return NVML_SUCCESS;
 }

@@ -1,38 +1,73 @@
-"""The sandbox's kernel ring buffer: ``<state>/kernel.log``, read by the dmesg/journalctl stand-ins.
+"""The sandbox's kernel log: ``<state>/kernel.log``, read by the dmesg/journalctl stand-ins.
 
-One line per message: ``EPOCH_S LEVEL TEXT`` (level as in syslog: 3 err, 4 warn, 6 info).
+One record per line: ``EPOCH_S LEVEL TEXT`` (level as in syslog: 3 err, 4 warn, 6 info); a
+newline inside a record (the kernel prints some notices as one record of several lines, such
+as newer drivers' "fallen off the bus") is stored as ``\\x0a`` and a backslash as ``\\x5c``,
+as ``/dev/kmsg`` escapes them. A line ``EPOCH_S B BOOT_ID`` starts a new boot
+(:func:`reboot`): dmesg then shows only the records after it (a reboot empties the ring
+buffer), ``journalctl -k`` the current boot, ``journalctl -k -b -1`` the one before.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import time
 from pathlib import Path
 
 KERNEL_LOG = "kernel.log"
+BOOT = "B"
+"""The level field of a boot line."""
+
+
+def escape(text: str) -> str:
+    """A record's text as stored (``\\`` and newlines escaped as ``/dev/kmsg`` does).
+
+    >>> escape("NVRM: The NVIDIA GPU 0000:b3:00.0\\nNVRM: fallen off the bus")
+    'NVRM: The NVIDIA GPU 0000:b3:00.0\\\\x0aNVRM: fallen off the bus'
+    """
+    return text.replace("\\", "\\x5c").replace("\r", "").replace("\n", "\\x0a")
+
+
+def unescape(text: str) -> str:
+    r"""The record's text back (:func:`escape` undone).
+
+    >>> unescape(escape("a\\b\nc")) == "a\\b\nc"
+    True
+    """
+    return text.replace("\\x0a", "\n").replace("\\x5c", "\\")
 
 
 def format_kernel_line(text: str, level: int, at_s: float) -> str:
-    """One stored line; newlines in ``text`` become spaces.
+    """One stored record (several lines of ``text`` stay one record).
 
     >>> format_kernel_line("NVRM: Xid (PCI:0000:5d:00): 79, pid=1, GPU has fallen off the bus.", 4, 12.5)
     '12.500000 4 NVRM: Xid (PCI:0000:5d:00): 79, pid=1, GPU has fallen off the bus.\\n'
     """
     if not 0 <= level <= 7:
         raise ValueError(f"kernel log level must be 0..7, got {level}")
-    return f"{at_s:.6f} {level} {' '.join(text.splitlines())}\n"
+    return f"{at_s:.6f} {level} {escape(text)}\n"
 
 
-def append_kernel_line(
-    state_dir: Path | str, text: str, *, level: int = 4, at_s: float | None = None
-) -> None:
-    """Append ``text`` to the sandbox kernel log (as the kernel would print it), at ``at_s`` (default now).
-
-    One ``O_APPEND`` write per line, so concurrent writers never interleave within a line.
-    """
-    line = format_kernel_line(text, level, time.time() if at_s is None else at_s)
+def _append(state_dir: Path | str, line: str) -> None:
+    """One ``O_APPEND`` write per line, so concurrent writers never interleave within a line."""
     fd = os.open(Path(state_dir) / KERNEL_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
         os.close(fd)
+
+
+def append_kernel_line(
+    state_dir: Path | str, text: str, *, level: int = 4, at_s: float | None = None
+) -> None:
+    """Append ``text`` to the sandbox kernel log (as the kernel would print it), at ``at_s``
+    (default now); a ``text`` of several lines is one record, as the kernel's own."""
+    _append(state_dir, format_kernel_line(text, level, time.time() if at_s is None else at_s))
+
+
+def reboot(state_dir: Path | str, *, at_s: float | None = None) -> str:
+    """Start a new boot in the kernel log at ``at_s`` (default now); returns its boot id."""
+    boot_id = secrets.token_hex(16)
+    _append(state_dir, f"{time.time() if at_s is None else at_s:.6f} {BOOT} {boot_id}\n")
+    return boot_id

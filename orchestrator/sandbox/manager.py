@@ -31,6 +31,7 @@ from orchestrator.errors import UsageError
 from orchestrator.sandbox import kernel, lxc, process
 from orchestrator.sandbox.control import (
     kill_tmux_server,
+    reboot,
     run_pct,
     start_container,
     start_sshd,
@@ -64,7 +65,7 @@ from orchestrator.sandbox.state import (
 
 __all__ = [  # the sandbox's API; tests and the reliability suite use these names
     "SandboxError", "SandboxInfo", "down", "host_env", "info", "kill_tmux_server", "load_scenario",
-    "read_scenario", "resize_scenario", "resolve_state_dir", "run_pct", "scenario_names",
+    "read_scenario", "reboot", "resize_scenario", "resolve_state_dir", "run_pct", "scenario_names",
     "set_scenario", "start_container", "start_sshd", "status", "stop_container", "stop_sshd", "up",
 ]  # fmt: skip
 
@@ -132,17 +133,21 @@ def _hosts_yaml(state_dir: Path, server: Any, vmids: list[int], gpus: int, isola
             ct["workdir"] = str(process.container_root(state_dir, v) / WORKDIR)
         ct.update(session=SESSION, gpus={k: list(ids) for k, ids in roles.items()})
         containers[f"ct{v}"] = ct
+    host: dict[str, Any] = {
+        "address": "127.0.0.1",
+        "port": server.port,
+        "user": server.user,
+        "identity_file": str(server.client_key_path),
+        "known_hosts": str(server.known_hosts_path),
+        # the host observer lives in the sandbox (a host's is /var/lib/orch); process-mode
+        # containers are no containers to a host, so they are observed from inside
+        "agent_dir": str(state_dir / "host-agent"),
+    }
+    if isolation != "lxc":
+        host["observe"] = "container"
     doc = {
         "defaults": {"user": server.user, "poll_interval": 2},
-        "hosts": {
-            HOST_NAME: {
-                "address": "127.0.0.1",
-                "port": server.port,
-                "user": server.user,
-                "identity_file": str(server.client_key_path),
-                "known_hosts": str(server.known_hosts_path),
-            }
-        },
+        "hosts": {HOST_NAME: host},
         "containers": containers,
     }
     head = (

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.model import Severity
+from orchestrator.model import Finding, Severity
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
 
 
@@ -26,7 +26,8 @@ def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[
     CRITICAL ct200 ghost-utilization [GPU 3]: GPU 3 busy, 0 MiB (playbook: Ghost GPU)
     """
     titles = titles or {}
-    findings = [f for r in report.targets for f in r.findings if f.severity >= Severity.WARNING]
+    judged = [*report.targets, *report.hosts]
+    findings = [f for r in judged for f in r.findings if f.severity >= Severity.WARNING]
     n_crit = sum(f.severity >= Severity.CRITICAL for f in findings)
     n_unreach = sum(not r.snapshot.reachable for r in report.targets)
     n = len(report.targets)
@@ -34,7 +35,7 @@ def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[
         f"ORCH {STATUS_NAMES[report.status]} - {n} target{'s' if n != 1 else ''}: "
         f"{n_crit} critical, {len(findings) - n_crit} warning, {n_unreach} unreachable"
     ]
-    for r in report.targets:
+    for r in judged:
         for f in sorted(r.findings, key=lambda f: (-f.severity, f.kind)):
             if f.severity < Severity.WARNING:
                 continue
@@ -45,8 +46,25 @@ def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[
     return out
 
 
+def _findings(findings: Iterable[Finding]) -> list[dict[str, Any]]:
+    return [
+        {
+            "kind": f.kind,
+            "severity": str(f.severity),
+            "gpus": list(f.gpus),
+            "playbook": f.playbook,
+            "summary": f.summary,
+            "since": f.since,
+            "evidence": list(f.evidence),
+        }
+        for f in findings
+    ]
+
+
 def to_json(report: CheckReport) -> dict[str, Any]:
-    """The ``--json`` document (secrets are redacted by the caller)."""
+    """The ``--json`` document (secrets are redacted by the caller). ``observed_from`` is
+    ``host`` (the Proxmox host's observer) or ``container`` (the agent inside); ``hosts``
+    lists the hosts' own findings (kernel events no container owns)."""
     return {
         "status": STATUS_NAMES[report.status],
         "targets": [
@@ -55,21 +73,12 @@ def to_json(report: CheckReport) -> dict[str, Any]:
                 "state": r.state,
                 "reachable": r.snapshot.reachable,
                 "taken_at": r.snapshot.taken_at,
-                "findings": [
-                    {
-                        "kind": f.kind,
-                        "severity": str(f.severity),
-                        "gpus": list(f.gpus),
-                        "playbook": f.playbook,
-                        "summary": f.summary,
-                        "since": f.since,
-                        "evidence": list(f.evidence),
-                    }
-                    for f in r.findings
-                ],
+                "observed_from": r.snapshot.source,
+                "findings": _findings(r.findings),
             }
             for r in report.targets
         ],
+        "hosts": [{"name": r.host, "findings": _findings(r.findings)} for r in report.hosts],
         "problems": list(report.problems),
         "notified": report.notified,
     }

@@ -31,8 +31,9 @@ DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "container"]
 TARGET_LABELS = ["target", "host"]
 
 
-def families(observed: Sequence[Judgement]) -> list[Metric]:
-    """Metric families for ``observed`` (pure: the collector and the tests call it).
+def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> list[Metric]:
+    """Metric families for ``observed`` (pure: the collector and the tests call it), and the
+    hosts' own findings as ``orch_finding{target="host:<name>"}``.
 
     GPUs of an unreachable target are left out (no data is not zero);
     ``orch_target_reachable`` says why.
@@ -126,6 +127,10 @@ def families(observed: Sequence[Judgement]) -> list[Metric]:
         if m is not None:
             _add(step, tl, m.step)
             _add(tps, tl, m.tokens_per_s)
+    for h in hosts:
+        for f in h.findings:
+            labels = [h.name, h.host or "", f.kind, str(f.severity), ",".join(map(str, f.gpus))]
+            finding.add_metric(labels, 1.0)
     return [
         util,
         fb_used,
@@ -156,7 +161,8 @@ class FleetCollector(Collector):
         self.source = source
 
     def collect(self) -> Iterator[Metric]:
-        yield from families(self.source.latest())
+        hosts = getattr(self.source, "hosts", None)  # a source without hosts has none
+        yield from families(self.source.latest(), hosts() if hosts else ())
 
 
 def parse_listen(value: str) -> tuple[str, int]:
@@ -207,6 +213,8 @@ def serve(
         log.info("serving metrics on http://%s:%d/metrics", host, port)
     once = not listen and interval_s is None
     period = interval_s if interval_s is not None else 15.0
+    if not once:  # one stream per host; the rounds ask the in-container targets
+        poller.stream(min(period, 15.0))
     try:
         while not stop.is_set():
             started = time.monotonic()

@@ -16,6 +16,7 @@ from rich.console import Group, RenderableType
 from rich.text import Text
 
 from orchestrator.model import Finding, GpuSample, Severity
+from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.journal import summary
 from orchestrator.views.watch_model import TargetView, WatchModel
 
@@ -267,6 +268,8 @@ def render_dashboard(
         _header(f"{n} target{'s' if n != 1 else ''}", now, "q quit  ↑↓ select  ⏎ detail"),
         Text(""),
     ]
+    hosts = host_lines(model, titles)
+    lines.extend(hosts)
     budget = max(3, height - len(lines) - 1 - len(model.messages))
     used = 0
     for i, v in enumerate(views):
@@ -338,6 +341,34 @@ def render_detail(
             lines.append(t)
     lines.extend(Text(m, style="dim yellow") for m in messages)
     return Group(*lines[: max(1, height)])
+
+
+def host_lines(model: WatchModel, titles: Mapping[str, str]) -> list[Text]:
+    """One line per finding of a host's own (a kernel event no container owns)."""
+    out = []
+    for host, hv in sorted(model.hosts.items()):
+        for f in sorted(hv.findings, key=lambda f: (-f.severity, f.kind)):
+            line = _finding_line(f, titles, f"  host {host} ")
+            line.no_wrap, line.overflow = True, "ellipsis"
+            out.append(line)
+    return out
+
+
+def plain_host_line(hv: HostView, *, now: float, titles: Mapping[str, str] | None = None) -> str:
+    """``--plain``'s line for a host's own findings.
+
+    >>> from orchestrator.model import Finding, Severity
+    >>> f = Finding("xid", Severity.CRITICAL, "host:pve1", "Xid 79", playbook="gpu-fallen-off-bus")
+    >>> plain_host_line(HostView("pve1", findings=(f,)), now=0.0)[9:]
+    'host:pve1 CRITICAL:xid Xid 79'
+    """
+    titles = titles or {}
+    parts = [clock(now), f"host:{hv.host}"]
+    for f in sorted(hv.findings, key=lambda f: (-f.severity, f.kind)):
+        parts.append(f"{f.severity.name}:{f.kind} {f.summary}")
+    if not hv.findings:
+        parts.append("ok")
+    return " ".join(parts)
 
 
 def _tail(v: TargetView) -> list[str]:

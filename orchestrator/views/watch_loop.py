@@ -37,10 +37,11 @@ from rich.console import Console, RenderableType
 from orchestrator.config.inventory import Inventory
 from orchestrator.model import Snapshot
 from orchestrator.monitor.history import read_journal
+from orchestrator.monitor.hostpath import HOST_PREFIX, HostFeed, HostView, pump_host
 from orchestrator.monitor.observe import Connect, pump, select_targets
 from orchestrator.monitor.sweep import playbook_titles
 from orchestrator.target import Target
-from orchestrator.views.watch import plain_line, render_dashboard, render_detail
+from orchestrator.views.watch import plain_host_line, plain_line, render_dashboard, render_detail
 from orchestrator.views.watch_model import Judge, TargetView, WatchModel
 
 JOURNAL = "\x00journal"
@@ -142,8 +143,11 @@ def watch(
 
     ``stream_factory(name)`` returns a zero-argument callable opening ONE connection's
     snapshot stream (default: ``Target(inventory, name).stream_once(interval_s)``, one Target
-    per name so each connection resumes the log); the monitor's pump reconnects it. ``db``:
-    the history database whose restart journal is shown (default: ``$ORCH_DB`` or the usual).
+    per name so each connection resumes the log); the monitor's pump reconnects it. Without
+    one, the containers of a host observed from the host share ONE stream per host
+    (:func:`~orchestrator.monitor.hostpath.pump_host`), whose host-wide events show too.
+    ``db``: the history database whose restart journal is shown (default: ``$ORCH_DB`` or
+    the usual).
     """
     detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
     names = select_targets(inventory, names)
@@ -171,10 +175,16 @@ def watch(
     model = WatchModel(views, judge) if judge is not None else WatchModel(views)
     titles = playbook_titles()
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
-    for n in names:
-        threading.Thread(
-            target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
-        ).start()
+
+    def inside(group: Sequence[str]) -> None:
+        for n in group:
+            threading.Thread(
+                target=pump, args=(n, factory(n), events, stop), name=f"watch-{n}", daemon=True
+            ).start()
+
+    on_host = (start_host_streams(inventory, names, interval_s, events, stop, targets, inside)
+               if stream_factory is None else set())  # fmt: skip
+    inside([n for n in names if n not in on_host])
     threading.Thread(target=_journal_pump, args=(names, db, events, stop), name="watch-journal",
                      daemon=True).start()  # fmt: skip
 
@@ -192,6 +202,46 @@ def watch(
     return 0
 
 
+def start_host_streams(
+    inventory: Inventory,
+    names: Sequence[str],
+    interval_s: float,
+    events: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+    targets: dict[str, Any],
+    inside: Callable[[Sequence[str]], None],
+) -> set[str]:
+    """One stream per host for its containers observed from the host; their names. A host
+    that cannot run the observer hands its containers to ``inside`` (one stream each)."""
+    from orchestrator.hostlink import HostLink, host_groups
+
+    on_host: set[str] = set()
+    for host, group in host_groups(inventory, names).items():
+        link = HostLink(inventory, host, group)
+
+        def pane(name: str) -> Snapshot:
+            t = targets.get(name) or targets.setdefault(name, Target(inventory, name))
+            return t.snapshot()
+
+        def connect(link: HostLink = link) -> Iterable[Any]:
+            return link.stream_once(interval_s)
+
+        feed = HostFeed(inventory, host, group, pane=pane, fallback=inside)
+        threading.Thread(target=pump_host, args=(feed, connect, events, stop),
+                         name=f"watch-host-{host}", daemon=True).start()  # fmt: skip
+        on_host.update(group)
+    return on_host
+
+
+def _apply(model: WatchModel, name: str, item: Any) -> bool:
+    """Take in one queued item (a target's snapshot, a host's view, a journal update)."""
+    if name == JOURNAL:
+        return model.apply_journal(*item)
+    if name.startswith(HOST_PREFIX) and isinstance(item, HostView):
+        return model.apply_host(item)
+    return model.apply(name, item)
+
+
 def _run_plain(
     model: WatchModel,
     events: queue.Queue[tuple[str, Any]],
@@ -203,14 +253,14 @@ def _run_plain(
             name, snap = events.get(timeout=0.5)
         except queue.Empty:
             continue
-        if not name:
+        if not name or not _apply(model, name, snap):
             continue
-        if name == JOURNAL:
-            name, changed = snap[0], model.apply_journal(*snap)
+        if isinstance(snap, HostView):
+            print(plain_host_line(model.hosts[snap.host], now=time.time(), titles=titles),
+                  flush=True)  # fmt: skip
         else:
-            changed = model.apply(name, snap)
-        if changed:
-            print(plain_line(model.views[name], now=time.time(), titles=titles), flush=True)
+            target = snap[0] if name == JOURNAL else name
+            print(plain_line(model.views[target], now=time.time(), titles=titles), flush=True)
 
 
 def _run_live(
@@ -275,11 +325,8 @@ def _run_live(
                 try:
                     name, item = events.get(timeout=0.25)
                     while True:
-                        if name == JOURNAL:
-                            model.apply_journal(*item)
-                            dirty = True
-                        elif name:
-                            model.apply(name, item)
+                        if name:
+                            _apply(model, name, item)
                             dirty = True
                         else:
                             key = item[1]

@@ -7,6 +7,7 @@ newest readings, "unreachable since", the tokens/s sparkline and the log tail.
 from __future__ import annotations
 
 import collections
+import dataclasses
 import logging
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
@@ -14,6 +15,7 @@ from typing import Any
 
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.model import Finding, Snapshot
+from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
 from orchestrator.monitor.state import target_state
@@ -78,6 +80,19 @@ class WatchModel:
         self.views: dict[str, TargetView] = {v.name: v for v in views}
         self.judge = judge
         self.messages: collections.deque[str] = collections.deque(maxlen=3)
+        self.hosts: dict[str, HostView] = {}
+
+    def apply_host(self, view: HostView) -> bool:
+        """Take in a host's own findings; ``True`` when they changed."""
+
+        def sig(v: HostView | None) -> tuple[Any, ...]:
+            return (
+                tuple(sorted((f.kind, int(f.severity), f.summary) for f in v.findings)) if v else ()
+            )
+
+        before = sig(self.hosts.get(view.host))
+        self.hosts[view.host] = dataclasses.replace(view, findings=tuple(view.findings))
+        return sig(self.hosts[view.host]) != before
 
     def apply_journal(self, name: str, entries: Sequence[JournalEntry]) -> bool:
         """Take in ``name``'s newest restart-journal entries; ``True`` when one is new."""

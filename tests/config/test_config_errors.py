@@ -22,9 +22,9 @@ CASES = [
         "unknown-key-no-match",
         "defaults:\n  vmid: 200\n",
         "2: defaults.vmid: unknown key; expected one of: port, user, identity_file, "
-        "known_hosts, proxy_jump, connect_timeout_s, keepalive_s, workdir, session, env, "
-        "command, python, requires, trainer_config, thresholds, log_patterns, poll_interval, "
-        "restart",
+        "known_hosts, proxy_jump, connect_timeout_s, keepalive_s, observe, host_python, "
+        "agent_dir, workdir, session, env, command, python, requires, trainer_config, "
+        "thresholds, log_patterns, poll_interval, restart",
     ),
     (
         "wrong-type-int",

@@ -7,6 +7,7 @@ import json
 import logging
 import os
 import shutil
+import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -354,3 +355,38 @@ def test_python_39_on_the_host_warns_and_the_probe_says_why(
     )
     assert check["fix"].startswith("upgrade sandbox to Proxmox VE 8 (Python 3.11)")
     assert str(raised.value).startswith(check["detail"] + "; upgrade sandbox to Proxmox VE 8")
+
+
+OLD_HOST_PYTHON = """#!/bin/sh
+# a host's python 3.9: the agent's boot refuses it (exit 97), deploy's check reads 3.9
+if [ "$1" = "-S" ]; then echo "orch agent: python 3.9 is too old" >&2; exit 97; fi
+echo "3.9.18 absent"
+"""
+
+
+@pytest.mark.e2e
+def test_doctor_says_where_each_container_is_observed_from(
+    sandbox: Any, sandbox_config: Any, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """From the host by default; from inside when the host's Python is too old (then ``orch
+    check`` observes those containers from inside, and says so)."""
+    if sandbox.isolation != "lxc":
+        pytest.skip("process-mode containers are observed from inside")
+    code, checks = doctor(capsys, sandbox_config(), "ct200")
+    assert checks["host observer on sandbox"]["status"] == "ok", checks
+    assert checks["ct200 observed from"]["detail"].startswith("host: ")
+    old = tmp_path / "python3.9"
+    old.write_text(OLD_HOST_PYTHON)
+    old.chmod(0o755)
+    config = sandbox_config(host={"host_python": str(old)})
+    code, checks = doctor(capsys, config, "ct200")
+    observer = checks["host observer on sandbox"]
+    assert observer["status"] == "warn" and "3.9" in observer["detail"], observer
+    assert checks["ct200 observed from"]["detail"].startswith("container: the host cannot run")
+    res = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "ct200", "--json",
+         "--db", str(tmp_path / "orch.db")],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    (target,) = json.loads(res.stdout)["targets"]
+    assert target["reachable"] and target["observed_from"] == "container", target

@@ -1,7 +1,8 @@
 """Hostile and bad input: an agent answering garbage, a 100 MB line, binary logs, bad playbooks.
 
-The hostile agent is the container's ``python`` (hosts.yaml ``python:``): a script that
-passes deploy's checks through to python3 and answers agent commands with ``$MODE``.
+The hostile agent is the interpreter that runs it: the host's (hosts.yaml ``host_python:``)
+for the host observer, the container's (``python:``) with ``observe: container``; a script
+that passes deploy's checks through to python3 and answers agent commands with ``$MODE``.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ emit() {
   esac
 }
 case " $* " in
-  *" stream "*) while :; do emit "$@"; sleep 1; done ;;
+  *" stream "*|*" host-stream "*) while :; do emit "$@"; sleep 1; done ;;
   *) emit "$@" ;;
 esac
 """
@@ -46,24 +47,31 @@ MODES = {
 }
 
 
-@pytest.fixture(scope="module")
-def hostile(fleet, tmp_path_factory):
-    """(config, mode file): ct200's python is the hostile script (in the container's own
-    file system: an LXC container sees no host path)."""
+@pytest.fixture(scope="module", params=["host", "container"])
+def hostile(fleet, tmp_path_factory, request):
+    """(config, mode file, path): the hostile script answers for ct200 observed from its host
+    (the host's python) or from inside (ct200's python, in the container's own file system:
+    an LXC container sees no host path)."""
     d = tmp_path_factory.mktemp("hostile")
     where, python = d, str(d / "python")  # process mode: the container's paths are the host's
-    if fleet.info.isolation == "lxc":
-        where, python = fleet.info.host_path("ct200", "/root/hostile"), "/root/hostile/python"
+    doc = yaml.safe_load(fleet.config.read_text())
+    if request.param == "host":
+        if fleet.info.isolation != "lxc":
+            pytest.skip("process-mode containers are observed from inside")
+        doc["hosts"]["sandbox"]["host_python"] = python
+    else:
+        if fleet.info.isolation == "lxc":
+            where, python = fleet.info.host_path("ct200", "/root/hostile"), "/root/hostile/python"
+        doc["hosts"]["sandbox"]["observe"] = "container"
+        doc["containers"]["ct200"]["python"] = python
     where.mkdir(parents=True, exist_ok=True)
     script = where / "python"
     script.write_text(HOSTILE)
     script.chmod(0o755)
-    doc = yaml.safe_load(fleet.config.read_text())
-    doc["containers"]["ct200"]["python"] = python
     path = d / "hostile.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     fleet.scenario("idle")
-    return path, where / "mode"
+    return path, where / "mode", request.param
 
 
 _MEASURE = textwrap.dedent(
@@ -72,13 +80,21 @@ _MEASURE = textwrap.dedent(
     from pathlib import Path
     from orchestrator.config.inventory import load_inventory
     from orchestrator.errors import OrchError
+    from orchestrator.hostlink import HostLink
     from orchestrator.target import Target
-    t = Target(load_inventory(Path(sys.argv[1])), "ct200")
-    t.bundle_dir()  # deploy first: its cost is not the answer's
+    inv = load_inventory(Path(sys.argv[1]))
+    if sys.argv[2] == "host":
+        from orchestrator import deploy
+        t = HostLink(inv, "sandbox", ["ct200"])
+        h = inv.hosts["sandbox"]
+        deploy.ensure_agent(t.transport, h.agent_dir, h.host_python)  # deploy first
+    else:
+        t = Target(inv, "ct200")
+        t.bundle_dir()  # deploy first: its cost is not the answer's
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     started = time.monotonic()
     try:
-        t.snapshot(timeout=60)
+        t.observe(timeout=60) if sys.argv[2] == "host" else t.snapshot(timeout=60)
         error = None
     except OrchError as exc:
         error = f"{type(exc).__name__}: {exc}"
@@ -113,7 +129,7 @@ _MEASURE = textwrap.dedent(
     ],
 )
 def test_hostile_agent_answer(hostile, mode, observe, tmp_path):
-    config, mode_file = hostile
+    config, mode_file, path = hostile
     mode_file.write_text(mode)
     try:
         res = subprocess.run(
@@ -125,12 +141,12 @@ def test_hostile_agent_answer(hostile, mode, observe, tmp_path):
         doc = json.loads(res.stdout)
         t = doc["targets"][0]
         proto = [f for f in t["findings"] if f["kind"] == "agent-protocol-error"]
-        observe(f"check exit {res.returncode}, state {t['state']!r}: "
+        observe(f"observed from the {path}: check exit {res.returncode}, state {t['state']!r}: "
                 f"{proto[0]['summary'][:110] if proto else [f['kind'] for f in t['findings']]}")  # fmt: skip
         assert res.returncode in (1, 2, 3) and proto, doc
         if mode == "huge":
-            m = subprocess.run([sys.executable, "-c", _MEASURE, str(config)], capture_output=True,
-                               text=True, timeout=180, cwd=ROOT)  # fmt: skip
+            m = subprocess.run([sys.executable, "-c", _MEASURE, str(config), path],
+                               capture_output=True, text=True, timeout=180, cwd=ROOT)  # fmt: skip
             got = json.loads(m.stdout.strip().splitlines()[-1])
             observe(f"orch's peak RSS grew {got['peak_growth_mib']:.0f} MiB reading the answer "
                     f"({got['took_s']:.1f} s): {str(got['error'])[:90]}")  # fmt: skip

@@ -15,7 +15,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
     ("agent",),
     ("config", "detect", "playbooks", "playbook_steps", "matching"),
     ("transport", "deploy"),
-    ("target",),
+    ("target", "hostlink"),
     ("monitor", "lifecycle", "postmortem", "sandbox", "firstrun"),
     ("heal",),
     ("views",),

@@ -86,10 +86,26 @@ class Fleet:
 
         return load_inventory(Path(self.config))
 
-    def orch(self, *args: str, timeout_s: float = 120.0, **kw) -> subprocess.CompletedProcess:
+    def config_for(self, observe: str, where: Path) -> str:
+        """The sandbox's hosts.yaml, or a copy in ``where`` whose host says ``observe: container``
+        (the in-container path)."""
+        if observe == "host":
+            return self.config
+        import yaml
+
+        doc = yaml.safe_load(Path(self.config).read_text())
+        for h in doc["hosts"].values():
+            h["observe"] = observe
+        path = where / f"hosts-{observe}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return str(path)
+
+    def orch(
+        self, *args: str, timeout_s: float = 120.0, config: str | None = None, **kw
+    ) -> subprocess.CompletedProcess:
         """Run ``orch -c <sandbox hosts.yaml> ARGS`` as a real process."""
         return subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "-c", self.config, *args],
+            [sys.executable, "-m", "orchestrator.cli", "-c", config or self.config, *args],
             capture_output=True,
             text=True,
             timeout=timeout_s,

@@ -9,10 +9,12 @@ from __future__ import annotations
 
 import json
 import os
+import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import yaml
 
 pytestmark = [pytest.mark.e2e]
 
@@ -22,14 +24,41 @@ def sessions(fleet) -> int:
     return log.read_text(errors="replace").count("Starting session: command")
 
 
-def test_a_warm_check_is_one_remote_command_per_target_and_per_host(fleet, tmp_path):
+def _check(fleet, config: Path, db: Path) -> dict:
+    res = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "--json",
+         "--db", str(db), "--timeout", "60"],
+        capture_output=True, text=True, timeout=180,
+    )  # fmt: skip
+    doc = json.loads(res.stdout)
+    assert doc["status"] != "UNKNOWN", res.stderr[-2000:]
+    return doc
+
+
+def test_a_warm_check_is_one_remote_command_per_host(fleet, tmp_path):
+    """Observed from the host, the whole host is ONE command: its observer."""
+    if fleet.info.isolation != "lxc":
+        pytest.skip("process-mode containers are observed from inside")
     db = tmp_path / "orch.db"
-    first = fleet.orch("check", "--json", "--db", str(db), "--timeout", "60")
-    assert json.loads(first.stdout)["status"] != "UNKNOWN", first.stderr[-2000:]
+    _check(fleet, Path(fleet.config), db)
     before = sessions(fleet)
-    again = fleet.orch("check", "--json", "--db", str(db), "--timeout", "60")
-    doc = json.loads(again.stdout)
-    assert all(t["reachable"] for t in doc["targets"]), doc
+    doc = _check(fleet, Path(fleet.config), db)
+    assert all(t["reachable"] and t["observed_from"] == "host" for t in doc["targets"]), doc
+    assert sessions(fleet) - before == 1
+
+
+def test_a_warm_check_from_inside_is_one_remote_command_per_target_and_per_host(fleet, tmp_path):
+    """``observe: container``: one ``pct exec`` per container plus the host probe."""
+    config = tmp_path / "hosts.yaml"
+    doc = yaml.safe_load(Path(fleet.config).read_text())
+    for h in doc["hosts"].values():
+        h["observe"] = "container"
+    config.write_text(yaml.safe_dump(doc))
+    db = tmp_path / "orch.db"
+    _check(fleet, config, db)
+    before = sessions(fleet)
+    doc = _check(fleet, config, db)
+    assert all(t["reachable"] and t["observed_from"] == "container" for t in doc["targets"]), doc
     # 2 containers + 1 host probe: the agent runs straight from its bundle, no deploy check
     assert sessions(fleet) - before == len(doc["targets"]) + 1
 

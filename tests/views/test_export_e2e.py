@@ -102,11 +102,13 @@ def test_prometheus_scrapes_dcgm_names_from_the_sandbox(fleet, tmp_path):
     assert exporter.returncode in (0, -15), exporter.stderr.read()
 
 
-def test_textfile_once_for_node_exporter(fleet, tmp_path):
+@pytest.mark.parametrize("observe", ["host", "container"])
+def test_textfile_once_for_node_exporter(fleet, tmp_path, observe):
     fleet.scenario("ghost")
     try:
         path = tmp_path / "orch.prom"
-        proc = fleet.orch("export", "--textfile", str(path))
+        proc = fleet.orch("export", "--textfile", str(path),
+                          config=fleet.config_for(observe, tmp_path))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         text = path.read_text()
         assert 'DCGM_FI_DEV_GPU_UTIL{Hostname="sandbox",UUID=' in text
@@ -116,7 +118,7 @@ def test_textfile_once_for_node_exporter(fleet, tmp_path):
             if line.startswith("DCGM_FI_DEV_GPU_UTIL{") and 'gpu="3"' in line
         ]
         assert util3 and all(line.endswith(" 100.0") for line in util3)
-        assert [p.name for p in tmp_path.iterdir()] == ["orch.prom"]
+        assert [p.name for p in tmp_path.iterdir() if p.suffix != ".yaml"] == ["orch.prom"]
     finally:
         fleet.scenario("healthy")
 

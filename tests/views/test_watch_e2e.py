@@ -146,11 +146,14 @@ def test_watch_one_target_opens_detail_and_q_quits(fleet, pane_for):
     assert "EXITED rc=0" in pane.wait(lambda s: "EXITED rc=" in s, 15, "watch to exit on q")
 
 
-def test_watch_plain_prints_one_line_per_change(fleet):
+@pytest.mark.parametrize("observe", ["host", "container"])
+def test_watch_plain_prints_one_line_per_change(fleet, observe, tmp_path):
+    """The same on both paths: one stream per host (default), or one agent per container."""
     fleet.scenario("healthy")
     fleet.launch("ct200")
+    config = fleet.config_for(observe, tmp_path)
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "-c", fleet.config, "watch", "--interval", "1"],
+        [sys.executable, "-m", "orchestrator.cli", "-c", config, "watch", "--interval", "1"],
         stdout=subprocess.PIPE,
         stderr=subprocess.PIPE,
         text=True,

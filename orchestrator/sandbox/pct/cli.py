@@ -336,6 +336,9 @@ class Pct:
                 "cpus": conf.get("cores", "1"),
                 "maxmem": str(int(conf.get("memory", "512")) << 20),
             }
+            init_pid = getattr(self.backend, "init_pid", None)
+            if status == "running" and init_pid is not None:  # vmstatus: find_lxc_pid
+                stat["pid"] = str(init_pid(vmid))
             for key in sorted(stat):
                 print(f"{key}: {stat[key]}")
         else:

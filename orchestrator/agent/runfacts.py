@@ -1,0 +1,238 @@
+"""The newest run's facts from its directory: run id, manifest, log by byte offset, exit status,
+stop request, heartbeat age, disk space, metrics (what a snapshot's ``run`` and ``metrics`` hold).
+
+One reader serves both places a run is read from: inside the container (the agent's
+:class:`~orchestrator.agent.snapshot.Observer`, plain files) and from the Proxmox host
+(:mod:`orchestrator.agent.host`, every path resolved inside the container's root by
+:class:`~orchestrator.agent.rootfs.ContainerRoot`). The difference is the :class:`Files`
+handed in. A :class:`RunReader` keeps what must survive between observations: the log
+offset, the manifest (re-read only when its mtime changes) and the newest metrics.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Mapping
+from typing import BinaryIO, Protocol
+
+from orchestrator.agent.logs import LogReader
+from orchestrator.agent.metrics import MetricParser
+from orchestrator.agent.rundir import (
+    CURRENT,
+    EXIT_STATUS,
+    HEARTBEAT,
+    LOG,
+    MANIFEST,
+    RUNS,
+    STOP_REQUEST,
+    parse_exit_status,
+    parse_run_id,
+    parse_stop_request,
+    read_small,
+)
+from orchestrator.model import Metrics, RunManifest, RunState, SchemaError
+
+
+class Files(Protocol):
+    """How a reader gets at the run's files (paths as the container names them)."""
+
+    def read(self, path: str, limit: int) -> tuple[bytes | None, float | None]:
+        """(content up to ``limit`` bytes, mtime); ``(None, None)`` when missing or refused."""
+        ...
+
+    def mtime(self, path: str) -> float | None:
+        """Modification time, ``None`` when missing."""
+        ...
+
+    def open(self, path: str) -> BinaryIO:
+        """Open for reading; ``FileNotFoundError``/``OSError`` as ``open`` raises them."""
+        ...
+
+    def disk(self, path: str, fallback: str) -> tuple[float | None, float | None]:
+        """(available, total) MiB of the file system holding ``path`` (else ``fallback``)."""
+        ...
+
+
+def disk_space_mib(path: str, fallback: str | None = None) -> tuple[float | None, float | None]:
+    """(available, total) MiB of the file system holding ``path`` (else ``fallback``).
+
+    Equivalent to ``df -m --output=avail,size PATH``; available is ``f_bavail``
+    (what an unprivileged writer gets). ``(None, None)`` when neither path can be
+    statted. Never blocks on the network beyond what statvfs does.
+
+    >>> free, total = disk_space_mib("/")
+    >>> 0 <= free <= total
+    True
+    >>> disk_space_mib("/no/such/dir")
+    (None, None)
+    """
+    for p in (path, fallback):
+        if not p:
+            continue
+        try:
+            st = os.statvfs(p)
+        except OSError:
+            continue
+        return vfs_mib(st)
+    return None, None
+
+
+def vfs_mib(st: os.statvfs_result) -> tuple[float, float]:
+    """(available, total) MiB of a statvfs result."""
+    mib = st.f_frsize / 1048576.0
+    return round(st.f_bavail * mib, 3), round(st.f_blocks * mib, 3)
+
+
+class LocalFiles:
+    """The files of this machine (the agent inside the container)."""
+
+    def read(self, path: str, limit: int) -> tuple[bytes | None, float | None]:
+        return read_small(path, limit)
+
+    def mtime(self, path: str) -> float | None:
+        try:
+            return os.stat(path).st_mtime
+        except OSError:
+            return None
+
+    def open(self, path: str) -> BinaryIO:
+        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+
+    def disk(self, path: str, fallback: str) -> tuple[float | None, float | None]:
+        return disk_space_mib(path, fallback)
+
+
+class RunReader:
+    """Reads ``<workdir>/runs/current``'s run through ``files``, continuing its log.
+
+    Args:
+        workdir: the container's workdir (``runs/`` lives here).
+        files: how to read (:class:`LocalFiles`, or a container root from the host).
+        log_patterns: per-container metric regexes (hosts.yaml ``log_patterns``).
+    """
+
+    def __init__(
+        self,
+        workdir: str,
+        files: Files,
+        *,
+        log_patterns: Mapping[str, str] | None = None,
+        log_tail_bytes: int = 16384,
+        max_line_bytes: int = 2000,
+    ) -> None:
+        self.workdir = workdir
+        self.files = files
+        self.logs = LogReader(
+            tail_bytes=log_tail_bytes, max_line_bytes=max_line_bytes, opener=files.open
+        )
+        self.metrics = MetricParser(log_patterns)
+        self.run_id: str | None = None
+        self.offset: int | None = None
+        self.last_metrics: Metrics | None = None
+        self._manifest: tuple[float | None, RunManifest | None, str | None] | None = None
+
+    def resume(self, run_id: str | None, offset: int | None) -> None:
+        """Continue reading ``run_id``'s log at ``offset`` (ignored if the run changed)."""
+        self.run_id, self.offset = run_id, offset
+
+    def current(self) -> tuple[str | None, int]:
+        """(the run id ``runs/current`` holds, bytes read)."""
+        raw, _ = self.files.read(os.path.join(self.workdir, RUNS, CURRENT), 256)
+        if raw is None:
+            return None, 0
+        return parse_run_id(raw.decode("utf-8", "replace")), len(raw)
+
+    def small(self, run_dir: str, name: str, limit: int = 256) -> tuple[bytes | None, float | None]:
+        """A small file of the run directory (``pgid``, ``wrapper.pid``...)."""
+        return self.files.read(os.path.join(run_dir, name), limit)
+
+    def _manifest_of(self, run_dir: str) -> tuple[RunManifest | None, str | None, int]:
+        path = os.path.join(run_dir, MANIFEST)
+        mtime = self.files.mtime(path)
+        if self._manifest is not None and self._manifest[0] == mtime and mtime is not None:
+            return self._manifest[1], self._manifest[2], 0
+        raw, _ = self.files.read(path, 1 << 20)
+        if raw is None:
+            return None, None, 0
+        try:
+            manifest: RunManifest | None = RunManifest.from_dict(json.loads(raw))
+            error = None
+        except (ValueError, SchemaError) as exc:
+            manifest, error = None, f"manifest.json unreadable: {str(exc)[:200]}"
+        self._manifest = (mtime, manifest, error)
+        return manifest, error, len(raw)
+
+    def read(self, now: float, errors: list[str]) -> tuple[RunState | None, int]:
+        """The run now (``None``: no run) and the bytes read from its files; problems go to
+        ``errors``. Never raises for what it finds."""
+        run_id, nbytes = self.current()
+        if run_id is None:
+            return None, nbytes
+        run_dir = os.path.join(self.workdir, RUNS, run_id)
+        if run_id != self.run_id:
+            self.run_id, self.offset, self._manifest = run_id, None, None
+            self.last_metrics = None
+        manifest, merr, n = self._manifest_of(run_dir)
+        nbytes += n
+        if merr:
+            errors.append(merr)
+        log_path = os.path.join(run_dir, LOG)
+        chunk = self.logs.read(log_path, self.offset)
+        nbytes += chunk.bytes_read
+        self.offset = chunk.offset
+        raw, exit_at = self.files.read(os.path.join(run_dir, EXIT_STATUS), 256)
+        exit_status = None
+        if raw is not None:
+            nbytes += len(raw)
+            exit_status = parse_exit_status(raw.decode("utf-8", "replace"))
+        stop_at, stop_by = None, None
+        if raw is not None:  # ended: was it asked to? (runs.py's stop writes this first)
+            stop_raw, _ = self.files.read(os.path.join(run_dir, STOP_REQUEST), 4096)
+            stop = parse_stop_request(stop_raw.decode("utf-8", "replace") if stop_raw else None)
+            stop_at, stop_by = (stop.at, stop.by) if stop else (None, None)
+            nbytes += len(stop_raw or b"")
+        beat = self.files.mtime(os.path.join(run_dir, HEARTBEAT))
+        heartbeat_age = now - beat if beat is not None else None
+        disk_free, disk_total = self.files.disk(run_dir, self.workdir)
+        if chunk.lines:
+            m = self.metrics.parse(chunk.lines, now)
+            if m is not None:
+                self.last_metrics = merge_metrics(self.last_metrics, m)
+        return RunState(
+            run_id=run_id,
+            run_dir=run_dir,
+            manifest=manifest,
+            log_path=log_path,
+            log_exists=chunk.exists,
+            log_size_bytes=chunk.size_bytes,
+            log_mtime=chunk.mtime,
+            log_offset=chunk.offset,
+            new_log_lines=chunk.lines,
+            exit_status=exit_status,
+            exit_status_at=exit_at if raw is not None else None,
+            heartbeat_age_s=round(heartbeat_age, 3) if heartbeat_age is not None else None,
+            log_error=chunk.error,
+            stop_requested_at=stop_at,
+            stop_requested_by=stop_by,
+            disk_free_mib=disk_free,
+            disk_total_mib=disk_total,
+        ), nbytes
+
+
+def merge_metrics(old: Metrics | None, new: Metrics) -> Metrics:
+    """Newest value per metric; a metric not in ``new`` keeps its older value.
+
+    >>> merge_metrics(Metrics(step=1, loss=2.0), Metrics(step=2, seen_at=5.0))
+    Metrics(step=2, loss=2.0, tokens_per_s=None, acc_len=None, tau=None, seen_at=5.0)
+    """
+    if old is None:
+        return new
+    return Metrics(
+        step=new.step if new.step is not None else old.step,
+        loss=new.loss if new.loss is not None else old.loss,
+        tokens_per_s=new.tokens_per_s if new.tokens_per_s is not None else old.tokens_per_s,
+        acc_len=new.acc_len if new.acc_len is not None else old.acc_len,
+        tau=new.tau if new.tau is not None else old.tau,
+        seen_at=new.seen_at,
+    )
