@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.detect.limits import Limits
 
-TOP_LEVEL = ("defaults", "hosts", "containers")
+TOP_LEVEL = ("defaults", "hosts", "containers", "jobs")
 """The top level of hosts.yaml holds exactly these mappings."""
 
 
@@ -125,6 +125,18 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
         "integer >= 100",
         "none",
         "Proxmox container id (`pct exec VMID`). Required on a host; absent for local.",
+        in_defaults=False,
+        nullable=True,
+    ),
+    FieldSpec(
+        "address",
+        "address",
+        "address",
+        "string",
+        "none",
+        "The container's IP address on the job network (the network between the nodes of a "
+        "`jobs:` entry), not how orch reaches it (that is always the host's SSH and pct). "
+        "Required for a container that is a job node.",
         in_defaults=False,
         nullable=True,
     ),
@@ -302,7 +314,7 @@ def schema_markdown() -> str:
         " inventory holds just the built-in `local` target. The example at the repository root"
         " (`hosts.yaml`) is a commented walkthrough.",
         "",
-        "The top level is exactly three mappings, each optional:",
+        "The top level is exactly four mappings, each optional:",
         "",
         "| key | holds |",
         "|---|---|",
@@ -310,6 +322,7 @@ def schema_markdown() -> str:
         " (keys marked *defaults: yes* below) |",
         "| `hosts` | Proxmox hosts by name, reached over SSH |",
         "| `containers` | LXC containers (targets) by name; `local` is built in |",
+        "| `jobs` | torchrun jobs over several containers (and hosts), by name |",
         "",
         "Any mistake stops orch with one line naming the file, the line and the key path, and"
         " exit code 2, e.g. `hosts.yaml:7: hosts.pve1.prot: unknown key; did you mean 'port'?`."
@@ -341,6 +354,9 @@ def schema_markdown() -> str:
                 f"{'yes' if s.in_defaults else 'no'} | {_cell(s.doc)} |"
             )
         out.append("")
+    from orchestrator.config.jobs import job_markdown
+
+    out += job_markdown()
     docs = limit_docs()
     out += [
         "## Thresholds (`thresholds:`)",
