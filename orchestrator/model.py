@@ -376,7 +376,8 @@ class Snapshot(Wire):
 
 @dataclass(frozen=True, slots=True)
 class KernelEvent(Wire):
-    """A kernel-log line that matters: ``kind`` is ``xid``, ``fallen-off-bus`` or ``oom-killer``."""
+    """A kernel-log line that matters: ``kind`` is ``xid``, ``fallen-off-bus``, ``oom-killer`` or
+    ``link-down`` (``device``: the NIC or bridge port that went down)."""
 
     kind: str
     line: str
@@ -385,6 +386,7 @@ class KernelEvent(Wire):
     pci: str | None = None
     pid: int | None = None
     process: str | None = None
+    device: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,8 @@ It gathers what only the host knows:
 
 - the status of each container asked about: one ``pct list`` (``pct status VMID``
   for any it does not show, or when only one is asked about);
-- kernel-log lines with ``NVRM: Xid``, "fallen off the bus" and the OOM killer
-  since a given time, from ``journalctl -k`` (``-o short-unix``) or ``dmesg``,
+- kernel-log lines with ``NVRM: Xid``, "fallen off the bus", the OOM killer and a network
+  link going down (agent/netlog.py) since a given time, from ``journalctl -k`` (``-o short-unix``) or ``dmesg``,
   whichever exists;
 - the host-side GPU compute processes (NVML, or nvidia-smi) mapped to their
   container through ``/proc/<pid>/cgroup`` (``lxc/<vmid>``): inside LXC, NVML
@@ -27,6 +27,7 @@ from collections.abc import Iterable, Sequence
 from datetime import datetime
 
 from orchestrator.agent.gpu import GpuCollector
+from orchestrator.agent.netlog import parse_link_down
 from orchestrator.formats import parse_pct_status
 from orchestrator.model import HostProbe, KernelEvent
 
@@ -155,6 +156,9 @@ def parse_kernel_line(line: str, boot_time: float | None = None) -> KernelEvent 
         return KernelEvent(
             kind="oom-killer", line=msg.strip(), at=at, pid=int(m.group(1)), process=m.group(2)
         )
+    device = parse_link_down(msg)  # a job node's network: agent/netlog.py
+    if device is not None:
+        return KernelEvent(kind="link-down", line=msg.strip(), at=at, device=device)
     return None
 
 

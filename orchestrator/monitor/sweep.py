@@ -25,8 +25,15 @@ from orchestrator.detect.engine import default_playbooks
 from orchestrator.model import Finding, HostProbe, Severity, Snapshot
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import History
+from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge
-from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather, select_targets
+from orchestrator.monitor.observe import (
+    DEFAULT_JOBS,
+    as_snapshot,
+    gather,
+    select_jobs,
+    select_targets,
+)
 from orchestrator.target import Host, Target
 
 log = logging.getLogger(__name__)
@@ -34,6 +41,10 @@ log = logging.getLogger(__name__)
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATUS_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 DEFAULT_RENOTIFY_H = 4.0
+JOB_LOOKBACK_S = 24 * 3600.0
+"""A host that runs a job's node is probed for kernel events this far back (a link that went
+down hours ago still explains a node of a running job); its nodes' own detectors still see
+only the events since the previous check."""
 DEFAULT_CRITICAL_KINDS: tuple[str, ...] = ()
 """Kinds the check pages for even when a detector rates them a warning (none by default:
 severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)."""
@@ -47,9 +58,11 @@ class CheckReport:
     targets: tuple[Judgement, ...]
     problems: tuple[str, ...] = ()
     notified: int = 0
+    jobs: tuple[JobJudgement, ...] = ()
+    """Each job checked, as one row with its nodes (they are in ``targets`` too)."""
 
 
-def nagios_status(results: Sequence[Judgement]) -> int:
+def nagios_status(results: Sequence[Judgement], extra: Iterable[Finding] = ()) -> int:
     """0/1/2/3 from the targets' findings; 3 when there are none or none answered.
 
     >>> from orchestrator.model import Finding, Severity
@@ -65,10 +78,8 @@ def nagios_status(results: Sequence[Judgement]) -> int:
     """
     if not results or all(not r.snapshot.reachable for r in results):
         return UNKNOWN
-    worst = max(
-        (f.severity for r in results for f in r.findings if f.severity >= Severity.WARNING),
-        default=None,
-    )
+    found = [f for r in results for f in r.findings] + list(extra)  # extra: the jobs' own
+    worst = max((f.severity for f in found if f.severity >= Severity.WARNING), default=None)
     if worst is None:
         return OK
     return CRITICAL if worst >= Severity.CRITICAL else WARNING
@@ -122,6 +133,10 @@ def run_check(
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
     hosts = sorted({c.host for c in containers.values() if not c.is_local})
+    picked = [inventory.jobs[j] for j in select_jobs(inventory, opts.names)]
+    job_cfgs = [j for j in picked if all(n in containers for n in j.containers)]
+    job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
+    job_names = [j.name for j in job_cfgs]
 
     history = History.open(opts.db_path)
     with history:
@@ -151,6 +166,8 @@ def run_check(
         def probe_job(host: str) -> Callable[[], HostProbe]:
             raw = since_raw[host]
             since = float(raw) if raw else started - 3600.0
+            if host in job_hosts:
+                since = min(since, started - JOB_LOOKBACK_S)
             return lambda: Host(inventory, host).probe(since)
 
         jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in names}
@@ -173,7 +190,11 @@ def run_check(
             all_findings: list[Finding] = []
             for n in names:
                 cfg = containers[n]
-                host_probes = [probes[cfg.host]] if cfg.host in probes else []
+                host_probes = (
+                    [_since(probes[cfg.host], since_raw.get(cfg.host), started)]
+                    if cfg.host in probes
+                    else []
+                )
                 j = judge(n, cfg, [*past[n], snaps[n]], probes=host_probes)
                 j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
                 all_findings.extend(j.findings)
@@ -181,16 +202,29 @@ def run_check(
             history.record(snaps.values())
             for h, p in probes.items():
                 history.set_meta(f"probe-since:{h}", repr(p.taken_at))
+            by_name = {r.name: r for r in results}
+            job_results = [
+                judge_job(
+                    job,
+                    containers,
+                    by_name,
+                    histories={n: [*past[n], snaps[n]] for n in job.containers},
+                    probes=probes,
+                )  # fmt: skip
+                for job in job_cfgs
+            ]
+            job_findings = [f for jj in job_results for f in jj.findings]
+            all_findings.extend(job_findings)
 
-            status = nagios_status(results)
+            status = nagios_status(results, job_findings)
             notified = 0
             notifier = alerts.Notifier(webhook_url=opts.webhook_url, command=opts.notify_cmd)
             if notifier.configured:
-                previous = history.alerts(names)
+                previous = history.alerts([*names, *job_names])
                 notes, planned = alerts.plan(
                     previous,
                     all_findings,
-                    checked=names,
+                    checked=[*names, *job_names],
                     held=[r.name for r in results if not r.snapshot.reachable],
                     now=now,
                     renotify_s=opts.renotify_h * 3600.0,
@@ -210,9 +244,18 @@ def run_check(
                             problems.append(f"{d.sink} alert not delivered: {d.detail}")
                     notified = len(notes) if delivered else 0
                 history.save_alerts(
-                    names, alerts.settle(previous, planned, notes, delivered).values()
+                    [*names, *job_names],
+                    alerts.settle(previous, planned, notes, delivered).values(),
                 )
-    return CheckReport(status, tuple(results), tuple(problems), notified)
+    return CheckReport(status, tuple(results), tuple(problems), notified, tuple(job_results))
+
+
+def _since(probe: HostProbe, raw: str | None, started: float) -> HostProbe:
+    """``probe`` with only the kernel events since the previous check (what a node's own
+    detectors see; a job host's probe reaches further back for the job's sake)."""
+    since = float(raw) if raw else started - 3600.0
+    kept = tuple(e for e in probe.kernel_events if e.at is None or e.at >= since)
+    return probe if len(kept) == len(probe.kernel_events) else replace(probe, kernel_events=kept)
 
 
 def playbook_titles() -> dict[str, str]:
