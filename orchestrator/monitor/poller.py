@@ -12,6 +12,7 @@ from collections.abc import Callable, Sequence
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.model import Snapshot
+from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.judge import Judgement, TargetHistory, with_unreachable
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather
 from orchestrator.monitor.state import target_state
@@ -36,9 +37,13 @@ class Poller:
         timeout_s: float = 30.0,
         workers: int = DEFAULT_JOBS,
         fetch: Callable[[str], Snapshot] | None = None,
+        jobs: Sequence[str] = (),
     ) -> None:
         self.inventory = inventory
         self.names = list(names)
+        self.jobs = [
+            inventory.job(j) for j in jobs if all(n in names for n in inventory.job(j).containers)
+        ]
         self.timeout_s = timeout_s
         self.workers = workers
         self._fetch = fetch or self._snapshot
@@ -51,6 +56,17 @@ class Poller:
         """The newest judgement of every target polled at least once, in the order given."""
         with self._lock:
             return [self._latest[n] for n in self.names if n in self._latest]
+
+    def latest_jobs(self) -> list[JobJudgement]:
+        """Each job of ``jobs`` judged from its nodes' newest judgements and histories."""
+        with self._lock:
+            latest = dict(self._latest)
+            hist = {n: list(h.snapshots) for n, h in self._history.items()}
+        out = []
+        for job in self.jobs:
+            containers = {n: self.inventory.container(n) for n in job.containers}
+            out.append(judge_job(job, containers, latest, histories=hist))
+        return out
 
     def _snapshot(self, name: str) -> Snapshot:
         t = self._targets.get(name)
