@@ -30,7 +30,7 @@ from orchestrator.detect.distributed import (
     first_failure,
     link_down_events,
 )
-from orchestrator.model import KernelEvent
+from orchestrator.model import KernelEvent, Severity
 from orchestrator.postmortem.evidence import Evidence
 from orchestrator.postmortem.verdict import Postmortem
 
@@ -207,23 +207,36 @@ def node_failure(report: NodeReport, playbooks: Sequence[Any]) -> NodeFailure | 
     code = ev.exit_status
     asked = report.postmortem.verdict.kind == "stopped"
     dead = (code not in (None, 0) or ev.run_state == "vanished") and not asked
-    if not dead:
+    # a worker's death is in the log while torchrun's agent may still be up (it can hang on a
+    # store it cannot reach): a critical log signature of a live run counts too
+    signs = [f for f in report.postmortem.findings
+             if f.kind == "log-signature" and f.severity >= Severity.CRITICAL]  # fmt: skip
+    if not dead and (asked or not signs):
         return None
     lines = [*ev.log_tail, *ev.pane]
     cls = classify_lines(match_log(lines, playbooks))
     why = f"a worker killed by {signal_name(137)}" if cls.playbook == "sigkill" else cls.playbook
-    status = f"exit status {code}" if code is not None else "no exit status: vanished"
-    verb = "failed" if cls.role == CONSEQUENCE else ("died" if code is None else "crashed")
+    status = (
+        f"exit status {code}"
+        if code is not None
+        else ("no exit status: vanished" if dead else None)
+    )
+    verb = "failed" if cls.role == CONSEQUENCE else ("died" if dead and code is None else "crashed")
     what = f"{verb} (" + ", ".join(x for x in (why, status) if x) + ")"
     kind = (
         "log-signature"
         if cls.playbook and cls.role == CAUSE
-        else ("silent-death" if code is None else "crashed")
+        else ("silent-death" if dead and code is None else "crashed")
     )
     evidence = tuple(
         x for x in (cls.line, f"exit_status: {code}" if code is not None else None) if x
     )
-    at = report.to_orch(ev.exit_status_at) or report.to_orch(ev.log_mtime)
+    if dead:
+        at = report.to_orch(ev.exit_status_at) or report.to_orch(ev.log_mtime)
+    else:
+        at = report.to_orch(
+            min((f.since for f in signs if f.since is not None), default=ev.log_mtime)
+        )
     return NodeFailure(
         node.container, node.rank, what, cls.role, at, cls.playbook, evidence, host, {"kind": kind}
     )

@@ -147,12 +147,15 @@ def start(state_dir: Path, workdir: Path) -> Cluster:
 
 
 def wait_for_death(cluster: Cluster, config: Path, job: str, deadline_s: float) -> dict[str, Any]:
-    """Poll ``orch check JOB`` until no node of the job is running any more; the last document."""
+    """Poll ``orch check JOB`` until every node of the job has failed (its worker died, even
+    while torchrun's agent lingers) or stopped running; the last document."""
     end = time.monotonic() + deadline_s
     while True:
         _rc, doc, _s = cluster.check(config, job)
         t = doc["targets"][0]
-        if all(n["state"] not in ("running", "starting", "stalled") for n in t["nodes"]):
+        if all(
+            n["failure"] or n["state"] not in ("running", "starting", "stalled") for n in t["nodes"]
+        ):
             return doc
         assert time.monotonic() < end, json.dumps(t, indent=1)[:3000]
         time.sleep(1.0)
