@@ -119,10 +119,22 @@ def test_every_field() -> None:
         ),
     ],
     ids=[
-        "not-a-container", "duplicate-node", "shared-container", "missing-address",
-        "rank-order", "name-clash", "unknown-key", "no-nodes", "empty-nodes", "bad-procs",
-        "node-without-container", "bad-rendezvous-key", "bad-endpoint", "bad-backend",
-        "bad-timeout", "bad-address",
+        "not-a-container",
+        "duplicate-node",
+        "shared-container",
+        "missing-address",
+        "rank-order",
+        "name-clash",
+        "unknown-key",
+        "no-nodes",
+        "empty-nodes",
+        "bad-procs",
+        "node-without-container",
+        "bad-rendezvous-key",
+        "bad-endpoint",
+        "bad-backend",
+        "bad-timeout",
+        "bad-address",
     ],  # fmt: skip
 )
 def test_job_mistake_is_one_line_with_file_and_line(
