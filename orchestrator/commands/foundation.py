@@ -56,6 +56,13 @@ def hosts_cmd(
     if summary["hosts"]:
         out_console.print(hosts)
     out_console.print(cts)
+    if summary["jobs"]:
+        jobs = Table("job", "nodes (rank order)", "rendezvous", "command")
+        for j in summary["jobs"]:
+            nodes = ", ".join(f"{n['container']} ({n['address']})" for n in j["nodes"])
+            cmd = j["command"] or "bundled trainer"
+            jobs.add_row(*(Text(str(v)) for v in (j["name"], nodes, j["rendezvous"], cmd)))
+        out_console.print(jobs)
 
 
 @app.command("trust")
