@@ -253,7 +253,8 @@ class NvmlStatus(Wire):
 @dataclass(frozen=True, slots=True)
 class KernelEvent(Wire):
     """A kernel-log line that matters: ``kind`` is ``xid``, ``sxid`` (NVSwitch),
-    ``fallen-off-bus`` or ``oom-killer``.
+    ``fallen-off-bus``, ``oom-killer`` or ``link-down`` (``device``: the NIC or bridge port
+    that went down: a multi-node job's network).
 
     ``vmid`` is the container it belongs to, when the host could tell (the OOM victim's
     ``task_memcg=/lxc/<vmid>/``, its cgroup, the container whose processes hold the GPU the
@@ -273,6 +274,7 @@ class KernelEvent(Wire):
     boot: int | None = None
     gpu: int | None = None
     memcg: str | None = None
+    device: str | None = None
 
 
 # --- tmux, processes, run --------------------------------------------------------------------

@@ -91,3 +91,29 @@ def sandbox_config(
         return path
 
     return write
+
+
+# --- jobs (issue 18) -------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def job_cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """4 LXC containers on 2 simulated hosts on one job network (tests/jobs/cluster.py), for
+    the multi-node job tests; skipped where real LXC containers or ``ip`` are not available.
+    Each test undoes its own faults (``cluster.cleanup()``)."""
+    from orchestrator.sandbox import lxc, manager, network
+    from tests.helpers import SANDBOX_ISOLATION
+    from tests.jobs.cluster import start
+
+    why = lxc.unavailable() or network.unavailable()
+    if why is not None or SANDBOX_ISOLATION == "process":
+        pytest.skip(
+            f"multi-node jobs need LXC containers and a job network: {why or 'process mode'}"
+        )
+    state_dir: Path = tmp_path_factory.mktemp("jobs-sandbox")
+    cluster = start(state_dir, tmp_path_factory.mktemp("jobs"))
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+        manager.down(state_dir)

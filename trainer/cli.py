@@ -37,6 +37,21 @@ def _fault(text: str) -> Fault:
         raise argparse.ArgumentTypeError(str(exc)) from None
 
 
+def _seconds(text: str) -> float:
+    """``--dist-timeout``: a number of seconds > 0.
+
+    >>> _seconds("30"), _seconds("0.5")
+    (30.0, 0.5)
+    """
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
+    if not value > 0 or value != value or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer",
@@ -81,7 +96,7 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="KIND@STEP[:ARG]",
         help="inject a failure: crash@S, crash-once@S (only in a run started from step 0: a "
         "resumed run gets past it), hang@S, silent-exit@S[:CODE], slow@S:FACTOR, "
-        "nan@S[:COUNT], oom@S, fx-race@S",
+        "nan@S[:COUNT], oom@S, fx-race@S, kill@S[:RANK] (SIGKILL in that global rank)",
     )
     p.add_argument(
         "--set",
@@ -90,6 +105,14 @@ def build_parser() -> argparse.ArgumentParser:
         default=[],
         metavar="SECTION.KEY=VALUE",
         help="override a config value (YAML syntax), e.g. --set devices.drafter=[cpu,cpu]",
+    )
+    p.add_argument(
+        "--dist-timeout",
+        type=_seconds,
+        default=None,
+        metavar="SECONDS",
+        help="under torchrun: how long a collective waits for the other ranks before it fails "
+        "(default: torch's, 30 min for gloo, 10 min for NCCL)",
     )
     p.add_argument(
         "--plain",
@@ -126,7 +149,8 @@ def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list
         f"trainer: drafter layers={cfg.drafter.n_layers} d_model={cfg.drafter.d_model} "
         f"trainable_params={drafter_params} block_size={cfg.drafter.block_size} "
         f"target_layers={cfg.drafter.target_layers} replicas={n_rep} devices={','.join(cfg.devices.drafter)}",
-        f"trainer: world_size={trainer.world_size} local_rank={trainer.local_rank} "
+        f"trainer: world_size={trainer.world_size} rank={trainer.rank} "
+        f"local_rank={trainer.local_rank} "
         f"batch={cfg.train.batch_size} per_replica={per_rep} "
         f"seq_len={cfg.data.seq_len} data={cfg.data.kind} steps={_steps_word(cfg.train.steps)} "
         f"attention={trainer.attention_name} warmup={args.warmup} "
@@ -183,12 +207,13 @@ def main(argv: list[str] | None = None) -> int:
                 warmup=args.warmup,
                 faults=args.fault,
                 resume=bool(args.resume),
+                dist_timeout_s=args.dist_timeout,
             ),
         )
     except (DependencyError, ValueError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
         return EXIT_USAGE
-    talk = trainer.rank == 0
+    talk = trainer.local_rank == 0  # one voice per node: every node's log shows its steps
 
     def say(line: str) -> None:
         if talk:
@@ -224,11 +249,12 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         trainer.close()
     if result.stopped_by:
-        saved = result.checkpoint or "up to date"
+        saved = result.checkpoint or ("up to date" if trainer.rank == 0 else "kept by rank 0")
         say(f"trainer: stopped by {result.stopped_by} at step={result.step}; checkpoint {saved}")
         return 128 + signals_seen[0]
+    saved = result.checkpoint or ("up to date" if trainer.rank == 0 else "kept by rank 0")
     say(
         f"trainer: finished step={result.step} wall_s={result.wall_s:.2f} "
-        f"tok/s={result.tok_s:.0f} checkpoint={result.checkpoint or 'up to date'}"
+        f"tok/s={result.tok_s:.0f} checkpoint={saved}"
     )
     return EXIT_OK

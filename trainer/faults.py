@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import signal
 import threading
 import time
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
-KINDS = ("crash", "crash-once", "hang", "silent-exit", "slow", "nan", "oom", "fx-race")
+KINDS = ("crash", "crash-once", "hang", "silent-exit", "slow", "nan", "oom", "fx-race", "kill")
 
 # The text a real CUDA allocator failure prints (torch 2.x), so log signatures match both.
 OOM_TEXT = (
@@ -37,7 +38,8 @@ must land on the error line, as in a real OOM traceback whose source line is the
 
 @dataclass(frozen=True, slots=True)
 class Fault:
-    """One injected fault; ``arg`` is the slow factor, the silent-exit status or the nan count."""
+    """One injected fault; ``arg`` is the slow factor, the silent-exit status, the nan count or
+    the rank ``kill`` fires on."""
 
     kind: str
     step: int
@@ -63,10 +65,12 @@ def parse_fault(text: str) -> Fault:
     Fault(kind='silent-exit', step=3, arg=9.0)
     >>> parse_fault("nan@3:20")
     Fault(kind='nan', step=3, arg=20.0)
+    >>> parse_fault("kill@5:1")
+    Fault(kind='kill', step=5, arg=1.0)
     >>> parse_fault("boom@1")
     Traceback (most recent call last):
     ...
-    ValueError: unknown fault 'boom' (known: crash, crash-once, hang, silent-exit, slow, nan, oom, fx-race)
+    ValueError: unknown fault 'boom' (known: crash, crash-once, hang, silent-exit, slow, nan, oom, fx-race, kill)
     >>> parse_fault("crash-once@25")
     Fault(kind='crash-once', step=25, arg=None)
     >>> parse_fault("slow@4")
@@ -77,6 +81,10 @@ def parse_fault(text: str) -> Fault:
     Traceback (most recent call last):
     ...
     ValueError: nan takes a whole number of steps >= 1: nan@STEP[:COUNT]
+    >>> parse_fault("kill@4:-1")
+    Traceback (most recent call last):
+    ...
+    ValueError: kill takes a global rank >= 0: kill@STEP[:RANK]
     """
     kind, at, rest = text.partition("@")
     if kind not in KINDS:
@@ -90,12 +98,14 @@ def parse_fault(text: str) -> Fault:
             arg = float(arg_s)
         except ValueError:
             raise ValueError(f"bad argument {arg_s!r} in {text!r}") from None
-        if kind not in ("slow", "silent-exit", "nan"):
+        if kind not in ("slow", "silent-exit", "nan", "kill"):
             raise ValueError(f"{kind} takes no argument: {kind}@STEP")
     if kind == "slow" and (arg is None or arg <= 1):
         raise ValueError("slow needs a factor > 1: slow@STEP:FACTOR")
     if kind == "nan" and arg is not None and (arg < 1 or arg != int(arg)):
         raise ValueError("nan takes a whole number of steps >= 1: nan@STEP[:COUNT]")
+    if kind == "kill" and arg is not None and (arg < 0 or arg != int(arg)):
+        raise ValueError("kill takes a global rank >= 0: kill@STEP[:RANK]")
     return Fault(kind, int(step_s), arg)
 
 
@@ -105,18 +115,23 @@ class FaultInjector:
 
     ``start_step``: the step the run started from (0, or the resumed checkpoint's): a
     ``crash-once`` fault fires only in a run that started from step 0, so a relaunch with
-    ``--resume auto`` gets past it (the self-healing loop's end-to-end test).
+    ``--resume auto`` gets past it (the self-healing loop's end-to-end test). ``rank``: this
+    process's global rank (a ``kill@S:RANK`` fault fires in that rank only).
     """
 
-    def __init__(self, faults: list[Fault], start_step: int = 0) -> None:
+    def __init__(self, faults: list[Fault], start_step: int = 0, rank: int = 0) -> None:
         self.faults = faults
         self.start_step = start_step
+        self.rank = rank
 
     def before_step(self, step: int) -> None:
-        """Fire control faults due at ``step`` (crash, hang, silent-exit)."""
+        """Fire control faults due at ``step`` (crash, hang, silent-exit, kill)."""
         for f in self.faults:
             if f.step != step:
                 continue
+            if f.kind == "kill" and int(f.arg or 0) == self.rank:
+                # one rank of a distributed run dies as under kill -9: no traceback, no flush
+                os.kill(os.getpid(), signal.SIGKILL)
             if f.kind == "crash" or (f.kind == "crash-once" and self.start_step == 0):
                 raise RuntimeError(f"injected fault: crash at step {step}")
             if f.kind == "silent-exit":

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import datetime
 import math
 import os
 import queue
@@ -51,6 +52,9 @@ class RunOptions:
     faults: list[Fault] = field(default_factory=list)
     resume: bool = False
     log_out: Any = None
+    dist_timeout_s: float | None = None
+    """``--dist-timeout``: seconds a collective may wait for the other ranks (None: torch's
+    default, 30 min for gloo, 10 min for NCCL) before it fails on every waiting rank."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,11 +113,16 @@ class Trainer:
         self.opts = opts
         opts.run_dir.mkdir(parents=True, exist_ok=True)
         self.world_size = int(os.environ.get("WORLD_SIZE", "1"))
+        self.local_world_size = int(os.environ.get("LOCAL_WORLD_SIZE", str(self.world_size)))
         self.rank = 0
         if self.world_size > 1:
             backend = "nccl" if cfg.devices.drafter[0].startswith("cuda") else "gloo"
             if not dist.is_initialized():
-                dist.init_process_group(backend=backend)
+                timeout = opts.dist_timeout_s
+                dist.init_process_group(
+                    backend=backend,
+                    timeout=datetime.timedelta(seconds=timeout) if timeout else None,
+                )
             self.rank = dist.get_rank()
         per = self.world_size * len(cfg.devices.drafter)
         if cfg.train.batch_size % per:
@@ -123,7 +132,7 @@ class Trainer:
             )
         if cfg.train.torch_threads:
             torch.set_num_threads(cfg.train.torch_threads)
-        self.faults = FaultInjector(opts.faults)
+        self.faults = FaultInjector(opts.faults, rank=self.rank)
         self.target = target if target is not None else build_target(cfg)
         self.target.place(cfg.devices.target)
         self._in_target = threading.local()  # the step the coordinator's target forward is for
@@ -181,13 +190,16 @@ class Trainer:
             self.heldout = (self.source.heldout(n), anchors)
         self.nonfinite_run = 0  # steps in a row skipped for a non-finite gradient
         self.nonfinite_total = 0
+        # each node's local rank 0 reports (its own log, heartbeat and metrics.jsonl) the tokens
+        # of its node's ranks; on one node that is every rank, as before
+        node_tokens = self.tokens_per_step * self.local_world_size // self.world_size
         self.reporter = Reporter(
             opts.run_dir,
             log_every=cfg.train.log_every,
-            tokens_per_step=self.tokens_per_step,
+            tokens_per_step=node_tokens,
             blocks_per_step=self.blocks_per_step,
             devices=[*cfg.devices.target, *cfg.devices.drafter],
-            enabled=self.rank == 0,
+            enabled=self.local_rank == 0,
             out=opts.log_out,
         )
         self.done_step = self.start_step
@@ -295,7 +307,7 @@ class Trainer:
         self.nonfinite_run += 1
         self.nonfinite_total += 1
         limit = self.cfg.train.max_nonfinite_steps
-        if self.rank == 0:
+        if self.local_rank == 0:
             print(
                 f"trainer: warning: step {step}: gradient not finite, step skipped "
                 f"({self.nonfinite_run} in a row of at most {limit}, {self.nonfinite_total} in all)",
@@ -485,7 +497,7 @@ class Trainer:
             step=self.done_step,
             start_step=start,
             wall_s=wall,
-            tokens=(self.done_step - start) * self.tokens_per_step,
+            tokens=(self.done_step - start) * self.reporter.tokens_per_step,  # this node's
             stopped_by=self.stop_reason,
             last=self.reporter.last,
             checkpoint=path,

@@ -29,6 +29,7 @@ from orchestrator.agent.containerview import ContainerView
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
 from orchestrator.agent.kernel import KernelParser, read_kernel
+from orchestrator.agent.netlog import vmid_of_device
 from orchestrator.formats import parse_pct_status
 from orchestrator.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
 
@@ -169,6 +170,9 @@ def owner_of_event(
     """
     if ev.vmid is not None:
         return ev
+    if ev.kind == "link-down":  # a container's own bridge port (veth<vmid>i<n>), or the host's
+        vmid = vmid_of_device(ev.device or "")
+        return replace(ev, vmid=vmid) if vmid is not None else ev
     gpu = gpu_of_pci(gpus, ev.pci) if ev.pci else None
     if gpu is not None:
         ev = replace(ev, gpu=gpu.host_index if gpu.host_index is not None else gpu.index)

@@ -12,7 +12,9 @@ bus" in its one-line form and in the three-line notice of newer drivers::
 (one kernel record with embedded newlines, which journalctl and dmesg print as indented
 continuation lines, or three records), and the OOM killer: ``Out of memory: Killed process
 PID (comm)`` / ``Memory cgroup out of memory: Killed process ...``, whose owner comes from
-the ``oom-kill:...,task_memcg=/lxc/201/ns/...,pid=PID,...`` line the kernel prints before it.
+the ``oom-kill:...,task_memcg=/lxc/201/ns/...,pid=PID,...`` line the kernel prints before it;
+and a network link going down (a NIC, or a container's bridge port: agent/netlog.py), which
+cuts a node of a multi-node job off.
 
 Fetch apart from parse: :class:`KernelParser` is pure (fed lines, gives events);
 :func:`read_kernel` runs the tools. A line without a time never counts as new: it is
@@ -35,6 +37,7 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from orchestrator.agent.cgroups import vmid_of_cgroup_path
+from orchestrator.agent.netlog import parse_link_down
 from orchestrator.model import KernelEvent
 
 _XID = re.compile(
@@ -119,6 +122,8 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
     >>> e = parse_message("Out of memory: Killed process 4242 (python3) total-vm:1kB", None)
     >>> (e.kind, e.pid, e.process)
     ('oom-killer', 4242, 'python3')
+    >>> parse_message("vmbr0: port 3(veth201i0) entered disabled state", 2.0).device
+    'veth201i0'
     >>> parse_message("usb 1-1: new device", None) is None
     True
     """
@@ -148,6 +153,9 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
         return KernelEvent(
             kind="oom-killer", line=msg.strip(), at=at, pid=int(m.group(1)), process=m.group(2)
         )
+    device = parse_link_down(msg)  # a job node's network: agent/netlog.py
+    if device is not None:
+        return KernelEvent(kind="link-down", line=msg.strip(), at=at, device=device)
     return None
 
 

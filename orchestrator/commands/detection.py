@@ -49,7 +49,7 @@ def diagnose(
 
 @app.command("postmortem")
 def postmortem_cmd(
-    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    target: str = typer.Argument(..., help="Container (or job) name from hosts.yaml."),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: runs/current)."),
     out: Path | None = typer.Option(
         None, "--out", help="Bundle directory (default: <state>/postmortems/<target>-<run>-<ts>/)."
@@ -68,7 +68,16 @@ def postmortem_cmd(
     its playbook), crashed, silent-death, ghost-utilization, finished, other
     findings of a live run, or
     healthy. What orch supervise / check --heal decided about the run (restarted,
-    gave up, and why) follows from the restart journal. Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
+    gave up, and why) follows from the restart journal.
+
+    A job: every node's evidence on one timeline (each host's clock offset measured
+    and applied), the first failure (the earliest death, exception or kernel event;
+    the other nodes' timeouts, closed connections, closed rendezvous and torchrun
+    SIGTERMs are its consequences). --json: {"verdict": {"kind", "playbook",
+    "summary", "first_failure": {"node", "rank", "at", "evidence"}}, "nodes": [...],
+    "timeline": [...], "bundle"}.
+
+    Exit codes: 0 a verdict was reached; 1 the run is alive and healthy
     (nothing to explain; the bundle is still written); 2 unknown target or run;
     3 host or container unreachable; 4 --out exists and is not empty.
     """
@@ -76,7 +85,24 @@ def postmortem_cmd(
     from orchestrator.views import postmortem as view
     from orchestrator.views.postmortem import print_verdict
 
-    pm = postmortem.postmortem(load_inventory(), target, run_id=run_id, out=out, db_path=db,
+    inventory = load_inventory()
+    if target in inventory.jobs:
+        from orchestrator.postmortem import jobs
+        from orchestrator.views import job_report
+
+        jpm = jobs.postmortem_job(
+            inventory, inventory.job(target), run_id=run_id, out=out,
+            report=lambda p: (job_report.markdown(p), job_report.html(p)),
+            node_report=lambda p: (view.markdown(p), view.html(p)),
+        )  # fmt: skip
+        if as_json:
+            print_json(jpm.to_dict())
+        else:
+            job_report.print_job_verdict(out_console, jpm)
+        if not jpm.verdict.reached:
+            raise typer.Exit(1)
+        return
+    pm = postmortem.postmortem(inventory, target, run_id=run_id, out=out, db_path=db,
                                report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
     if as_json:
         print_json(pm.to_dict())

@@ -56,6 +56,13 @@ def hosts_cmd(
     if summary["hosts"]:
         out_console.print(hosts)
     out_console.print(cts)
+    if summary["jobs"]:
+        jobs = Table("job", "nodes (rank order)", "rendezvous", "command")
+        for j in summary["jobs"]:
+            nodes = ", ".join(f"{n['container']} ({n['address']})" for n in j["nodes"])
+            cmd = j["command"] or "bundled trainer"
+            jobs.add_row(*(Text(str(v)) for v in (j["name"], nodes, j["rendezvous"], cmd)))
+        out_console.print(jobs)
 
 
 @app.command("trust")
@@ -126,6 +133,12 @@ _SANDBOX_DIR_HELP = "State directory (default ~/.local/state/orch/sandbox); seve
 def sandbox_up(
     state_dir: Path | None = typer.Option(None, "--dir", help=_SANDBOX_DIR_HELP),
     containers: int = typer.Option(1, "--containers", help="Containers ct200, ct201, ... (1-50)."),
+    host_count: int = typer.Option(
+        1,
+        "--hosts",
+        help="Simulated Proxmox hosts (sandbox, sandbox2, ...), each its own sshd; the "
+        "containers are spread over them in blocks, all on one job network.",
+    ),
     gpus: int = typer.Option(8, "--gpus", help="Simulated GPUs (1-64)."),
     scenario: str = typer.Option(
         "healthy", "--scenario", help="Bundled scenario name or JSON file."
@@ -149,7 +162,12 @@ def sandbox_up(
     from orchestrator.sandbox import manager
 
     info = manager.up(
-        state_dir, containers=containers, gpus=gpus, scenario=scenario, isolation=isolation
+        state_dir,
+        containers=containers,
+        gpus=gpus,
+        scenario=scenario,
+        isolation=isolation,
+        host_count=host_count,
     )
     if info.fallback:
         sys.stderr.write(f"sandbox: {info.fallback}\n")
@@ -160,6 +178,12 @@ def sandbox_up(
         f"sandbox up ({info.isolation}): sshd on 127.0.0.1:{info.port}, containers "
         f"{', '.join(info.containers)}, {info.gpus} GPUs, scenario {info.scenario}"
     )
+    for host, port in zip(info.hosts[1:], info.ports[1:], strict=False):
+        on = [c for c, h in info.placement if h == host]
+        print(f"host {host}: sshd on 127.0.0.1:{port}, containers {', '.join(on)}")
+    if info.addresses:
+        shown = ", ".join(f"{c} {a}" for c, a in info.addresses)
+        print(f"job network: {shown}")
     print(f"config: {info.config_path}")
     print(f"try: orch -c {info.config_path} hosts")
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import typer
 
@@ -19,7 +20,7 @@ from orchestrator.commands._app import (
 
 @app.command("launch")
 def launch_cmd(
-    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    target: str = typer.Argument(..., help="Container (or job) name from hosts.yaml."),
     trainer_args: list[str] | None = typer.Argument(
         None,
         metavar="TRAINER_ARGS",
@@ -56,6 +57,10 @@ def launch_cmd(
     torch sees fewer than 8 CUDA devices), else tiny-cpu. Extra trainer
     arguments follow --: orch launch ct200 -- --steps 100 --fault crash@4
 
+    A job (hosts.yaml jobs:) starts torchrun on every node under one run id, after
+    every node passed preflight, and is verified when every node reached the
+    rendezvous and made its first step; if one node fails, the others are stopped.
+
     Exit codes: 0 verified; 1 the run died during startup (exit status, last log
     lines and diagnosis are printed) or stayed silent; 2 bad arguments; 3
     unreachable; 4 refused by preflight (live session, busy GPUs, disk, missing
@@ -65,6 +70,11 @@ def launch_cmd(
     from orchestrator.views.launch import PhaseProgress, launch_summary
 
     inventory = load_inventory()
+    if target in inventory.jobs:
+        _launch_job(inventory, target, cmd=cmd, gpus=gpus, env=env, name=name, force=force,
+                    grace=grace, no_verify=no_verify, as_json=as_json,
+                    trainer_args=trainer_args or [])  # fmt: skip
+        return
     progress = None if as_json else PhaseProgress(err_console)
     try:
         result = launch.launch(
@@ -104,9 +114,44 @@ def launch_cmd(
         launch_summary(out_console, result.to_dict())
 
 
+def _launch_job(inventory: Any, job_name: str, *, cmd: str | None, gpus: str | None,
+                env: list[str], name: str | None, force: bool, grace: float, no_verify: bool,
+                as_json: bool, trainer_args: list[str]) -> None:  # fmt: skip
+    from orchestrator.errors import UsageError
+    from orchestrator.lifecycle import job_launch
+    from orchestrator.views.launch import PhaseProgress, job_summary
+
+    if cmd or gpus:
+        raise UsageError(
+            f"{job_name} is a job: set its command and GPUs under jobs.{job_name} in hosts.yaml"
+        )
+    progress = None if as_json else PhaseProgress(err_console)
+    try:
+        result = job_launch.launch_job(
+            inventory, inventory.job(job_name), env=env, run_name=name, force=force,
+            verify=not no_verify, grace_s=grace, on_phase=progress, trainer_args=trainer_args,
+        )  # fmt: skip
+    except job_launch.JobLaunchFailed as exc:
+        if as_json:
+            node = exc.node
+            print_json({"ok": False, "error": "node-failed", "message": str(exc),
+                        "node": node.container if node else None,
+                        "rank": node.rank if node else None,
+                        "stopped": [s.to_dict() for s in exc.stopped]})  # fmt: skip
+            raise typer.Exit(exc.exit_code) from None
+        raise
+    finally:
+        if progress is not None:
+            progress.close()
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        job_summary(out_console, result.to_dict())
+
+
 @app.command("stop")
 def stop_cmd(
-    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    target: str = typer.Argument(..., help="Container (or job) name from hosts.yaml."),
     grace: float = typer.Option(
         60.0, "--grace", help="Seconds from SIGINT to SIGKILL (SIGTERM at half)."
     ),
@@ -115,12 +160,18 @@ def stop_cmd(
 ) -> None:
     """Stop the run: SIGINT, then SIGTERM, then SIGKILL after --grace; idempotent.
 
+    A job's run is stopped on every node at once, each recorded as requested.
     The tmux session and the run directory stay for the postmortem. Exit codes:
-    0 stopped or already not running; 3 unreachable.
+    0 stopped or already not running; 3 unreachable (a job: some node could not
+    be reached; the others were stopped).
     """
     from orchestrator.lifecycle import stop
 
-    doc = stop.stop(load_inventory(), target, grace_s=grace, run_id=run_id)
+    inventory = load_inventory()
+    if target in inventory.jobs:
+        _stop_job(inventory, target, grace, run_id, as_json)
+        return
+    doc = stop.stop(inventory, target, grace_s=grace, run_id=run_id)
     if as_json:
         print_json(doc.to_dict())
     elif doc.stopped:
@@ -137,9 +188,32 @@ def stop_cmd(
         )
 
 
+def _stop_job(inventory: Any, job_name: str, grace: float, run_id: str | None,
+              as_json: bool) -> None:  # fmt: skip
+    from orchestrator.lifecycle import jobs
+
+    results = jobs.stop_job(inventory, inventory.job(job_name), grace_s=grace, run_id=run_id)
+    if as_json:
+        print_json({"job": job_name, "nodes": [r.to_dict() for r in results]})
+    else:
+        for r in results:
+            a = r.answer
+            if a is None:
+                line = f"{r.node.label}: not stopped: {r.error}"
+            elif a.stopped:
+                line = (f"{r.node.label}: stopped run {a.run_id} with "
+                        f"{', '.join(a.signals) or 'no signal'} in {a.elapsed_s:.1f} s: exit status {a.exit_status}")  # fmt: skip
+            else:
+                state = f"exited {a.exit_status}" if a.exit_status is not None else a.state
+                line = f"{r.node.label}: run {a.run_id} is not running ({state}); nothing to stop"
+            out_console.print(line, highlight=False)
+    if any(r.error for r in results):
+        raise typer.Exit(3)
+
+
 @app.command("logs")
 def logs_cmd(
-    target: str = typer.Argument(..., help="Container name from hosts.yaml."),
+    target: str = typer.Argument(..., help="Container (or job) name from hosts.yaml."),
     follow: bool = typer.Option(
         False,
         "-f",
@@ -148,14 +222,39 @@ def logs_cmd(
     ),
     lines: int = typer.Option(50, "-n", "--lines", help="Lines from the end to show first."),
     run_id: str | None = typer.Option(None, "--run", help="Run id (default: the current run)."),
+    node: str | None = typer.Option(
+        None, "--node", help="A job's node: its container name or rank (default: every node)."
+    ),
 ) -> None:
     """Show the end of the run's log (train.log), read from the end; -f follows it.
 
-    Exit codes: 0 done; 2 no such run; 3 unreachable.
+    For a job, every node's log under a "==> ct200 (rank 0) <==" head, or one
+    node's with --node (needed with -f). Exit codes: 0 done; 2 no such run; 3
+    unreachable.
     """
+    from orchestrator.errors import UsageError
     from orchestrator.lifecycle import runs
 
     inventory = load_inventory()
+    if target in inventory.jobs:
+        from orchestrator.lifecycle import jobs
+
+        job = inventory.job(target)
+        run_id = run_id or jobs.current_run(inventory, job)
+        if node is None and follow:
+            raise UsageError(
+                f"orch logs -f {target} follows one node: add --node (one of {', '.join(job.containers)})"
+            )
+        if node is None:
+            for n, doc in jobs.job_logs(inventory, job, lines=lines, run_id=run_id):
+                sys.stdout.write(f"==> {n.label} <==\n")
+                text = doc if isinstance(doc, str) else None
+                for line in [f"(no log: {text})"] if text is not None else doc.lines:  # type: ignore[union-attr]
+                    sys.stdout.write(line + "\n")
+            return
+        target = jobs.pick_node(job, node).container
+    elif node is not None:
+        raise UsageError(f"--node is for jobs; {target} is a container")
     if not follow:
         doc = runs.logs(inventory, target, lines=lines, run_id=run_id)
         for line in doc.lines:
@@ -180,19 +279,20 @@ def status_cmd(
 ) -> None:
     """One table of every target, queried concurrently: reachable, container, session, run,
     age, step, tokens/s, GPU memory, and the restart journal's last decision (orch supervise,
-    orch check --heal). Exit codes: 0 (problems are shown, not raised); 2 bad name.
+    orch check --heal). A job is one row (its worst node's state, the total tokens/s) with its
+    nodes beneath. Exit codes: 0 (problems are shown, not raised); 2 bad name.
     """
     import time
 
     from orchestrator.lifecycle import runs
+    from orchestrator.lifecycle.jobs import job_names, status_rows
     from orchestrator.monitor.history import read_journal
     from orchestrator.monitor.journal import summary
     from orchestrator.views.launch import status_table
 
     inventory = load_inventory()
-    names = list(targets or [n for n in inventory.containers if n != "local"] or ["local"])
-    for n in names:
-        inventory.container(n)
+    names, jobs = job_names(inventory, targets or [])
+    names = names or ["local"]
     rows = runs.status(inventory, names)
     journals = read_journal(names, db)
     now = time.time()
@@ -201,6 +301,7 @@ def status_cmd(
         row["restarts"] = summary(journals[row["target"]], now=now,
                                   max_restarts=policy.max_restarts if policy else None,
                                   window_s=policy.window_s if policy else None)  # fmt: skip
+    rows = status_rows(inventory, jobs, rows)
     if as_json:
         print_json(rows)
     else:

@@ -22,7 +22,9 @@ from orchestrator.errors import OrchError
 @app.command("watch")
 def watch_cmd(
     targets: list[str] = typer.Argument(
-        None, help="Containers to watch (default: all); one name opens its detail view."
+        None,
+        help="Containers or jobs to watch (default: all); one container opens its detail "
+        "view, a job shows its row and its nodes beneath.",
     ),
     interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between snapshots."),
     plain: bool = typer.Option(
@@ -54,7 +56,7 @@ def watch_cmd(
 @app.command("check")
 def check_cmd(
     targets: list[str] = typer.Argument(
-        None, help="Containers to check (default: all in hosts.yaml)."
+        None, help="Containers or jobs to check (default: all in hosts.yaml)."
     ),
     as_json: bool = typer.Option(False, "--json", help="Print one JSON document instead of lines."),
     notify: str | None = notify_option(),
@@ -159,7 +161,7 @@ def _heal(inventory: Any, report: Any, opts: Any) -> tuple[list[Any], list[str]]
 
 @app.command("export")
 def export_cmd(
-    targets: list[str] = typer.Argument(None, help="Containers to export (default: all)."),
+    targets: list[str] = typer.Argument(None, help="Containers or jobs to export (default: all)."),
     listen: str | None = typer.Option(
         None, "--listen", metavar="HOST:PORT", help="Serve /metrics here, e.g. 127.0.0.1:9400."
     ),
@@ -179,9 +181,10 @@ def export_cmd(
         30.0, "--timeout", metavar="S", help="Seconds a target may take to answer."
     ),
 ) -> None:
-    """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges."""
+    """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges
+    (a job: orch_job_state, orch_job_tokens_per_second, orch_job_node_*, orch_job_first_failure)."""
     from orchestrator.errors import UsageError
-    from orchestrator.monitor.observe import select_targets
+    from orchestrator.monitor.observe import select_jobs, select_targets
     from orchestrator.monitor.poller import Poller
     from orchestrator.views import export
 
@@ -193,7 +196,8 @@ def export_cmd(
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     inventory = load_inventory()
-    poller = Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout)
+    poller = Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout,
+                    jobs=select_jobs(inventory, targets or []))  # fmt: skip
     try:
         export.serve(
             poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval

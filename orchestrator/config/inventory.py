@@ -1,7 +1,7 @@
 """hosts.yaml -> a typed, validated inventory; every error names file:line and key path.
 
-The file's top level is exactly three mappings: ``defaults``, ``hosts``,
-``containers``. The container named ``local`` is built in (this machine, no
+The file's top level is exactly four mappings: ``defaults``, ``hosts``,
+``containers``, ``jobs`` (config/jobs.py). The container named ``local`` is built in (this machine, no
 SSH, no pct) and exists even when the file does not name it.
 
 Lookup order: ``-c/--config``, ``$ORCH_CONFIG``, ``./hosts.yaml``,
@@ -28,6 +28,7 @@ from typing import Any
 
 import yaml
 
+from orchestrator.config.jobs import JobConfig, build_jobs
 from orchestrator.config.reader import TAG, NodeReader, describe, join_key, show, suggest
 from orchestrator.config.reader import compose as _compose
 from orchestrator.config.restart import RestartPolicy, build_policy
@@ -77,12 +78,14 @@ class ContainerConfig:
     ``host`` is a key of ``hosts`` or ``"local"``; ``vmid`` is ``None`` for local.
     ``gpus`` maps a role (``target``, ``drafter``, ...) to GPU indices.
     ``command`` is what ``orch launch`` starts (``None``: the bundled trainer).
-    ``requires`` lists Python modules that must import before launch.
+    ``requires`` lists Python modules that must import before launch. ``address`` is the
+    container's address on the job network (jobs only; orch itself reaches it through pct).
     """
 
     name: str
     host: str
     vmid: int | None = None
+    address: str | None = None
     workdir: str = "/root/orch"
     session: str = "train"
     gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
@@ -131,6 +134,7 @@ class Inventory:
     path: Path | None
     hosts: dict[str, HostConfig]
     containers: dict[str, ContainerConfig]
+    jobs: dict[str, JobConfig] = field(default_factory=dict)
 
     def container(self, name: str) -> ContainerConfig:
         """The container called ``name``; raises ``UsageError`` naming the known ones.
@@ -148,6 +152,19 @@ class Inventory:
         known = list(self.containers)
         where = str(self.path) if self.path else "the built-in inventory (no hosts.yaml found)"
         raise UsageError(f"no container {show(name)!r} in {where}{suggest(name, known, 'known')}")
+
+    def job(self, name: str) -> JobConfig:
+        """The job called ``name``; raises ``UsageError`` naming the known ones."""
+        found = self.jobs.get(name)
+        if found is not None:
+            return found
+        where = str(self.path) if self.path else "the built-in inventory (no hosts.yaml found)"
+        known = list(self.jobs) or ["none"]
+        raise UsageError(f"no job {show(name)!r} in {where}{suggest(name, known, 'jobs')}")
+
+    def job_of(self, container: str) -> JobConfig | None:
+        """The job container ``container`` is a node of (``None``: none)."""
+        return next((j for j in self.jobs.values() if container in j.containers), None)
 
     def host_of(self, container: ContainerConfig) -> HostConfig | None:
         """The host entry of ``container`` (``None`` for local)."""
@@ -199,7 +216,7 @@ def _build(r: NodeReader, root: yaml.Node | None) -> Inventory:
                 root,
                 "",
                 "the top level must be a mapping with the keys defaults, hosts, "
-                f"containers (got {describe(root)})",
+                f"containers, jobs (got {describe(root)})",
             )
         for name, knode, vnode in r.mapping(root, ""):
             if name not in TOP_LEVEL:
@@ -239,14 +256,17 @@ def _build(r: NodeReader, root: yaml.Node | None) -> Inventory:
         hosts[name] = HostConfig(name=name, explicit=explicit, **values)
 
     containers: dict[str, ContainerConfig] = {}
+    knodes: dict[str, yaml.Node] = {}
     for name, knode, vnode in r.mapping(sections.get("containers", _NULL), "containers", "name"):
         key = join_key("containers", name)
         _check_name(r, knode, key, name)
         own, nodes = _entry(r, vnode, key, CONTAINER_FIELDS)
         containers[name] = _container(r, name, key, knode, own, nodes, ct_defaults, hosts)
+        knodes[name] = knode
     if LOCAL not in containers:
         containers[LOCAL] = _container(r, LOCAL, LOCAL, None, {}, {}, ct_defaults, hosts)
-    return Inventory(path=None, hosts=hosts, containers=containers)
+    jobs = build_jobs(r, sections.get("jobs", _NULL), containers, knodes)
+    return Inventory(path=None, hosts=hosts, containers=containers, jobs=jobs)
 
 
 def _container(
@@ -404,7 +424,7 @@ def load_inventory(explicit: Path | None = None) -> Inventory:
     if path is None:
         return builtin_inventory()
     inv = parse_inventory(_read_text(path), str(path), path.resolve().parent)
-    return Inventory(path=path, hosts=inv.hosts, containers=inv.containers)
+    return Inventory(path=path, hosts=inv.hosts, containers=inv.containers, jobs=inv.jobs)
 
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:
@@ -439,9 +459,27 @@ def inventory_summary(inv: Inventory) -> dict[str, Any]:
                 "requires": list(c.requires),
                 "env": mask_env(c.env),
                 "command": c.command,
+                "job_address": c.address,
             }
         )
-    return {"config": str(inv.path) if inv.path else None, "hosts": hosts, "containers": containers}
+    jobs = [
+        {
+            "name": j.name,
+            "nodes": [
+                {"container": n.container, "rank": n.rank, "address": n.address, "procs": n.procs}
+                for n in j.nodes
+            ],  # fmt: skip
+            "rendezvous": j.rdzv_endpoint,
+            "command": j.command,
+        }
+        for j in inv.jobs.values()
+    ]
+    return {
+        "config": str(inv.path) if inv.path else None,
+        "hosts": hosts,
+        "containers": containers,
+        "jobs": jobs,
+    }
 
 
 if __name__ == "__main__":

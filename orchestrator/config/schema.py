@@ -13,7 +13,7 @@ from typing import Any
 
 from orchestrator.detect.limits import Limits
 
-TOP_LEVEL = ("defaults", "hosts", "containers")
+TOP_LEVEL = ("defaults", "hosts", "containers", "jobs")
 """The top level of hosts.yaml holds exactly these mappings."""
 
 
@@ -155,6 +155,18 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
         "integer >= 100",
         "none",
         "Proxmox container id (`pct exec VMID`). Required on a host; absent for local.",
+        in_defaults=False,
+        nullable=True,
+    ),
+    FieldSpec(
+        "address",
+        "address",
+        "address",
+        "string",
+        "none",
+        "The container's IP address on the job network (the network between the nodes of a "
+        "`jobs:` entry), not how orch reaches it (that is always the host's SSH and pct). "
+        "Required for a container that is a job node.",
         in_defaults=False,
         nullable=True,
     ),
@@ -304,6 +316,114 @@ def restart_markdown() -> list[str]:
 
 # --- end of the restart policy block -------------------------------------------------------
 
+
+JOB_FIELDS: tuple[FieldSpec, ...] = (
+    FieldSpec(
+        "nodes",
+        "nodes",
+        "nodes",
+        "list of container names (or mappings)",
+        "required",
+        "The containers of the job, in rank order: node 0 hosts the rendezvous. An entry is a "
+        "name, or `{container: NAME, procs: N, gpus: {...}}` to set that node's own processes "
+        "or GPUs. Each container must have an `address`; a container belongs to one job at "
+        "most. torchrun's c10d ranks nodes by their sorted address, so the addresses must "
+        "sort (as text) in the listed order.",
+    ),
+    FieldSpec(
+        "procs_per_node",
+        "procs",
+        "procs",
+        "integer >= 1",
+        "`1`",
+        "Processes torchrun starts on each node (`--nproc-per-node`); the bundled trainer "
+        "uses all of a node's GPUs from one process.",
+    ),
+    FieldSpec(
+        "gpus",
+        "gpus",
+        "gpus",
+        "mapping role -> GPU list",
+        "each node's container `gpus`",
+        "GPUs every node uses, by role (as a container's `gpus`); `CUDA_VISIBLE_DEVICES` of "
+        "each node and what preflight checks are idle.",
+    ),
+    FieldSpec(
+        "rendezvous",
+        "rendezvous",
+        "rendezvous",
+        "mapping `{port, endpoint}`",
+        "`{port: 29400}`",
+        "The c10d rendezvous (`--rdzv-backend c10d`): `port`, and `endpoint` (`HOST:PORT`), "
+        "by default the first node's address and that port. The run id is orch's run id "
+        "(`--rdzv-id`).",
+    ),
+    FieldSpec(
+        "command",
+        "command",
+        "command",
+        "string, or list of strings",
+        "the bundled trainer",
+        "What torchrun runs after its own options on every node: a script and its arguments "
+        "(`train.py --lr 1e-3`) or `-m module ...`; an argv list is quoted by orch.",
+        nullable=True,
+    ),
+    FieldSpec(
+        "trainer_config",
+        "trainer_config",
+        "text",
+        "string",
+        "each node's container `trainer_config`",
+        "Config of the bundled trainer (a bundled name such as `tiny-cpu`, or a path in the "
+        "containers).",
+        nullable=True,
+    ),
+    FieldSpec(
+        "env",
+        "env",
+        "env",
+        "mapping NAME -> string",
+        "`{LOGLEVEL: INFO}`",
+        "Environment of every node, laid over its container's `env` (e.g. `NCCL_SOCKET_IFNAME`, "
+        "`GLOO_SOCKET_IFNAME`: the job network's interface). `LOGLEVEL=INFO` makes torchrun "
+        "log its rendezvous (each node's rank), which launch and postmortem read.",
+    ),
+    FieldSpec(
+        "collective_timeout",
+        "collective_timeout_s",
+        "seconds",
+        "number > 0",
+        "torch's (30 min gloo, 10 min NCCL)",
+        "Seconds a collective waits for the other ranks before it fails: the bundled "
+        "trainer's `--dist-timeout`; a custom command finds it in `$ORCH_COLLECTIVE_TIMEOUT_S`.",
+        nullable=True,
+    ),
+)
+
+
+def _job_markdown() -> list[str]:
+    """The ``jobs:`` section of docs/hosts-yaml.md."""
+    out = [
+        "## Jobs (`jobs.NAME`)",
+        "",
+        "One torchrun job over several containers, on one host or several (docs/jobs.md)."
+        " The shortest is `jobs: {pair: {nodes: [ct200, ct201]}}`: the bundled trainer under"
+        " `torchrun --nnodes 2 --rdzv-backend c10d`, each node with its container's"
+        " `trainer_config`. A job name must differ from every container name; `orch launch`,"
+        " `stop`, `logs`, `check`, `watch`, `status`, `export` and `postmortem` take either."
+        " Refused with file:line: a node that is not a container, a node listed twice, a"
+        " container in two jobs, a node without an `address`, addresses out of rank order.",
+        "",
+        "| key | type | default | meaning |",
+        "|---|---|---|---|",
+    ]
+    for s in JOB_FIELDS:
+        cell = s.doc.replace("|", "\\|")
+        out.append(f"| `{s.key}` | {s.type_doc} | {s.default_doc} | {cell} |")
+    out.append("")
+    return out
+
+
 _LIMIT_NOTES = {
     "imbalance_util_pct": "Utilization spread (percentage points) between GPUs of one role "
     "that counts as imbalance.",
@@ -372,7 +492,7 @@ def schema_markdown() -> str:
         " inventory holds just the built-in `local` target. The example at the repository root"
         " (`hosts.yaml`) is a commented walkthrough.",
         "",
-        "The top level is exactly three mappings, each optional:",
+        "The top level is exactly four mappings, each optional:",
         "",
         "| key | holds |",
         "|---|---|",
@@ -380,6 +500,7 @@ def schema_markdown() -> str:
         " (keys marked *defaults: yes* below) |",
         "| `hosts` | Proxmox hosts by name, reached over SSH |",
         "| `containers` | LXC containers (targets) by name; `local` is built in |",
+        "| `jobs` | torchrun jobs over several containers (and hosts), by name |",
         "",
         "Any mistake stops orch with one line naming the file, the line and the key path, and"
         " exit code 2, e.g. `hosts.yaml:7: hosts.pve1.prot: unknown key; did you mean 'port'?`."
@@ -411,6 +532,7 @@ def schema_markdown() -> str:
                 f"{'yes' if s.in_defaults else 'no'} | {_cell(s.doc)} |"
             )
         out.append("")
+    out += _job_markdown()
     docs = limit_docs()
     out += [
         "## Thresholds (`thresholds:`)",

@@ -182,6 +182,12 @@ def render(a: Answers) -> str:
         "    # env:                 # the run's environment (names with TOKEN/KEY/SECRET/PASSWORD",
         "    #   NCCL_DEBUG: WARN   # are masked in everything orch writes)",
         "    # requires: [torch]    # modules that must import before launch",
+        "    # address: 10.20.0.10  # its address on the job network, for jobs: below",
+        "",
+        "# jobs:                    # one torchrun job over several containers (docs/jobs.md)",
+        "#   train:",
+        f"#     nodes: [{ct}, lxc201]   # rank order; each node needs its address",
+        "#     collective_timeout: 300",
         "",
     ]
     return "\n".join(lines)

@@ -123,6 +123,20 @@ def trainer_command(
     ...                 ["--steps", "9", "--set", "train.lr=1e-3; rm -rf /"])
     "env PYTHONPATH=/b python3 -m trainer --config /b/trainer/configs/tiny-cpu.yaml --run-dir /r --steps 9 --set 'train.lr=1e-3; rm -rf /'"
     """
+    argv = [container.python, *trainer_argv(container, bundle_dir, run_dir, trainer_args)]
+    return command_line(with_env(argv, {"PYTHONPATH": bundle_dir}))
+
+
+def trainer_argv(
+    container: ContainerConfig, bundle_dir: str, run_dir: str, trainer_args: Sequence[str] = ()
+) -> list[str]:
+    """The bundled trainer's arguments after the interpreter: ``-m trainer --config ...
+    --run-dir ... [trainer_args]`` (a job runs them under torchrun).
+
+    >>> from orchestrator.config.inventory import ContainerConfig
+    >>> trainer_argv(ContainerConfig(name="ct", host="h"), "/b", "/r", ["--config", "/c.yaml"])
+    ['-m', 'trainer', '--config', '/c.yaml', '--run-dir', '/r']
+    """
     check_trainer_args(trainer_args)
     cfg = trainer_config(container, trainer_args)
     if "/" not in cfg:
@@ -132,8 +146,7 @@ def trainer_command(
     if given is not None:  # theirs, resolved like trainer_config, in place of orch's
         i = given[0]
         del extra[i : i + (1 if extra[i].startswith("--config=") else 2)]
-    argv = [container.python, "-m", "trainer", "--config", cfg, "--run-dir", run_dir, *extra]
-    return command_line(with_env(argv, {"PYTHONPATH": bundle_dir}))
+    return ["-m", "trainer", "--config", cfg, "--run-dir", run_dir, *extra]
 
 
 def configured_command(container: ContainerConfig) -> str | None:

@@ -199,9 +199,22 @@ def as_snapshot(name: str, value: object, at: float) -> Snapshot:
 
 
 def select_targets(inventory: Inventory, names: Sequence[str]) -> list[str]:
-    """The named containers (each validated), else every container but the built-in ``local``."""
+    """The named containers (each validated; a job's name stands for its nodes), else every
+    container but the built-in ``local``."""
     if names:
+        out: list[str] = []
         for n in names:
+            if n in inventory.jobs:
+                out.extend(inventory.jobs[n].containers)
+                continue
             inventory.container(n)  # raises UsageError naming the known ones
-        return list(dict.fromkeys(names))
+            out.append(n)
+        return list(dict.fromkeys(out))
     return [n for n in inventory.containers if n != "local"]
+
+
+def select_jobs(inventory: Inventory, names: Sequence[str]) -> list[str]:
+    """The jobs shown as one row each: those named, else every job (with no names)."""
+    if names:
+        return [n for n in dict.fromkeys(names) if n in inventory.jobs]
+    return list(inventory.jobs)

@@ -28,6 +28,7 @@ from orchestrator.monitor.hostpath import (
     read_round,
     run_host_pids,
 )
+from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.judge import Judgement, TargetHistory, with_unreachable
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather
 from orchestrator.monitor.state import target_state
@@ -52,9 +53,13 @@ class Poller:
         timeout_s: float = 30.0,
         workers: int = DEFAULT_JOBS,
         fetch: Callable[[str], Snapshot] | None = None,
+        jobs: Sequence[str] = (),
     ) -> None:
         self.inventory = inventory
         self.names = list(names)
+        self.jobs = [
+            inventory.job(j) for j in jobs if all(n in names for n in inventory.job(j).containers)
+        ]
         self.timeout_s = timeout_s
         self.workers = workers
         self._fetch = fetch or self._snapshot
@@ -121,6 +126,17 @@ class Poller:
                 self._hosts[host] = Judgement(name, snap, "host", tuple(findings), host=host)
             else:
                 self._hosts.pop(host, None)
+
+    def latest_jobs(self) -> list[JobJudgement]:
+        """Each job of ``jobs`` judged from its nodes' newest judgements and histories."""
+        with self._lock:
+            latest = dict(self._latest)
+            hist = {n: list(h.snapshots) for n, h in self._history.items()}
+        out = []
+        for job in self.jobs:
+            containers = {n: self.inventory.container(n) for n in job.containers}
+            out.append(judge_job(job, containers, latest, histories=hist))
+        return out
 
     def _snapshot(self, name: str) -> Snapshot:
         t = self._targets.get(name)

@@ -35,8 +35,15 @@ from orchestrator.monitor.hostpath import (
     run_host_pids,
     with_pane,
 )
+from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge
-from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather, select_targets
+from orchestrator.monitor.observe import (
+    DEFAULT_JOBS,
+    as_snapshot,
+    gather,
+    select_jobs,
+    select_targets,
+)
 from orchestrator.target import Host, Target
 
 log = logging.getLogger(__name__)
@@ -44,6 +51,10 @@ log = logging.getLogger(__name__)
 OK, WARNING, CRITICAL, UNKNOWN = 0, 1, 2, 3
 STATUS_NAMES = {OK: "OK", WARNING: "WARNING", CRITICAL: "CRITICAL", UNKNOWN: "UNKNOWN"}
 DEFAULT_RENOTIFY_H = 4.0
+JOB_LOOKBACK_S = 24 * 3600.0
+"""A host that runs a job's node is probed for kernel events this far back (a link that went
+down hours ago still explains a node of a running job); its nodes' own detectors still see
+only the events since the previous check."""
 DEFAULT_CRITICAL_KINDS: tuple[str, ...] = ()
 """Kinds the check pages for even when a detector rates them a warning (none by default:
 severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)."""
@@ -59,9 +70,11 @@ class CheckReport:
     problems: tuple[str, ...] = ()
     notified: int = 0
     hosts: tuple[Judgement, ...] = ()
+    jobs: tuple[JobJudgement, ...] = ()
+    """Each job checked, as one row with its nodes (they are in ``targets`` too)."""
 
 
-def nagios_status(results: Sequence[Judgement]) -> int:
+def nagios_status(results: Sequence[Judgement], extra: Iterable[Finding] = ()) -> int:
     """0/1/2/3 from the targets' findings; 3 when there are none or none answered.
 
     >>> from orchestrator.model import Finding, Severity
@@ -77,10 +90,8 @@ def nagios_status(results: Sequence[Judgement]) -> int:
     """
     if not results or all(not r.snapshot.reachable for r in results):
         return UNKNOWN
-    worst = max(
-        (f.severity for r in results for f in r.findings if f.severity >= Severity.WARNING),
-        default=None,
-    )
+    found = [f for r in results for f in r.findings] + list(extra)  # extra: the jobs' own
+    worst = max((f.severity for f in found if f.severity >= Severity.WARNING), default=None)
     if worst is None:
         return OK
     return CRITICAL if worst >= Severity.CRITICAL else WARNING
@@ -139,6 +150,10 @@ def run_check(
     containers = {n: inventory.container(n) for n in names}
     groups = host_groups(inventory, names)
     on_host = {n for ns in groups.values() for n in ns}
+    picked = [inventory.jobs[j] for j in select_jobs(inventory, opts.names)]
+    job_cfgs = [j for j in picked if all(n in containers for n in j.containers)]
+    job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
+    job_names = [j.name for j in job_cfgs]
 
     history = History.open(opts.db_path)
     with history:
@@ -169,6 +184,8 @@ def run_check(
         def probe_job(host: str) -> Callable[[], HostProbe]:
             raw = meta[host][1]
             since = float(raw) if raw else started - 3600.0
+            if host in job_hosts:
+                since = min(since, started - JOB_LOOKBACK_S)
             return lambda: Host(inventory, host).probe(since)
 
         def host_job(host: str) -> Callable[[], Any]:
@@ -186,6 +203,9 @@ def run_check(
             return jobs
 
         jobs = inside_jobs([n for n in names if n not in on_host])
+        if opts.probe_hosts:  # a job's hosts: their kernel log a day back, even when observed
+            # from the host (whose document has only what is new since the last check)
+            jobs.update({f"h:{h}": probe_job(h) for h in sorted(job_hosts) if f"h:{h}" not in jobs})
         if fetch is None:
             jobs.update({f"H:{h}": host_job(h) for h in groups})
         else:  # tests feed recorded snapshots: every target through ``fetch``
@@ -215,13 +235,18 @@ def run_check(
             all_findings: list[Finding] = []
             for n in names:
                 cfg = containers[n]
-                host_probes = [probes[cfg.host]] if cfg.host in probes else []
+                host_probes = (  # a host-observed container has its events in its snapshot
+                    [_since(probes[cfg.host], meta[cfg.host][1], started)]
+                    if cfg.host in probes and n not in on_host
+                    else []
+                )
                 j = judge(n, cfg, [*past[n], snaps[n]], probes=host_probes)
                 j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
                 all_findings.extend(j.findings)
                 results.append(j)
             # the hosts' own events belong to a check of the whole fleet, not of named targets
-            host_results = [] if opts.names else _host_results(hosted, probes, all_findings, now)
+            recent = {h: _since(p, meta[h][1], started) for h, p in probes.items()}
+            host_results = [] if opts.names else _host_results(hosted, recent, all_findings, now)
             all_findings.extend(f for j in host_results for f in j.findings)
             history.record(snaps.values())
             for h, p in probes.items():
@@ -232,10 +257,24 @@ def run_check(
                 if at is not None:
                     history.set_meta(f"probe-since:{h}", repr(at))
 
-            status = nagios_status([*results, *host_results])
+            by_name = {r.name: r for r in results}
+            job_results = [
+                judge_job(
+                    job,
+                    containers,
+                    by_name,
+                    histories={n: [*past[n], snaps[n]] for n in job.containers},
+                    probes=probes,
+                )  # fmt: skip
+                for job in job_cfgs
+            ]
+            job_findings = [f for jj in job_results for f in jj.findings]
+            all_findings.extend(job_findings)
+
+            status = nagios_status([*results, *host_results], job_findings)
             notified = 0
             notifier = alerts.Notifier(webhook_url=opts.webhook_url, command=opts.notify_cmd)
-            checked = [*names, *(j.name for j in host_results)]
+            checked = [*names, *job_names, *(j.name for j in host_results)]
             if notifier.configured:
                 previous = history.alerts(checked)
                 notes, planned = alerts.plan(
@@ -263,7 +302,8 @@ def run_check(
                 history.save_alerts(
                     checked, alerts.settle(previous, planned, notes, delivered).values()
                 )
-    return CheckReport(status, tuple(results), tuple(problems), notified, tuple(host_results))
+    return CheckReport(status, tuple(results), tuple(problems), notified,
+                       hosts=tuple(host_results), jobs=tuple(job_results))  # fmt: skip
 
 
 def _panes(
@@ -299,6 +339,14 @@ def _host_results(
             snap = Snapshot(HOST_PREFIX + h, now)
             out.append(Judgement(HOST_PREFIX + h, snap, "host", tuple(found), host=h))
     return out
+
+
+def _since(probe: HostProbe, raw: str | None, started: float) -> HostProbe:
+    """``probe`` with only the kernel events since the previous check (what a node's own
+    detectors see; a job host's probe reaches further back for the job's sake)."""
+    since = float(raw) if raw else started - 3600.0
+    kept = tuple(e for e in probe.kernel_events if e.at is None or e.at >= since)
+    return probe if len(kept) == len(probe.kernel_events) else replace(probe, kernel_events=kept)
 
 
 def playbook_titles() -> dict[str, str]:

@@ -35,6 +35,23 @@ class SandboxInfo:
     isolation: str = "process"
     fallback: str | None = None
     host: str = HOST_NAME
+    hosts: tuple[str, ...] = (HOST_NAME,)
+    ports: tuple[int, ...] = ()
+    placement: tuple[tuple[str, str], ...] = ()
+    """(container, host) pairs: which simulated host runs each container."""
+    addresses: tuple[tuple[str, str], ...] = ()
+    """(container, address) pairs: each container's address on the job network."""
+    network: str | None = None
+    """The job network's switch namespace (``None``: process mode, or no ``ip`` here)."""
+
+    def host_of(self, container: str | int) -> str:
+        """The simulated host that runs ``container`` (``sandbox``, ``sandbox2``...)."""
+        name = f"ct{vmid_of(container)}"
+        return dict(self.placement).get(name, self.host)
+
+    def address(self, container: str | int) -> str | None:
+        """``container``'s address on the job network (``None`` without one)."""
+        return dict(self.addresses).get(f"ct{vmid_of(container)}")
 
     def container_root(self, vmid: int) -> Path:
         """The host directory that is the container's ``/`` (LXC: without its mounts)."""
@@ -129,6 +146,12 @@ class SandboxInfo:
             "identity_file": str(self.identity_file),
             "known_hosts": str(self.known_hosts_path),
             "cgroup": self.cgroup,
+            "hosts": [
+                {"name": h, "port": p, "containers": [c for c, at in self.placement if at == h]}
+                for h, p in zip(self.hosts, self.ports or (self.port,), strict=False)
+            ],
+            "addresses": dict(self.addresses),
+            "network": self.network,
         }
 
 

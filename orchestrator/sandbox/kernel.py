@@ -1,4 +1,5 @@
-"""The sandbox's kernel log: ``<state>/kernel.log``, read by the dmesg/journalctl stand-ins.
+"""The sandbox's kernel log: ``<state>/kernel.log``, read by the dmesg/journalctl stand-ins
+(another simulated host's: ``<state>/hosts/<host>/kernel.log``, see hosts.py).
 
 One record per line: ``EPOCH_S LEVEL TEXT`` (level as in syslog: 3 err, 4 warn, 6 info); a
 newline inside a record (the kernel prints some notices as one record of several lines, such
@@ -49,9 +50,14 @@ def format_kernel_line(text: str, level: int, at_s: float) -> str:
     return f"{at_s:.6f} {level} {escape(text)}\n"
 
 
-def _append(state_dir: Path | str, line: str) -> None:
-    """One ``O_APPEND`` write per line, so concurrent writers never interleave within a line."""
-    fd = os.open(Path(state_dir) / KERNEL_LOG, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+def _append(state_dir: Path | str, line: str, host: str | None = None) -> None:
+    """One ``O_APPEND`` write per line, so concurrent writers never interleave within a line;
+    ``host`` names another simulated host's log (default: the first, ``sandbox``)."""
+    from orchestrator.sandbox.hosts import kernel_log_path
+
+    path = kernel_log_path(Path(state_dir), host)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         os.write(fd, line.encode())
     finally:
@@ -59,11 +65,18 @@ def _append(state_dir: Path | str, line: str) -> None:
 
 
 def append_kernel_line(
-    state_dir: Path | str, text: str, *, level: int = 4, at_s: float | None = None
+    state_dir: Path | str,
+    text: str,
+    *,
+    level: int = 4,
+    at_s: float | None = None,
+    host: str | None = None,
 ) -> None:
     """Append ``text`` to the sandbox kernel log (as the kernel would print it), at ``at_s``
-    (default now); a ``text`` of several lines is one record, as the kernel's own."""
-    _append(state_dir, format_kernel_line(text, level, time.time() if at_s is None else at_s))
+    (default now); a ``text`` of several lines is one record, as the kernel's own. ``host``
+    names another simulated host's log (default: the first, ``sandbox``)."""
+    line = format_kernel_line(text, level, time.time() if at_s is None else at_s)
+    _append(state_dir, line, host)
 
 
 def reboot(state_dir: Path | str, *, at_s: float | None = None) -> str:

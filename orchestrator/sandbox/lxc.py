@@ -128,7 +128,11 @@ def python_mounts() -> list[Path]:
 
 
 def lxc_config(
-    state_dir: Path, vmid: int, binds: Iterable[Path], root_dirs: Iterable[str] = ()
+    state_dir: Path,
+    vmid: int,
+    binds: Iterable[Path],
+    root_dirs: Iterable[str] = (),
+    net: Iterable[str] = (),
 ) -> str:
     """The LXC config of container ``vmid`` (pure).
 
@@ -137,6 +141,9 @@ def lxc_config(
     ['lxc.cgroup.dir.container = orch-f9b05e8809/lxc/200', 'lxc.cgroup.dir.monitor = orch-f9b05e8809/lxc.monitor/200', 'lxc.cgroup.dir.container.inner = ns']
     >>> "lxc.mount.entry = /opt/venv opt/venv none bind,ro,create=dir 0 0" in text
     True
+
+    ``net``: the job network's hook lines (network.py); the LXC network stays ``empty``
+    (loopback only) and the hook adds ``eth0``.
     """
     for path in (state_dir, *binds):
         if any(c.isspace() for c in str(path)) or "," in str(path):
@@ -153,6 +160,7 @@ def lxc_config(
         f"lxc.rootfs.path = dir:{ct / 'rootfs'}",
         "lxc.init.cmd = /sbin/init",
         "lxc.net.0.type = empty",
+        *net,
         "lxc.pty.max = 1024",
         "lxc.tty.max = 0",
         "lxc.console.path = none",
@@ -176,7 +184,7 @@ def lxc_config(
     return "\n".join(lines) + "\n"
 
 
-def _copy_etc(etc: Path, vmid: int) -> None:
+def _copy_etc(etc: Path, vmid: int, address: str | None = None) -> None:
     for name in ETC_FILES:
         src = Path("/etc") / name
         if src.is_symlink() or src.is_file():
@@ -190,15 +198,16 @@ def _copy_etc(etc: Path, vmid: int) -> None:
         if pydir.is_dir() and not (etc / pydir.name).exists():
             shutil.copytree(pydir, etc / pydir.name, symlinks=True)
     write_atomic(etc / "hostname", f"ct{vmid}\n")
-    write_atomic(
-        etc / "hosts", f"127.0.0.1\tlocalhost\n127.0.1.1\tct{vmid}\n::1\tlocalhost ip6-localhost\n"
-    )
-    write_atomic(etc / "resolv.conf", "# no network in an orch sandbox container\n")
+    # as Proxmox writes a container's /etc/hosts for a static address: the hostname resolves to
+    # it (gloo and torchrun's c10d find their own address this way)
+    mine = f"{address}\tct{vmid}" if address else f"127.0.1.1\tct{vmid}"
+    write_atomic(etc / "hosts", f"127.0.0.1\tlocalhost\n{mine}\n::1\tlocalhost ip6-localhost\n")
+    write_atomic(etc / "resolv.conf", "# no DNS in an orch sandbox container\n")
     with contextlib.suppress(FileExistsError):
         (etc / "mtab").symlink_to("../proc/self/mounts")
 
 
-def _make_rootfs(root: Path, vmid: int) -> list[str]:
+def _make_rootfs(root: Path, vmid: int, address: str | None = None) -> list[str]:
     """The skeleton of a container's ``/``; returns the top-level dirs to bind-mount read-only
     (``bin``, ``lib``... where the host's ``/usr`` is not merged)."""
     for sub, mode in (("tmp", 0o1777), ("var/tmp", 0o1777), ("root", 0o700)):
@@ -219,7 +228,7 @@ def _make_rootfs(root: Path, vmid: int) -> list[str]:
         elif host.is_dir():
             (root / name).mkdir(exist_ok=True)
             binds.append(name)
-    _copy_etc(root / "etc", vmid)
+    _copy_etc(root / "etc", vmid, address)
     return binds
 
 
@@ -243,10 +252,18 @@ def _fill_usr(upper: Path, lib_dir: Path) -> None:
     write_atomic(upper / "bin" / "dmesg", REFUSING_DMESG, 0o755)
 
 
-def make_container(state_dir: Path, vmid: int, lib_dir: Path) -> Path:
+def make_container(
+    state_dir: Path,
+    vmid: int,
+    lib_dir: Path,
+    *,
+    net: Iterable[str] = (),
+    address: str | None = None,
+) -> Path:
     """Create (or refresh, while stopped) LXC container ``vmid``; returns its root file system.
 
-    ``lib_dir`` holds the built ``libnvidia-ml.so.1`` and ``init``. Nothing is started.
+    ``lib_dir`` holds the built ``libnvidia-ml.so.1`` and ``init``; ``net`` the job network's
+    config lines and ``address`` the container's address on it. Nothing is started.
 
     Raises:
         SandboxError: a path LXC cannot mount (blanks or commas in it).
@@ -254,11 +271,11 @@ def make_container(state_dir: Path, vmid: int, lib_dir: Path) -> Path:
     ct = container_dir(state_dir, vmid)
     root = ct / "rootfs"
     (ct / ".usr-work").mkdir(parents=True, exist_ok=True)
-    root_dirs = _make_rootfs(root, vmid)
+    root_dirs = _make_rootfs(root, vmid, address)
     _fill_usr(ct / "usr", lib_dir)
     config = lxcpath(state_dir) / str(vmid) / "config"
     config.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(config, lxc_config(state_dir, vmid, python_mounts(), root_dirs))
+    write_atomic(config, lxc_config(state_dir, vmid, python_mounts(), root_dirs, net))
     return root
 
 

@@ -9,6 +9,7 @@ from collections.abc import Iterable, Mapping
 from typing import Any
 
 from orchestrator.model import Finding, Severity
+from orchestrator.monitor.jobs import finding_dict
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
 
 
@@ -26,59 +27,65 @@ def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[
     CRITICAL ct200 ghost-utilization [GPU 3]: GPU 3 busy, 0 MiB (playbook: Ghost GPU)
     """
     titles = titles or {}
+    own = [f for jj in report.jobs for f in jj.findings]
     judged = [*report.targets, *report.hosts]
     findings = [f for r in judged for f in r.findings if f.severity >= Severity.WARNING]
+    findings += [f for f in own if f.severity >= Severity.WARNING]
     n_crit = sum(f.severity >= Severity.CRITICAL for f in findings)
     n_unreach = sum(not r.snapshot.reachable for r in report.targets)
     n = len(report.targets)
+    jobs = f" ({len(report.jobs)} job{'s' if len(report.jobs) != 1 else ''})" if report.jobs else ""
     out = [
-        f"ORCH {STATUS_NAMES[report.status]} - {n} target{'s' if n != 1 else ''}: "
+        f"ORCH {STATUS_NAMES[report.status]} - {n} target{'s' if n != 1 else ''}{jobs}: "
         f"{n_crit} critical, {len(findings) - n_crit} warning, {n_unreach} unreachable"
     ]
+    shown_as = {
+        r.node.container: f"{jj.name}/{r.node.container}" for jj in report.jobs for r in jj.nodes
+    }
+    for jj in report.jobs:
+        out.extend(_finding_lines(jj.name, jj.findings, titles))
     for r in judged:
-        for f in sorted(r.findings, key=lambda f: (-f.severity, f.kind)):
-            if f.severity < Severity.WARNING:
-                continue
-            gpus = f" [GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
-            pb = f" (playbook: {titles.get(f.playbook, f.playbook)})" if f.playbook else ""
-            out.append(f"{f.severity.name} {r.name} {f.kind}{gpus}: {f.summary}{pb}")
+        out.extend(_finding_lines(shown_as.get(r.name, r.name), r.findings, titles))
     out.extend(f"UNKNOWN check: {p}" for p in report.problems)
     return out
 
 
-def _findings(findings: Iterable[Finding]) -> list[dict[str, Any]]:
-    return [
-        {
-            "kind": f.kind,
-            "severity": str(f.severity),
-            "gpus": list(f.gpus),
-            "playbook": f.playbook,
-            "summary": f.summary,
-            "since": f.since,
-            "evidence": list(f.evidence),
-        }
-        for f in findings
-    ]
+def _finding_lines(name: str, findings: Iterable[Finding], titles: Mapping[str, str]) -> list[str]:
+    out = []
+    for f in sorted(findings, key=lambda f: (-f.severity, f.kind)):
+        if f.severity < Severity.WARNING:
+            continue
+        gpus = f" [GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
+        pb = f" (playbook: {titles.get(f.playbook, f.playbook)})" if f.playbook else ""
+        out.append(f"{f.severity.name} {name} {f.kind}{gpus}: {f.summary}{pb}")
+    return out
 
 
 def to_json(report: CheckReport) -> dict[str, Any]:
     """The ``--json`` document (secrets are redacted by the caller). ``observed_from`` is
     ``host`` (the Proxmox host's observer) or ``container`` (the agent inside); ``hosts``
-    lists the hosts' own findings (kernel events no container owns)."""
+    lists the hosts' own findings (kernel events no container owns). A job is one target
+    (``"kind": "job"``) with its nodes beneath (``nodes``), in place of the nodes' own rows."""
+    in_jobs = {r.node.container for jj in report.jobs for r in jj.nodes}
     return {
         "status": STATUS_NAMES[report.status],
-        "targets": [
+        "targets": [jj.to_dict() for jj in report.jobs]
+        + [
             {
                 "name": r.name,
                 "state": r.state,
                 "reachable": r.snapshot.reachable,
                 "taken_at": r.snapshot.taken_at,
                 "observed_from": r.snapshot.source,
-                "findings": _findings(r.findings),
+                "findings": [finding_dict(f) for f in r.findings],
             }
             for r in report.targets
+            if r.name not in in_jobs
         ],
-        "hosts": [{"name": r.host, "findings": _findings(r.findings)} for r in report.hosts],
+        "hosts": [
+            {"name": r.host, "findings": [finding_dict(f) for f in r.findings]}
+            for r in report.hosts
+        ],
         "problems": list(report.problems),
         "notified": report.notified,
     }

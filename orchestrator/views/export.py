@@ -22,6 +22,7 @@ from collections.abc import Iterator, Sequence
 from prometheus_client.core import GaugeMetricFamily, Metric
 from prometheus_client.registry import Collector, CollectorRegistry
 
+from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.poller import Poller
 
@@ -149,6 +150,39 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
     ]
 
 
+def job_families(jobs: Sequence[JobJudgement]) -> list[Metric]:
+    """A job's gauges: its state (its worst node's), its nodes' states and tokens/s, the
+    total, and its first failure (pure).
+
+    >>> from orchestrator.monitor.jobs import JobJudgement
+    >>> fams = {f.name: f for f in job_families([JobJudgement("pair", "running", (), tokens_per_s=9.0)])}
+    >>> [(x.labels["job"], x.value) for x in fams["orch_job_tokens_per_second"].samples]
+    [('pair', 9.0)]
+    """
+    state = GaugeMetricFamily("orch_job_state", "1 for the job's state (its worst node's).",
+                              labels=["job", "state"])  # fmt: skip
+    total = GaugeMetricFamily("orch_job_tokens_per_second", "Tokens/s of every node together.",
+                              labels=["job"])  # fmt: skip
+    node_state = GaugeMetricFamily("orch_job_node_state", "1 for each node's state.",
+                                   labels=["job", "node", "rank", "host", "state"])  # fmt: skip
+    node_tps = GaugeMetricFamily("orch_job_node_tokens_per_second", "Tokens/s of each node.",
+                                 labels=["job", "node", "rank"])  # fmt: skip
+    failed = GaugeMetricFamily("orch_job_first_failure",
+                               "1 on the node that failed first (the others' failures follow it).",
+                               labels=["job", "node", "rank", "role"])  # fmt: skip
+    for jj in jobs:
+        state.add_metric([jj.name, jj.state], 1.0)
+        _add(total, [jj.name], jj.tokens_per_s)
+        for r in jj.nodes:
+            rank = str(r.node.rank)
+            node_state.add_metric([jj.name, r.node.container, rank, r.host, r.judgement.state], 1.0)
+            _add(node_tps, [jj.name, r.node.container, rank], r.tokens_per_s)
+        f = jj.first_failure
+        if f is not None:
+            failed.add_metric([jj.name, f.node, str(f.rank), f.role], 1.0)
+    return [state, total, node_state, node_tps, failed]
+
+
 def _add(fam: GaugeMetricFamily, labels: list[str], value: float | int | None) -> None:
     if value is not None:
         fam.add_metric(labels, float(value))
@@ -163,6 +197,8 @@ class FleetCollector(Collector):
     def collect(self) -> Iterator[Metric]:
         hosts = getattr(self.source, "hosts", None)  # a source without hosts has none
         yield from families(self.source.latest(), hosts() if hosts else ())
+        if getattr(self.source, "jobs", None):  # a source without jobs (tests' fixed ones)
+            yield from job_families(self.source.latest_jobs())
 
 
 def parse_listen(value: str) -> tuple[str, int]:

@@ -61,6 +61,24 @@ def launch_summary(console: Console, result: dict[str, Any]) -> None:
                   highlight=False)  # fmt: skip
 
 
+def job_summary(console: Console, result: dict[str, Any]) -> None:
+    """What to do next after a job launch: every node, its rank, host and log."""
+    job = result["job"]
+    head = "verified" if result.get("verified") else "started (not verified)"
+    console.print(
+        f"[bold green]{head}[/] job [bold]{job}[/] run [bold]{result['run_id']}[/] on "
+        f"{len(result['nodes'])} nodes in {result['elapsed_s']:.1f} s "
+        f"(rendezvous {result['rendezvous']})",
+        highlight=False,
+    )
+    for n in result["nodes"]:
+        console.print(f"  rank {n['rank']}: {n['node']} on {n['host']} ({n['address']})  "
+                      f"log {n['log_path']}", highlight=False, soft_wrap=True)  # fmt: skip
+    first = result["nodes"][0]["node"] if result["nodes"] else job
+    console.print(f"  follow: orch watch {job}   |   orch logs -f {job} --node {first}   |   "
+                  f"orch check {job}", highlight=False)  # fmt: skip
+
+
 def _age(seconds: float | None) -> str:
     if seconds is None:
         return "-"
@@ -78,6 +96,14 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
                 "tok/s", "GPU mem", *(("restarts",) if heal else ())):  # fmt: skip
         table.add_column(col, overflow="fold")
     for r in rows:
+        if r.get("kind") == "job":
+            tps = r.get("tokens_per_s")
+            table.add_row(
+                f"[bold]{r['target']}[/] (job)", "", "", "", f"rendezvous {r.get('rendezvous', '-')}",
+                r.get("state") or "-", "", "", f"{tps:,.0f}" if tps is not None else "-", "",
+                *(("",) if heal else ()),
+            )  # fmt: skip
+            continue
         reach = "[green]yes[/]" if r.get("reachable") else "[red]no[/]"
         mem = (f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
                f"{r['gpus_busy']} busy)" if r.get("gpus") else "-")  # fmt: skip
@@ -87,8 +113,9 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
             state = f"{state} ({r['run_state']})"  # e.g. "stopped (exited 130)"
         if r.get("error"):
             state = f"[red]{r['error']}[/]"
+        name = f"  {r['target']} (rank {r['rank']})" if "rank" in r else r["target"]
         table.add_row(
-            r["target"], reach, r.get("container") or "-", r.get("session") or "-",
+            name, reach, r.get("container") or "-", r.get("session") or "-",
             r.get("run_id") or "-", state, _age(r.get("age_s")),
             str(r["step"]) if r.get("step") is not None else "-",
             f"{tps:,.0f}" if tps is not None else "-", mem,

@@ -1,8 +1,9 @@
 """Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
 ``orchestrator.postmortem.collect.write_bundle`` writes :func:`markdown` and :func:`html`
-(self-contained HTML, inline SVG timeline of per-GPU utilization and memory and
-tokens/s, the death marked).
+(self-contained HTML, inline SVG timelines of per-GPU utilization and memory and
+tokens/s with a clock axis, a legend per GPU and markers for the launch, the first finding
+and the death: views/timeline.py).
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.detect.base import fmt_time
+from orchestrator.views.timeline import Marker, Series, chart, span_of
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
 
@@ -100,69 +102,57 @@ def markdown(pm: Any) -> str:
     return "".join(out)
 
 
-_W, _H, _PAD = 960, 150, 40
-_COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f")
-
-
-def _series(pm: Any) -> dict[str, list[tuple[float, dict[int, float]]]]:
-    util: list[tuple[float, dict[int, float]]] = []
-    mem: list[tuple[float, dict[int, float]]] = []
+def _series(pm: Any) -> dict[str, list[Series]]:
+    """The single run's charts: per-GPU utilization and memory (one legend entry per GPU,
+    ``*`` marking the run's own GPUs), and tokens/s."""
+    mine = set(pm.evidence.manifest.gpus) if pm.evidence.manifest else set()
+    util: dict[int, list[tuple[float, float]]] = {}
+    mem: dict[int, list[tuple[float, float]]] = {}
     for s in pm.history:
-        u = {g.index: g.utilization_pct for g in s.gpus if g.utilization_pct is not None}
-        m = {g.index: g.memory_used_mib for g in s.gpus if g.memory_used_mib is not None}
-        if u:
-            util.append((s.taken_at, u))
-        if m:
-            mem.append((s.taken_at, m))
-    tok = [
-        (float(r["time"]), {0: float(r["tok_s"])})
+        for g in s.gpus:
+            if g.utilization_pct is not None:
+                util.setdefault(g.index, []).append((s.taken_at, g.utilization_pct))
+            if g.memory_used_mib is not None:
+                mem.setdefault(g.index, []).append((s.taken_at, g.memory_used_mib))
+
+    def named(rows: dict[int, list[tuple[float, float]]]) -> list[Series]:
+        return [Series(f"GPU {k}" + ("*" if k in mine else ""), tuple(v))
+                for k, v in sorted(rows.items())]  # fmt: skip
+
+    tok = tuple(
+        (float(r["time"]), float(r["tok_s"]))
         for r in pm.evidence.metrics
         if isinstance(r.get("time"), (int, float)) and isinstance(r.get("tok_s"), (int, float))
-    ]
-    return {"GPU utilization (%)": util, "GPU memory used (MiB)": mem, "tokens/s": tok}
+    )
+    return {
+        "GPU utilization (%)": named(util),
+        "GPU memory used (MiB)": named(mem),
+        "tokens/s": [Series("tokens/s", tok)] if tok else [],
+    }
 
 
-def _chart(title: str, rows: list[tuple[float, dict[int, float]]], t0: float, t1: float,
-           death: float | None) -> str:  # fmt: skip
-    span = max(t1 - t0, 1e-6)
-    top = max([v for _, d in rows for v in d.values()] + [1.0])
-    keys = sorted({k for _, d in rows for k in d})
-
-    def x(t: float) -> float:
-        return _PAD + (t - t0) / span * (_W - 2 * _PAD)
-
-    def y(v: float) -> float:
-        return _H - 20 - v / top * (_H - 40)
-
-    parts = [
-        f'<svg xmlns="http://www.w3.org/2000/svg" width="{_W}" height="{_H}" role="img">',
-        f'<rect width="{_W}" height="{_H}" fill="#fafafa" stroke="#ddd"/>',
-        f'<text x="{_PAD}" y="14" font-size="12">{_html.escape(title)} (max {top:,.0f})</text>',
-    ]
-    for i, k in enumerate(keys):
-        pts = " ".join(f"{x(t):.1f},{y(d[k]):.1f}" for t, d in rows if k in d)
-        color = _COLORS[i % len(_COLORS)]
-        parts.append(f'<polyline fill="none" stroke="{color}" stroke-width="2" points="{pts}">'
-                     f"<title>GPU {k}</title></polyline>")  # fmt: skip
-    if not rows:
-        parts.append(f'<text x="{_W / 2}" y="{_H / 2}" font-size="12">no samples</text>')
-    if death is not None and t0 <= death <= t1:
-        parts.append(f'<line x1="{x(death):.1f}" x2="{x(death):.1f}" y1="18" y2="{_H - 10}" '
-                     'stroke="#d00" stroke-width="2" stroke-dasharray="4 3"/>'
-                     f'<text x="{x(death) + 4:.1f}" y="30" fill="#d00" font-size="12">death</text>')  # fmt: skip
-    parts.append("</svg>")
-    return "".join(parts)
+def markers(pm: Any) -> list[Marker]:
+    """Launch, first finding, the death (the first failure of a single run)."""
+    out: list[Marker] = []
+    m = pm.evidence.manifest
+    if m is not None:
+        out.append(Marker(m.started_at, "launch", "launch"))
+    firsts = [f.since for f in pm.findings if f.since is not None]
+    if firsts:
+        out.append(Marker(min(firsts), "finding", "first finding"))
+    if pm.verdict.died_at:
+        out.append(Marker(pm.verdict.died_at, "failure", f"death ({pm.verdict.kind})"))
+    return out
 
 
 def html(pm: Any) -> str:
     """report.html: self-contained (no external asset), the verdict and an inline SVG timeline."""
     v, ev = pm.verdict, pm.evidence
     series = _series(pm)
-    times = [t for rows in series.values() for t, _ in rows]
-    if v.died_at:
-        times.append(v.died_at)
-    t0, t1 = (min(times), max(times)) if times else (0.0, 1.0)
-    charts = "".join(_chart(k, rows, t0, t1, v.died_at) for k, rows in series.items())
+    marks = markers(pm)
+    times = [t for rows in series.values() for s in rows for t, _ in s.points]
+    t0, t1 = span_of(times + [mk.at for mk in marks])
+    charts = "".join(chart(k, rows, t0, t1, marks) for k, rows in series.items())
     esc = _html.escape
     sev = {"critical": "#c00", "warning": "#b80", "info": "#080"}.get(str(v.severity), "#333")
 

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from orchestrator.model import Finding, GpuSample, Severity
 from orchestrator.monitor.hostpath import HostView
+from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.journal import summary
 from orchestrator.views.watch_model import TargetView, WatchModel
 
@@ -172,11 +173,14 @@ def target_lines(
     titles: Mapping[str, str],
     selected: bool = False,
     max_findings: int = 2,
+    rank: int | None = None,
 ) -> list[Text]:
-    """The dashboard row of one target: a status line, a GPU line, its findings."""
-    name_w = max(6, min(14, len(v.name)))
+    """The dashboard row of one target: a status line, a GPU line, its findings (a job's node:
+    indented, with its rank)."""
+    label = v.name if rank is None else f"  {v.name} r{rank}"
+    name_w = max(6, min(14, len(label)))
     head = Text("▶ " if selected else "  ", style="bold")
-    head.append(f"{v.name[:name_w]:<{name_w}} ", style="bold")
+    head.append(f"{label[:name_w]:<{name_w}} ", style="bold")
     head.append(f" {state_text(v)} ", style=BADGE_STYLE.get(v.state, ""))
     snap = v.shown
     run = snap.run if snap is not None else None
@@ -244,6 +248,41 @@ def heal_text(v: TargetView, now: float, *, short: bool = False) -> str | None:
     return None if s is None else str(s["short" if short else "text"])
 
 
+def job_lines(jj: JobJudgement, *, width: int) -> list[Text]:
+    """A job's row: its name, state (its worst node's), nodes, total tokens/s, and its own
+    finding (the first failure) on a second line."""
+    head = Text("  ")
+    head.append(f"{jj.name} ", style="bold underline")
+    head.append(f" {jj.state} ", style=BADGE_STYLE.get(jj.state, ""))
+    head.append(f"  job of {len(jj.nodes)} nodes", style="dim")
+    if jj.tokens_per_s is not None:
+        head.append(f"  {human(jj.tokens_per_s)} tok/s total")
+    head.no_wrap, head.overflow = True, "ellipsis"
+    out = [head]
+    for f in jj.findings:
+        t = Text("    ")
+        t.append(f"{str(f.severity).upper():8}", style=SEVERITY_STYLE.get(f.severity, ""))
+        t.append(f" {f.summary}", style="italic")
+        t.no_wrap, t.overflow = True, "ellipsis"
+        out.append(t)
+    del width
+    return out
+
+
+def job_plain_line(jj: JobJudgement, *, now: float) -> str:
+    """A job's line for ``--plain``.
+
+    >>> from orchestrator.monitor.jobs import JobJudgement
+    >>> job_plain_line(JobJudgement("pair", "running", ()), now=0.0)[9:]
+    'pair job running nodes=0'
+    """
+    parts = [clock(now), jj.name, "job", jj.state, f"nodes={len(jj.nodes)}"]
+    if jj.tokens_per_s is not None:
+        parts.append(f"tok/s={human(jj.tokens_per_s)}")
+    parts += [f"{f.severity.name}:{f.kind}({f.summary})" for f in jj.findings]
+    return " ".join(parts)
+
+
 def _header(title: str, now: float, hint: str) -> Text:
     t = Text(f"orch watch  {title}  {clock(now)}", style="bold reverse")
     t.append(f"  {hint}", style="reverse")
@@ -272,8 +311,17 @@ def render_dashboard(
     lines.extend(hosts)
     budget = max(3, height - len(lines) - 1 - len(model.messages))
     used = 0
+    jobs = model.job_rows()
+    heads: dict[str, list[Text]] = {}
+    for jj in jobs:  # a job's row goes above its first node, its nodes indented under it
+        heads[jj.nodes[0].node.container if jj.nodes else ""] = job_lines(jj, width=width)
+    ranks = {r.node.container: r.node.rank for jj in jobs for r in jj.nodes}
+    order = [v for jj in jobs for r in jj.nodes for v in views if v.name == r.node.container]
+    views = order + [v for v in views if v.name not in ranks]
     for i, v in enumerate(views):
-        block = target_lines(v, now=now, width=width, titles=titles, selected=i == selected)
+        block = target_lines(v, now=now, width=width, titles=titles, selected=i == selected,
+                             rank=ranks.get(v.name))  # fmt: skip
+        block = heads.get(v.name, []) + block
         if used + len(block) > budget and i > 0:
             lines.append(Text(f"  +{n - i} more targets (make the terminal taller)", style="dim"))
             break

@@ -38,10 +38,16 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.model import Snapshot
 from orchestrator.monitor.history import read_journal
 from orchestrator.monitor.hostpath import HOST_PREFIX, HostFeed, HostView, pump_host
-from orchestrator.monitor.observe import Connect, pump, select_targets
+from orchestrator.monitor.observe import Connect, pump, select_jobs, select_targets
 from orchestrator.monitor.sweep import playbook_titles
 from orchestrator.target import Target
-from orchestrator.views.watch import plain_host_line, plain_line, render_dashboard, render_detail
+from orchestrator.views.watch import (
+    job_plain_line,
+    plain_host_line,
+    plain_line,
+    render_dashboard,
+    render_detail,
+)
 from orchestrator.views.watch_model import Judge, TargetView, WatchModel
 
 JOURNAL = "\x00journal"
@@ -149,8 +155,12 @@ def watch(
     ``db``: the history database whose restart journal is shown (default: ``$ORCH_DB`` or
     the usual).
     """
-    detail = names[0] if len(names) == 1 else None  # `orch watch lxc200`: the detail view
+    jobs = [inventory.job(j) for j in select_jobs(inventory, names)]
+    # `orch watch lxc200`: the detail view; a job's name shows the job and its nodes
+    detail = names[0] if len(names) == 1 and not jobs else None
     names = select_targets(inventory, names)
+    first = [n for j in jobs for n in j.containers]  # a job's nodes together, in rank order
+    names = [n for n in first if n in names] + [n for n in names if n not in first]
     if not names:
         from orchestrator.errors import UsageError
 
@@ -172,7 +182,7 @@ def watch(
     for n in names:
         cfg = inventory.container(n)
         views.append(TargetView(n, roles=cfg.roles_by_gpu, config=cfg))
-    model = WatchModel(views, judge) if judge is not None else WatchModel(views)
+    model = WatchModel(views, judge, jobs) if judge is not None else WatchModel(views, jobs=jobs)
     titles = playbook_titles()
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
 
@@ -248,6 +258,7 @@ def _run_plain(
     stop: threading.Event,
     titles: Mapping[str, str],
 ) -> None:
+    shown: dict[str, tuple[Any, ...]] = {}
     while not stop.is_set():
         try:
             name, snap = events.get(timeout=0.5)
@@ -258,9 +269,22 @@ def _run_plain(
         if isinstance(snap, HostView):
             print(plain_host_line(model.hosts[snap.host], now=time.time(), titles=titles),
                   flush=True)  # fmt: skip
-        else:
-            target = snap[0] if name == JOURNAL else name
-            print(plain_line(model.views[target], now=time.time(), titles=titles), flush=True)
+            continue
+        target = snap[0] if name == JOURNAL else name
+        print(plain_line(model.views[target], now=time.time(), titles=titles), flush=True)
+        for jj in model.job_rows():  # a job's line when its state or findings change
+            if len(jj.nodes) < len(model.views) and any(
+                model.views[n].current is None for n in _job_nodes(model, jj.name)
+            ):
+                continue
+            sig = (jj.state, tuple(f.summary for f in jj.findings))
+            if shown.get(jj.name) != sig:
+                shown[jj.name] = sig
+                print(job_plain_line(jj, now=time.time()), flush=True)
+
+
+def _job_nodes(model: WatchModel, name: str) -> list[str]:
+    return next((list(j.containers) for j in model.jobs if j.name == name), [])
 
 
 def _run_live(

@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.config.inventory import ContainerConfig
+from orchestrator.config.jobs import JobConfig
 from orchestrator.model import Finding, Snapshot
 from orchestrator.monitor.hostpath import HostView
+from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
 from orchestrator.monitor.state import target_state
@@ -74,11 +76,15 @@ class TargetView:
 
 
 class WatchModel:
-    """The state of every watched target, fed one snapshot at a time (main thread)."""
+    """The state of every watched target, fed one snapshot at a time (main thread); ``jobs``
+    are shown as one row each, their nodes beneath (:meth:`job_rows`)."""
 
-    def __init__(self, views: Iterable[TargetView], judge: Judge = judge) -> None:
+    def __init__(
+        self, views: Iterable[TargetView], judge: Judge = judge, jobs: Sequence[JobConfig] = ()
+    ) -> None:
         self.views: dict[str, TargetView] = {v.name: v for v in views}
         self.judge = judge
+        self.jobs = [j for j in jobs if all(n in self.views for n in j.containers)]
         self.messages: collections.deque[str] = collections.deque(maxlen=3)
         self.hosts: dict[str, HostView] = {}
 
@@ -100,6 +106,25 @@ class WatchModel:
         before = v.signature()
         v.journal = tuple(entries)
         return v.signature() != before
+
+    def job_rows(self) -> list[JobJudgement]:
+        """Each job's judgement from its nodes' (the monitor's :func:`judge_job`; no host
+        probes here: a node's death and its log, not its host's kernel log)."""
+        out = []
+        for job in self.jobs:
+            nodes = [self.views[n] for n in job.containers]
+            judged = {
+                v.name: Judgement(v.name, v.current, v.state, v.findings, host=v.container.host)
+                for v in nodes
+                if v.current is not None
+            }
+            try:
+                out.append(judge_job(job, {v.name: v.container for v in nodes}, judged,
+                                     histories={v.name: list(v.history) for v in nodes}))  # fmt: skip
+            except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
+                log.debug("job %s not judged", job.name, exc_info=True)
+                self.messages.append(f"{job.name}: not judged: {exc}")
+        return out
 
     def apply(self, name: str, snap: Snapshot) -> bool:
         """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature` changed."""

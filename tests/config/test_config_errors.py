@@ -136,12 +136,12 @@ CASES = [
     (
         "top-level-unknown",
         "zzz: 1\n",
-        "1: zzz: unknown top-level key; the top level holds exactly: defaults, hosts, containers",
+        "1: zzz: unknown top-level key; the top level holds exactly: defaults, hosts, containers, jobs",
     ),
     (
         "not-a-mapping",
         "- a\n- b\n",
-        "1: the top level must be a mapping with the keys defaults, hosts, containers (got a list)",
+        "1: the top level must be a mapping with the keys defaults, hosts, containers, jobs (got a list)",
     ),
     (
         "section-not-a-mapping",

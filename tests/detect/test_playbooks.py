@@ -43,7 +43,8 @@ SIGNATURE_IDS = [
     "nvml-driver-mismatch", "gpu-fallen-off-bus", "gpu-xid", "illegal-memory-access", "segfault",
     "oom-killer", "dataloader-worker-killed", "nan-loss", "module-not-found", "disk-full",
     "address-in-use", "tee-bypass", "ghost-utilization", "silent-death", "sigkill",
-    "compile-failure", "fp16-loss-scale",
+    "compile-failure", "fp16-loss-scale", "gloo-timeout", "peer-connection-lost",
+    "rendezvous-lost", "torchrun-sigterm",
 ]  # fmt: skip
 
 

@@ -17,7 +17,15 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_DOC = ROOT / "docs" / "reliability.md"
-AREAS = ("transport", "container and run", "host", "gpu", "self-healing", "hostile input", "security")
+AREAS = (
+    "transport",
+    "container and run",
+    "host",
+    "gpu",
+    "self-healing",
+    "hostile input",
+    "security",
+)
 """Table sections, in order; an area not listed here goes last."""
 
 

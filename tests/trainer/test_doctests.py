@@ -9,6 +9,7 @@ import pytest
 
 MODULES = [
     "trainer.checkpoint",
+    "trainer.cli",
     "trainer.config",
     "trainer.data",
     "trainer.faults",

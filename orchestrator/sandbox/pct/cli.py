@@ -220,19 +220,29 @@ class Backend(Protocol):
 
 
 class Pct:
-    """The sub-commands over one state directory and backend."""
+    """The sub-commands over one state directory and backend, as Proxmox node ``node``
+    (``$ORCH_SANDBOX_NODE``): its containers are the configs in ``etc/pve/nodes/<node>/lxc``
+    (a sandbox from before several hosts keeps the first node's in ``etc/pve/lxc``)."""
 
-    def __init__(self, state: str, backend: Backend) -> None:
-        self.state, self.backend = state, backend
+    def __init__(self, state: str, backend: Backend, node: str = NODE) -> None:
+        self.state, self.backend, self.node = state, backend, node
+
+    def conf_dir(self) -> str:
+        path = os.path.join(self.state, "etc", "pve", "nodes", self.node, "lxc")
+        old = os.path.join(self.state, "etc", "pve", "lxc")
+        if self.node == NODE and not os.path.isdir(path) and os.path.isdir(old):
+            return old
+        return path
 
     def load_config(self, vmid: int) -> dict[str, str]:
-        path = os.path.join(self.state, "etc", "pve", "lxc", f"{vmid}.conf")
+        path = os.path.join(self.conf_dir(), f"{vmid}.conf")
         try:
             with open(path, encoding="utf-8") as fh:
                 text = fh.read()
         except FileNotFoundError:
             raise Die(
-                f"Configuration file 'nodes/{NODE}/lxc/{vmid}.conf' does not exist\n", ENOENT_EXIT
+                f"Configuration file 'nodes/{self.node}/lxc/{vmid}.conf' does not exist\n",
+                ENOENT_EXIT,
             ) from None
         conf: dict[str, str] = {}
         for line in text.splitlines():
@@ -347,7 +357,7 @@ class Pct:
 
     def cmd_list(self, args: list[str]) -> int:
         getopt("list", args, {}, 0)
-        conf_dir = os.path.join(self.state, "etc", "pve", "lxc")
+        conf_dir = self.conf_dir()
         names = os.listdir(conf_dir) if os.path.isdir(conf_dir) else []
         vmids = sorted(int(n[:-5]) for n in names if n.endswith(".conf") and n[:-5].isdigit())
         if not vmids:
@@ -447,7 +457,7 @@ def main(argv: list[str]) -> int:
         mode = isolation(state)
         if mode == "lxc" and os.geteuid() != 0:
             raise Die("please run as root\n")
-        pct = Pct(state, backend_for(state, mode))
+        pct = Pct(state, backend_for(state, mode), os.environ.get("ORCH_SANDBOX_NODE") or NODE)
         handler: Callable[[list[str]], int] = getattr(pct, "cmd_" + argv[0])
         return handler(argv[1:])
     except Die as exc:
