@@ -20,6 +20,7 @@ log lines and the playbook diagnosis.
 
 from __future__ import annotations
 
+import json
 import logging
 import re
 import time
@@ -271,9 +272,10 @@ def launch_job(
                 "--orch-version", __version__, "--target", n.container]  # fmt: skip
         if force:
             args.append("--force")
-        for key, value in {**node_env(job, n, c), **extra_env}.items():
-            args += ["--env", f"{key}={value}"]
-        doc = targets[n.container].agent(args, timeout=grace_s + 60.0)
+        # the values go over stdin into the run's 0600 env file, never into argv (ps shows it)
+        env_doc = json.dumps({"env": {**node_env(job, n, c), **extra_env}}).encode()
+        doc = targets[n.container].agent([*args, "--env-stdin"], timeout=grace_s + 60.0,
+                                         stdin=env_doc)  # fmt: skip
         if not doc.get("ok"):
             msg = redact(str(doc.get("message") or doc), secrets)
             raise LaunchFailed(f"{n.label}: could not start: {msg}")
