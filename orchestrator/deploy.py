@@ -29,7 +29,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from orchestrator.errors import AgentError, OrchError
+from orchestrator.errors import AgentError, OrchError, PythonTooOld
 from orchestrator.transport.base import Transport
 
 log = logging.getLogger(__name__)
@@ -222,16 +222,17 @@ def too_old(
     ct200: python3 is Python 3.9.2; orch's agent needs Python >= 3.10 (Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)
     install Python >= 3.10 in ct200 and point python: of ct200 in hosts.yaml at it (e.g. python: /usr/local/bin/python3.11), or upgrade the container to Debian 12 or Ubuntu 22.04
     >>> print(too_old("pve1", "python3", (3, 9, 2), host=True)[1])
-    upgrade pve1 to Proxmox VE 8 (Python 3.11); until then orch check and orch postmortem go without the host probe (pct status, kernel events, GPU processes by container)
+    upgrade pve1 to Proxmox VE 8 (Python 3.11), or point host_python: of pve1 in hosts.yaml at a Python >= 3.10 there; until then orch observes each container from inside (pct exec) and goes without the host probe (pct status, kernel events, GPU processes by container)
     """
     need = ".".join(map(str, MIN_PYTHON))
     got = ".".join(map(str, version))
     if host:
-        problem = (f"{where}: {python} is Python {got}; orch's host probe needs Python >= {need} "
-                   "(Proxmox VE 7 ships 3.9)")  # fmt: skip
-        fix = (f"upgrade {where} to Proxmox VE 8 (Python 3.11); until then orch check and orch "
-               "postmortem go without the host probe (pct status, kernel events, GPU processes "
-               "by container)")  # fmt: skip
+        problem = (f"{where}: {python} is Python {got}; orch's host observer and host probe need "
+                   f"Python >= {need} (Proxmox VE 7 ships 3.9)")  # fmt: skip
+        fix = (f"upgrade {where} to Proxmox VE 8 (Python 3.11), or point host_python: of {where} "
+               f"in hosts.yaml at a Python >= {need} there; until then orch observes each "
+               "container from inside (pct exec) and goes without the host probe (pct status, "
+               "kernel events, GPU processes by container)")  # fmt: skip
         return problem, fix
     problem = (f"{where}: {python} is Python {got}; orch's agent needs Python >= {need} "
                "(Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)")  # fmt: skip
@@ -315,9 +316,9 @@ def ensure_agent(
     where = transport.name
     if res.exit_status in (126, 127) or (not res.ok and "not found" in res.err.lower()):
         raise AgentError(
-            f"{where}: {python!r} not found in the container (exit {res.exit_status}: "
-            f"{res.err.strip()[-200:] or 'no output'}); install python3 >= 3.10 there "
-            f"or set python: in hosts.yaml"
+            f"{where}: {python!r} not found {'on the host' if host else 'in the container'} "
+            f"(exit {res.exit_status}: {res.err.strip()[-200:] or 'no output'}); install "
+            f"python3 >= 3.10 there or set {'host_python' if host else 'python'}: in hosts.yaml"
         )
     try:
         version, present = parse_check(res.out)
@@ -327,7 +328,7 @@ def ensure_agent(
             f"{(res.err or res.out).strip()[-300:] or 'no output'}"
         ) from None
     if version[:2] < MIN_PYTHON:
-        raise AgentError("; ".join(too_old(where, python, version, host=host)))
+        raise PythonTooOld("; ".join(too_old(where, python, version, host=host)))
     if not present:
         log.info("%s: sending agent bundle %s (%d bytes)", where, bundle.hash, len(bundle.tarball))
         res = transport.run(

@@ -209,6 +209,11 @@ class AgentError(OrchError):
     """The in-container agent failed or answered something we cannot read."""
 
 
+class PythonTooOld(AgentError):
+    """The interpreter there runs but is older than the agent needs (3.10); the message says
+    what was found and what to do. On a Proxmox host, orch then observes from inside."""
+
+
 class AgentProtocolError(AgentError):
     """The agent's answer is not a snapshot we understand (garbage, truncated, future schema).
 

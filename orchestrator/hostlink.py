@@ -28,6 +28,7 @@ from orchestrator.errors import (
     AgentProtocolError,
     CommandTimeout,
     OutputTooLarge,
+    PythonTooOld,
     TransportError,
 )
 from orchestrator.model import HostDocument, SchemaError, check_schema
@@ -176,7 +177,7 @@ class HostLink:
     def _run(self, args: Sequence[str], timeout: float) -> Result:
         h = self.host
         res = run_agent(self.transport, h.agent_dir, h.host_python, args, bundle=self._bundle,
-                        timeout=timeout, boot=HOST_BOOT)  # fmt: skip
+                        timeout=timeout, host=True, boot=HOST_BOOT)  # fmt: skip
         if res.exit_status == HOST_DIR_REFUSED:
             raise AgentError(f"{h.name}: {res.err.strip()[-300:]}; fix its owner and mode "
                              f"(chown root; chmod go-w) or set agent_dir: in hosts.yaml")  # fmt: skip
@@ -204,7 +205,11 @@ class HostLink:
 
     def _note_old_python(self, exc: AgentError) -> None:
         text = str(exc)
-        if "the orch agent needs" in text or "is too old" in text or "not found" in text:
+        if (
+            isinstance(exc, PythonTooOld)
+            or "is too old" in text
+            or "not found" in text
+        ):
             forced_to_containers(self.host, f"the host cannot run the observer: {text}")
 
     def open_stream(self, interval_s: float) -> LineStream:
@@ -213,7 +218,7 @@ class HostLink:
         bundle = self._bundle or deploy.build_bundle()
         try:
             bundle_dir = deploy.ensure_agent(
-                self.transport, h.agent_dir, h.host_python, bundle=bundle
+                self.transport, h.agent_dir, h.host_python, bundle=bundle, host=True
             )
         except AgentError as exc:
             self._note_old_python(exc)

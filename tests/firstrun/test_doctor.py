@@ -350,7 +350,7 @@ def test_python_39_on_the_host_warns_and_the_probe_says_why(
     check = checks["python3 on sandbox"]
     assert code == 0 and check["status"] == "warn", check
     assert check["detail"] == (
-        "sandbox: python3 is Python 3.9.2; orch's host probe needs Python >= 3.10 "
+        "sandbox: python3 is Python 3.9.2; orch's host observer and host probe need Python >= 3.10 "
         "(Proxmox VE 7 ships 3.9)"
     )
     assert check["fix"].startswith("upgrade sandbox to Proxmox VE 8 (Python 3.11)")
