@@ -1,6 +1,6 @@
 """The retryable table of docs/self-healing.md, generated from the playbooks' ``restart:``
-(``python -m orchestrator.heal.docs`` prints it; tests/heal/test_docs.py fails when the
-committed page drifts from the playbooks)."""
+(``python -m orchestrator.heal.docs`` prints it, ``--write`` puts it into the page;
+tests/heal/test_docs.py fails when the committed page drifts from the playbooks)."""
 
 from __future__ import annotations
 
@@ -45,9 +45,29 @@ def retryable_table(playbooks: Sequence[Playbook]) -> str:
     return "\n".join(rows) + "\n"
 
 
+def spliced(text: str, table: str, begin: str, end: str) -> str:
+    """``text`` with the block from ``begin`` to ``end`` (inclusive) replaced by ``table``.
+
+    >>> spliced("a\\n<b>\\nold\\n<e>\\nz\\n", "<b>\\nnew\\n<e>\\n", "<b>", "<e>")
+    'a\\n<b>\\nnew\\n<e>\\nz\\n'
+    """
+    head, found, rest = text.partition(begin)
+    if not found or end not in rest:
+        raise ValueError(f"no {begin} ... {end} block")
+    return head + table + rest.split(end, 1)[1].removeprefix("\n")
+
+
 if __name__ == "__main__":
     import sys
+    from pathlib import Path
 
     from orchestrator.playbooks import load_playbooks
 
-    sys.stdout.write(policy_table() + "\n" + retryable_table(load_playbooks()))
+    policy, retryable = policy_table(), retryable_table(load_playbooks())
+    if sys.argv[1:] == ["--write"]:
+        page = Path(__file__).resolve().parents[2] / "docs" / "self-healing.md"
+        text = spliced(page.read_text(), policy, POLICY_BEGIN, POLICY_END)
+        page.write_text(spliced(text, retryable, BEGIN, END))
+        print(f"wrote {page}")
+    else:
+        sys.stdout.write(policy + "\n" + retryable)

@@ -24,7 +24,7 @@ DOC = Path(__file__).resolve().parents[2] / "docs" / "self-healing.md"
 def test_committed_tables_match_the_code() -> None:
     text = DOC.read_text()
     for table in (policy_table(), retryable_table(load_playbooks())):
-        assert table in text, "regenerate the tables: python -m orchestrator.heal.docs"
+        assert table in text, "regenerate the tables: python -m orchestrator.heal.docs --write"
 
 
 def test_a_page_carries_the_verdict_and_the_remedy_a_notice_does_not() -> None:
