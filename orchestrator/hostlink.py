@@ -205,11 +205,7 @@ class HostLink:
 
     def _note_old_python(self, exc: AgentError) -> None:
         text = str(exc)
-        if (
-            isinstance(exc, PythonTooOld)
-            or "is too old" in text
-            or "not found" in text
-        ):
+        if isinstance(exc, PythonTooOld) or "is too old" in text or "not found" in text:
             forced_to_containers(self.host, f"the host cannot run the observer: {text}")
 
     def open_stream(self, interval_s: float) -> LineStream:

@@ -160,6 +160,7 @@ def owner_of_event(
     hold the named GPU, else the one container whose run claims that GPU (``claims``: vmid ->
     host GPU indices of its run). Several candidates or none: a host-wide event (``None``).
 
+    >>> from orchestrator.model import GpuProcess
     >>> g = GpuSample(index=3, pci_bus_id="00000000:5D:00.0",
     ...               processes=(GpuProcess(pid=9, vmid=201),))
     >>> e = KernelEvent(kind="xid", line="x", xid=79, pci="0000:5d:00")

@@ -8,13 +8,14 @@ as a single run (one run id shared by all nodes)::
 
     [env PYTHONPATH=BUNDLE] PYTHON -m torch.distributed.run --nnodes N --nproc-per-node P
         --node-rank I --rdzv-backend c10d --rdzv-endpoint ADDR:PORT --rdzv-id RUN_ID
-        --local-addr NODE_ADDR --max-restarts 0 [--rdzv-conf is_host=1]
+        --local-addr NODE_ADDR --max-restarts 0 --rdzv-conf is_host=0|1
         -m trainer --config CFG --run-dir RUN_DIR [--dist-timeout S] [TRAINER_ARGS]
 
 ``python -m torch.distributed.run`` is what the ``torchrun`` script runs (its entry point),
 with the container's own interpreter rather than whichever ``torchrun`` is first on PATH.
 c10d ranks nodes by ``--local-addr`` (sorted), which config/jobs.py checks matches the list;
-node 0 hosts the rendezvous store (``is_host=1`` when the endpoint is its own address).
+node 0 hosts the rendezvous store (``is_host=1`` when the endpoint is its own address; every
+other node says ``is_host=0``).
 """
 
 from __future__ import annotations
@@ -53,7 +54,7 @@ def torchrun_argv(job: JobConfig, node: JobNode, run_id: str) -> list[str]:
     >>> job = JobConfig("pair", (JobNode("ct200", 0, "10.0.0.2"), JobNode("ct201", 1, "10.0.0.3")),
     ...                 rdzv_endpoint="10.0.0.2:29400")
     >>> " ".join(torchrun_argv(job, job.nodes[1], "R1"))
-    '--nnodes 2 --nproc-per-node 1 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.2:29400 --rdzv-id R1 --local-addr 10.0.0.3 --max-restarts 0'
+    '--nnodes 2 --nproc-per-node 1 --node-rank 1 --rdzv-backend c10d --rdzv-endpoint 10.0.0.2:29400 --rdzv-id R1 --local-addr 10.0.0.3 --max-restarts 0 --rdzv-conf is_host=0'
     >>> torchrun_argv(job, job.nodes[0], "R1")[-2:]
     ['--rdzv-conf', 'is_host=1']
     """
@@ -64,8 +65,10 @@ def torchrun_argv(job: JobConfig, node: JobNode, run_id: str) -> list[str]:
         "--local-addr", node.address, "--max-restarts", "0",
     ]  # fmt: skip
     host = job.rdzv_endpoint.rpartition(":")[0].strip("[]")
-    if host == node.address:  # no guessing from the hostname: this node serves the store
-        argv += ["--rdzv-conf", "is_host=1"]
+    # no guessing from the hostname: only the node whose address is the endpoint serves the
+    # store (torchrun guesses "mine" for any local address: two nodes sharing one would race
+    # to bind the port, and the loser fails the rendezvous with EADDRINUSE)
+    argv += ["--rdzv-conf", f"is_host={1 if host == node.address else 0}"]
     return argv
 
 

@@ -23,7 +23,9 @@ def _node(rank: int, port: int, run_dir: Path, *extra: str) -> subprocess.Popen[
     argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
             "--local-addr", f"127.0.0.{rank + 1}", "--max-restarts", "0",
-            *(["--rdzv-conf", "is_host=1"] if rank == 0 else []),
+            # only node 0 serves the store: both share 127.0.0.1, which torchrun would take
+            # for "mine" on each (then both bind the port, and the loser fails with EADDRINUSE)
+            "--rdzv-conf", f"is_host={1 if rank == 0 else 0}",
             "-m", "trainer", "--config", str(INSTANT), "--run-dir", str(run_dir),
             "--set", "train.batch_size=8", "--set", "train.log_every=2", *extra]  # fmt: skip
     env = trainer_env() | {"GLOO_SOCKET_IFNAME": "lo"}
