@@ -8,6 +8,7 @@ when the committed file drifts from it).
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
@@ -304,14 +305,17 @@ def restart_markdown() -> list[str]:
         " `restart: {max: 3, window: 6h, backoff: [60, 300, 900], on: [crashed, silent-death,"
         " stall]}`.",
         "",
-        "| key | type | default | meaning |",
-        "|---|---|---|---|",
     ]
-    out += [
+    return [*out, *_key_table(RESTART_KEYS), ""]
+
+
+def _key_table(keys: Iterable[Any]) -> list[str]:
+    """A ``key | type | default | meaning`` table of ``keys`` (FieldSpec or restart keys)."""
+    rows = ["| key | type | default | meaning |", "|---|---|---|---|"]
+    return rows + [
         f"| `{k.key}` | {_cell(k.type_doc)} | {_cell(k.default_doc)} | {_cell(k.doc)} |"
-        for k in RESTART_KEYS
+        for k in keys
     ]
-    return [*out, ""]
 
 
 # --- end of the restart policy block -------------------------------------------------------
@@ -414,14 +418,8 @@ def _job_markdown() -> list[str]:
         " Refused with file:line: a node that is not a container, a node listed twice, a"
         " container in two jobs, a node without an `address`, addresses out of rank order.",
         "",
-        "| key | type | default | meaning |",
-        "|---|---|---|---|",
     ]
-    for s in JOB_FIELDS:
-        cell = s.doc.replace("|", "\\|")
-        out.append(f"| `{s.key}` | {s.type_doc} | {s.default_doc} | {cell} |")
-    out.append("")
-    return out
+    return [*out, *_key_table(JOB_FIELDS), ""]
 
 
 _LIMIT_NOTES = {

@@ -229,6 +229,9 @@ def run_check(
                 probes[h] = value
             elif value is not None:
                 log.info("%s: host probe failed: %s", h, value)
+        # what the containers' own detectors and the host's findings see: the kernel events since
+        # the previous check (a job host's probe reaches a day back for the job's judgement only)
+        recent = {h: _since(p, meta[h][1], started) for h, p in probes.items()}
 
         with history.locked(timeout_s=max(opts.timeout_s, 10.0)):
             results = []
@@ -236,16 +239,13 @@ def run_check(
             for n in names:
                 cfg = containers[n]
                 host_probes = (  # a host-observed container has its events in its snapshot
-                    [_since(probes[cfg.host], meta[cfg.host][1], started)]
-                    if cfg.host in probes and n not in on_host
-                    else []
+                    [recent[cfg.host]] if cfg.host in recent and n not in on_host else []
                 )
                 j = judge(n, cfg, [*past[n], snaps[n]], probes=host_probes)
                 j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
                 all_findings.extend(j.findings)
                 results.append(j)
             # the hosts' own events belong to a check of the whole fleet, not of named targets
-            recent = {h: _since(p, meta[h][1], started) for h, p in probes.items()}
             host_results = [] if opts.names else _host_results(hosted, recent, all_findings, now)
             all_findings.extend(f for j in host_results for f in j.findings)
             history.record(snaps.values())

@@ -195,46 +195,30 @@ def partition(
 ) -> None:
     """Take ``host``'s uplink down (every container on it loses the other hosts), or with
     ``container`` only that container's port; logs what the kernel would on that host."""
-    if container is None:
-        _link(state_dir, state, host, UPLINK, up=False)
-        kernel.append_kernel_line(
-            state_dir, f"{NIC} {UPLINK}: NIC Link is Down", level=6, host=host
-        )
-        kernel.append_kernel_line(
-            state_dir, f"{BRIDGE}: port 1({UPLINK}) entered disabled state", level=6, host=host
-        )
-        return
-    dev = f"veth{container}i0"
-    _link(state_dir, state, host, dev, up=False)
-    kernel.append_kernel_line(
-        state_dir,
-        f"{BRIDGE}: port {port_of(container)}({dev}) entered disabled state",
-        level=6,
-        host=host,
-    )
+    _set_link(state_dir, state, host, container, up=False)
 
 
 def heal(
     state_dir: Path, state: Mapping[str, Any], host: str, container: int | None = None
 ) -> None:
     """Undo :func:`partition`."""
+    _set_link(state_dir, state, host, container, up=True)
+
+
+def _set_link(
+    state_dir: Path, state: Mapping[str, Any], host: str, container: int | None, *, up: bool
+) -> None:
+    """The uplink (or ``container``'s bridge port) of ``host`` up or down, and the kernel
+    lines a Proxmox host prints for it: the NIC driver's for the uplink, the bridge's for
+    the port."""
+    bridge = "forwarding" if up else "disabled"
     if container is None:
-        _link(state_dir, state, host, UPLINK, up=True)
-        kernel.append_kernel_line(
-            state_dir,
-            f"{NIC} {UPLINK}: NIC Link is Up 10 Gbps, Flow Control: RX/TX",
-            level=6,
-            host=host,
-        )
-        kernel.append_kernel_line(
-            state_dir, f"{BRIDGE}: port 1({UPLINK}) entered forwarding state", level=6, host=host
-        )
-        return
-    dev = f"veth{container}i0"
-    _link(state_dir, state, host, dev, up=True)
-    kernel.append_kernel_line(
-        state_dir,
-        f"{BRIDGE}: port {port_of(container)}({dev}) entered forwarding state",
-        level=6,
-        host=host,
-    )
+        dev, port = UPLINK, 1
+        nic = "NIC Link is Up 10 Gbps, Flow Control: RX/TX" if up else "NIC Link is Down"
+        lines = [f"{NIC} {UPLINK}: {nic}"]
+    else:
+        dev, port, lines = f"veth{container}i0", port_of(container), []
+    _link(state_dir, state, host, dev, up=up)
+    lines.append(f"{BRIDGE}: port {port}({dev}) entered {bridge} state")
+    for line in lines:
+        kernel.append_kernel_line(state_dir, line, level=6, host=host)
