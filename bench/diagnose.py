@@ -37,7 +37,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from orchestrator import playbooks as current  # noqa: E402  (after the path tweak)
+from orchestrator.playbooks import loader as current  # noqa: E402  (after the path tweak)
 from tests.detect.corpus import load_corpus, score  # noqa: E402
 
 BASELINE_REV = "88d45a39ef9e598d362ed177837f267654256a83"
@@ -61,7 +61,7 @@ def load_baseline(rev: str, workdir: Path) -> tuple[ModuleType, list[Any]] | str
         ).stdout
 
     try:
-        source = git("show", f"{rev}:orchestrator/playbooks.py")
+        source = git("show", f"{rev}:orchestrator/playbooks/loader.py")
         names = git("ls-tree", "--name-only", rev, "playbooks/").split()
         for name in names:
             (workdir / Path(name).name).write_text(git("show", f"{rev}:{name}"), encoding="utf-8")

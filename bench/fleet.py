@@ -255,7 +255,7 @@ class Fleet:
     def start_runs(self) -> None:
         """A fake trainer in every container (through the agent's launch, concurrently)."""
         from orchestrator.config.inventory import load_inventory
-        from orchestrator.target import Target
+        from orchestrator.remote.target import Target
         from orchestrator.transport.connect import close_all
 
         inv = load_inventory(self.config)

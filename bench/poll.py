@@ -58,10 +58,10 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator import deploy  # noqa: E402
 from orchestrator.config.inventory import load_inventory  # noqa: E402
+from orchestrator.remote import deploy  # noqa: E402
+from orchestrator.remote.target import Target, agent_argv, parse_snapshot  # noqa: E402
 from orchestrator.sandbox import manager  # noqa: E402
-from orchestrator.target import Target, agent_argv, parse_snapshot  # noqa: E402
 from orchestrator.transport.connect import close_all  # noqa: E402
 
 SEED_REMOTE = (
@@ -228,9 +228,9 @@ def print_tmux(fig: dict[str, float]) -> None:
 
 def host_path_figures(n: int, interval_s: float) -> dict[str, float]:
     """(e): the host observer's stream for 1 and for 8 containers of one host (LXC)."""
-    from orchestrator.hostlink import HostLink, parse_host_document
+    from orchestrator.remote.hostlink import HostLink, parse_host_document
+    from orchestrator.remote.target import parse_document
     from orchestrator.sandbox import lxc
-    from orchestrator.target import parse_document
 
     why = lxc.unavailable()
     if why is not None:

@@ -1,1 +1,1 @@
-"""orch agent: runs inside the container; imports the standard library, pynvml and orchestrator.model only."""
+"""orch agent: runs inside the container; imports the standard library, pynvml and orchestrator.wire.model only."""

@@ -20,7 +20,7 @@ import sys
 import time
 from typing import Any
 
-from orchestrator.model import SCHEMA_VERSION
+from orchestrator.wire.model import SCHEMA_VERSION
 
 
 def _emit(doc: Any) -> None:

@@ -33,7 +33,7 @@ from orchestrator.agent.hostprocs import (
 from orchestrator.agent.procs import _CLK_TCK
 from orchestrator.agent.rootfs import ContainerRoot
 from orchestrator.agent.runfacts import RunReader, vfs_mib
-from orchestrator.model import ProcessInfo, RunState, SessionState, Snapshot
+from orchestrator.wire.model import ProcessInfo, RunState, SessionState, Snapshot
 
 TMUX_SERVER = "tmux: server"
 """The ``comm`` tmux gives its server process."""

@@ -5,7 +5,7 @@ by construction: the log and the flight recorder are read from the end
 (:func:`~orchestrator.agent.logs.tail_lines`), never whole, within a byte budget;
 log and pane lines are cut as the snapshot's are (``logs.MAX_LINE_BYTES``), the
 pane capture is at most ``--pane-lines`` lines. Prints one JSON document
-(:class:`~orchestrator.answers.EvidenceAnswer`)::
+(:class:`~orchestrator.wire.answers.EvidenceAnswer`)::
 
     {"ok": true, "now": <container clock, Unix s>, "run_id", "run_dir",
      "manifest": {...} | null, "exit_status": int | null, "exit_status_at": mtime | null,
@@ -46,7 +46,7 @@ from orchestrator.agent.rundir import (
     run_state,
 )
 from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
-from orchestrator.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
+from orchestrator.wire.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200

@@ -18,7 +18,7 @@ from typing import Any
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.runfacts import disk_space_mib
 from orchestrator.agent.tmux import TmuxReader, tmux_version
-from orchestrator.model import SCHEMA_VERSION
+from orchestrator.wire.model import SCHEMA_VERSION
 
 _TORCH_PROBE = (
     "import json, time; t = time.monotonic(); import torch; d = time.monotonic() - t; "

@@ -2,7 +2,7 @@
 (:mod:`orchestrator.agent.gpu_smi`, which gives the equivalent shell commands).
 
 NVML failures are data: :class:`GpuCollector.collect` never raises for them; it
-returns an :class:`~orchestrator.model.NvmlStatus` with ``error_kind`` one of
+returns an :class:`~orchestrator.wire.model.NvmlStatus` with ``error_kind`` one of
 ``library-not-found``, ``driver-not-loaded``, ``driver-mismatch``, ``gpu-lost``,
 ``timeout``, ``other``. A lost GPU can make NVML (and nvidia-smi) block forever,
 so each GPU is read on its own worker thread, all in parallel, and the caller
@@ -28,7 +28,7 @@ from typing import Any
 
 from orchestrator.agent.gpu_smi import SmiReader
 from orchestrator.agent.procs import in_host_pid_namespace
-from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
+from orchestrator.wire.model import GpuProcess, GpuSample, NvmlStatus
 
 log = logging.getLogger(__name__)
 

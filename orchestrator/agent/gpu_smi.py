@@ -21,7 +21,7 @@ from dataclasses import replace
 from typing import Any
 
 from orchestrator.agent.procs import in_host_pid_namespace
-from orchestrator.model import GpuProcess, GpuSample, NvmlStatus
+from orchestrator.wire.model import GpuProcess, GpuSample, NvmlStatus
 
 log = logging.getLogger(__name__)
 

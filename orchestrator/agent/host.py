@@ -1,5 +1,5 @@
 """The host observer: one process on the Proxmox host watches every container of it that
-hosts.yaml names, and says so in one document per interval (:class:`~orchestrator.model.HostDocument`).
+hosts.yaml names, and says so in one document per interval (:class:`~orchestrator.wire.model.HostDocument`).
 
 Per document: the host's GPUs (NVML once for all containers), each GPU process mapped to its
 container, its PID inside and its name (:func:`attribute_processes`); the kernel lines new
@@ -30,8 +30,8 @@ from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
 from orchestrator.agent.kernel import KernelParser, read_kernel
 from orchestrator.agent.netlog import vmid_of_device
-from orchestrator.formats import parse_pct_status
-from orchestrator.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
+from orchestrator.wire.formats import parse_pct_status
+from orchestrator.wire.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
 
 STOPPED_RECHECK_S = 10.0
 """How often a stream asks pct again about a container it saw stopped or missing (seconds)."""
@@ -160,7 +160,7 @@ def owner_of_event(
     hold the named GPU, else the one container whose run claims that GPU (``claims``: vmid ->
     host GPU indices of its run). Several candidates or none: a host-wide event (``None``).
 
-    >>> from orchestrator.model import GpuProcess
+    >>> from orchestrator.wire.model import GpuProcess
     >>> g = GpuSample(index=3, pci_bus_id="00000000:5D:00.0",
     ...               processes=(GpuProcess(pid=9, vmid=201),))
     >>> e = KernelEvent(kind="xid", line="x", xid=79, pci="0000:5d:00")
@@ -426,7 +426,7 @@ def run_claims(
     """vmid -> host GPU indices its live run's manifest names (container indices mapped through
     what it sees).
 
-    >>> from orchestrator.model import RunManifest, RunState
+    >>> from orchestrator.wire.model import RunManifest, RunState
     >>> m = RunManifest("r", "cmd", "/w", "train", 0.0, gpus=(0, 1))
     >>> s = Snapshot("ct200", 1.0, run=RunState("r", "/w/runs/r", manifest=m))
     >>> run_claims({"ct200": s}, {"ct200": (4, 5, 6)}, {200: "ct200"})

@@ -1,6 +1,6 @@
 """The Proxmox host's kernel log: read it (journalctl, else dmesg) and parse what matters.
 
-What matters (:class:`~orchestrator.model.KernelEvent`): GPU Xid lines
+What matters (:class:`~orchestrator.wire.model.KernelEvent`): GPU Xid lines
 (``NVRM: Xid (PCI:0000:5d:00): 79, pid=..., name=..., ...``), NVSwitch SXid lines
 (``nvidia-nvswitch0: SXid (PCI:0000:05:00.0): 12028, Non-fatal, ...``), "fallen off the
 bus" in its one-line form and in the three-line notice of newer drivers::
@@ -38,7 +38,7 @@ from datetime import datetime
 
 from orchestrator.agent.cgroups import vmid_of_cgroup_path
 from orchestrator.agent.netlog import parse_link_down
-from orchestrator.model import KernelEvent
+from orchestrator.wire.model import KernelEvent
 
 _XID = re.compile(
     r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:, pid=(\d+|'<unknown>'))?(?:, name=([^,]*))?"

@@ -32,8 +32,8 @@ from orchestrator.agent.host import (
 )
 from orchestrator.agent.hostprocs import ProcessReader
 from orchestrator.agent.kernel import KernelRead, parse_kernel_log, read_kernel
-from orchestrator.formats import parse_pct_status as parse_pct_status
-from orchestrator.model import HostProbe, KernelEvent
+from orchestrator.wire.formats import parse_pct_status as parse_pct_status
+from orchestrator.wire.model import HostProbe, KernelEvent
 
 __all__ = ["parse_pct_list", "parse_pct_status", "probe"]
 

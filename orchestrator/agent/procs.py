@@ -14,7 +14,7 @@ import os
 import time
 from pathlib import Path
 
-from orchestrator.model import ProcessInfo
+from orchestrator.wire.model import ProcessInfo
 
 _CLK_TCK = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
 _PAGE_MIB = (os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096) / 1048576.0

@@ -25,8 +25,8 @@ from orchestrator.agent.answer import EXIT_FAILED, RunError
 from orchestrator.agent.logs import tail_lines
 from orchestrator.agent.procs import group_members, proc_stat
 from orchestrator.agent.tmux import TmuxReader
-from orchestrator.answers import RunStatus, StopRequest, run_phase
-from orchestrator.model import SchemaError
+from orchestrator.wire.answers import RunStatus, StopRequest, run_phase
+from orchestrator.wire.model import SchemaError
 
 RUNS, CURRENT = "runs", "current"
 """``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""

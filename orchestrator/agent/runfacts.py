@@ -31,7 +31,7 @@ from orchestrator.agent.rundir import (
     parse_stop_request,
     read_small,
 )
-from orchestrator.model import Metrics, RunManifest, RunState, SchemaError
+from orchestrator.wire.model import Metrics, RunManifest, RunState, SchemaError
 
 
 class Files(Protocol):

@@ -1,6 +1,6 @@
 """Agent commands for the run lifecycle: ``launch``, ``stop``, ``runs``, ``logs``.
 
-Runs inside the container (standard library and ``orchestrator.model`` only).
+Runs inside the container (standard library and ``orchestrator.wire.model`` only).
 Each command prints one JSON document on stdout (``logs --follow`` prints one
 JSON line per chunk) and exits 0 (done), 1 (failed), 2 (bad arguments) or
 4 (refused: a live run is in the way; pass ``--force``).
@@ -83,11 +83,11 @@ from orchestrator.agent.runenv import (
     run_env,
     run_environment,
 )
-from orchestrator.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
-from orchestrator.formats import new_run_id, parse_gpu_spec
-from orchestrator.model import RunManifest
-from orchestrator.paths import atomic_write
-from orchestrator.secrets import mask_env
+from orchestrator.wire.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
+from orchestrator.wire.formats import new_run_id, parse_gpu_spec
+from orchestrator.wire.model import RunManifest
+from orchestrator.wire.paths import atomic_write
+from orchestrator.wire.secrets import mask_env
 
 GO_TIMEOUT_S = 30.0
 """Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""

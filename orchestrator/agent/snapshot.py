@@ -22,7 +22,7 @@ from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.procs import ProcSampler
 from orchestrator.agent.runfacts import LocalFiles, RunReader
 from orchestrator.agent.tmux import TmuxReader
-from orchestrator.model import AgentCost, Snapshot
+from orchestrator.wire.model import AgentCost, Snapshot
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,7 +43,7 @@ class ObserverConfig:
 
 
 class Observer:
-    """Builds :class:`~orchestrator.model.Snapshot` objects; keeps state between calls."""
+    """Builds :class:`~orchestrator.wire.model.Snapshot` objects; keeps state between calls."""
 
     def __init__(self, cfg: ObserverConfig) -> None:
         self.cfg = cfg

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from orchestrator.agent.procs import zombie_exit
-from orchestrator.model import SessionState
+from orchestrator.wire.model import SessionState
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")

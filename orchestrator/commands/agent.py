@@ -20,7 +20,7 @@ def facts_cmd(
     Deploys the agent first if needed. Exit codes: 0 ok, 1 agent failed, 2 bad
     input, 3 unreachable.
     """
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     facts = Target(load_inventory(), target).facts(torch=torch)
     if as_json:
@@ -61,7 +61,7 @@ def snapshot_cmd(
 
     Exit codes: 0 ok, 1 agent failed or answered garbage, 2 bad input, 3 unreachable.
     """
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     snap = Target(load_inventory(), target).snapshot()
     if as_json:

@@ -34,7 +34,12 @@ def diagnose(
     2 for an unreadable log or a bad playbook file.
     """
     from orchestrator.errors import UsageError
-    from orchestrator.playbooks import format_matches, iter_log_lines, load_playbooks, match_log
+    from orchestrator.playbooks.loader import (
+        format_matches,
+        iter_log_lines,
+        load_playbooks,
+        match_log,
+    )
 
     pbs = load_playbooks(playbooks_dir)
     try:
@@ -120,7 +125,7 @@ def playbook_list(
     ),
 ) -> None:
     """List playbooks: id, kind, severity, title. Exit 0; 2 for a bad playbook file."""
-    from orchestrator.playbooks import load_playbooks
+    from orchestrator.playbooks.loader import load_playbooks
 
     pbs = load_playbooks(playbooks_dir)
     if as_json:
@@ -145,7 +150,7 @@ def playbook_show(
     ),
 ) -> None:
     """Show one playbook: match rules, diagnosis, remedy, steps. Exit 0; 2 for an unknown id."""
-    from orchestrator.playbooks import get_playbook, load_playbooks
+    from orchestrator.playbooks.loader import get_playbook, load_playbooks
 
     pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
     if as_json:
@@ -201,7 +206,7 @@ def playbook_run(
         procedure_context,
         run_procedure,
     )
-    from orchestrator.playbooks import get_playbook, load_playbooks
+    from orchestrator.playbooks.loader import get_playbook, load_playbooks
 
     pb = get_playbook(load_playbooks(playbooks_dir), playbook_id)
     inventory = load_inventory()

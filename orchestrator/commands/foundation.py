@@ -45,7 +45,7 @@ def hosts_cmd(
     hosts = Table("host", "address", "user", title=Text(f"hosts ({summary['config']})"))
     for h in summary["hosts"]:
         hosts.add_row(Text(h["name"]), Text(f"{h['address']}:{h['port']}"), Text(h["user"]))
-    from orchestrator.formats import gpu_ranges
+    from orchestrator.wire.formats import gpu_ranges
 
     cts = Table("container", "host", "address", "vmid", "session", "gpus")
     cts.add_column("workdir", overflow="fold")

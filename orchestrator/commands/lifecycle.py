@@ -333,7 +333,7 @@ def attach_cmd(
     import subprocess
 
     from orchestrator.lifecycle import runs
-    from orchestrator.transport.quoting import command_line
+    from orchestrator.wire.quoting import command_line
 
     argv = runs.attach_argv(load_inventory(), target)
     if print_only:

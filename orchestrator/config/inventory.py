@@ -29,11 +29,11 @@ from typing import Any
 import yaml
 
 from orchestrator.config.jobs import JobConfig, build_jobs
+from orchestrator.config.limits import Limits
 from orchestrator.config.reader import TAG, NodeReader, describe, join_key, show, suggest
 from orchestrator.config.reader import compose as _compose
 from orchestrator.config.restart import RestartPolicy, build_policy
 from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
 log = logging.getLogger(__name__)
@@ -417,7 +417,7 @@ def load_inventory(explicit: Path | None = None) -> Inventory:
     With no file found by the lookup order, the built-in inventory (just ``local``).
     Logs a warning when the file, or orch's state directory, is writable by group or others.
     """
-    from orchestrator.paths import state_dir, warn_if_writable_by_others
+    from orchestrator.wire.paths import state_dir, warn_if_writable_by_others
 
     warn_if_writable_by_others(state_dir(), "state directory")
     path = find_config(Path(explicit) if explicit is not None else None)
@@ -429,7 +429,7 @@ def load_inventory(explicit: Path | None = None) -> Inventory:
 
 def inventory_summary(inv: Inventory) -> dict[str, Any]:
     """The inventory as JSON-ready data for ``orch hosts`` (env values of secret names masked)."""
-    from orchestrator.secrets import mask_env
+    from orchestrator.wire.secrets import mask_env
 
     hosts = [
         {

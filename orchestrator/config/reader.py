@@ -19,11 +19,11 @@ from typing import Any
 
 import yaml
 
+from orchestrator.config.limits import Limits
 from orchestrator.config.restart import RESTART_KEYS, TRIGGERS, parse_duration
 from orchestrator.config.schema import FieldSpec
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
-from orchestrator.formats import MAX_GPU_INDEX, parse_gpu_spec
+from orchestrator.wire.formats import MAX_GPU_INDEX, parse_gpu_spec
 
 TAG = "tag:yaml.org,2002:"
 _ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
@@ -282,7 +282,7 @@ class NodeReader:
         return value
 
     def kind_command(self, node: yaml.Node, key: str) -> str:
-        from orchestrator.transport.quoting import command_line
+        from orchestrator.wire.quoting import command_line
 
         if isinstance(node, yaml.SequenceNode):
             argv = [self.text(item, f"{key}[{i}]") for i, item in enumerate(node.value)]

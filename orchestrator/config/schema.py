@@ -12,7 +12,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass, fields
 from typing import Any
 
-from orchestrator.detect.limits import Limits
+from orchestrator.config.limits import Limits
 
 TOP_LEVEL = ("defaults", "hosts", "containers", "jobs")
 """The top level of hosts.yaml holds exactly these mappings."""
@@ -440,7 +440,7 @@ def limit_docs() -> dict[str, str]:
     import ast
     import inspect
 
-    from orchestrator.detect import limits as limits_module
+    from orchestrator.config import limits as limits_module
 
     tree = ast.parse(inspect.getsource(limits_module))
     cls = next(n for n in tree.body if isinstance(n, ast.ClassDef) and n.name == "Limits")
@@ -535,7 +535,7 @@ def schema_markdown() -> str:
     out += [
         "## Thresholds (`thresholds:`)",
         "",
-        "Keys are the fields of `orchestrator.detect.limits.Limits`; units are in the names."
+        "Keys are the fields of `orchestrator.config.limits.Limits`; units are in the names."
         " Integers counting `_samples` must be >= 1, `_ratio` lies in 0..1, other numbers"
         " are >= 0.",
         "",

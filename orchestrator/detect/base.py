@@ -9,7 +9,7 @@ import signal
 from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
-from orchestrator.model import GpuSample, RunManifest, Snapshot
+from orchestrator.wire.model import GpuSample, RunManifest, Snapshot
 
 History = Sequence[Snapshot]
 """A target's snapshots, oldest first."""

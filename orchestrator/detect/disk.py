@@ -7,9 +7,9 @@ device" once, to the pane, and the line scrolls away; the reading does not.
 
 from __future__ import annotations
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import History, fmt_time, reachable, trailing
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.wire.model import Finding, Severity, Snapshot
 
 
 def fmt_mib(value: float | None) -> str:

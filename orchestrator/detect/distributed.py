@@ -21,8 +21,8 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.matching import Match
-from orchestrator.model import KernelEvent
+from orchestrator.playbooks.matching import Match
+from orchestrator.wire.model import KernelEvent
 
 CONSEQUENCE_PLAYBOOKS = frozenset(
     {"gloo-timeout", "peer-connection-lost", "rendezvous-lost", "torchrun-sigterm", "nccl-timeout"}
@@ -50,8 +50,8 @@ class Classification:
 def classify_lines(matches: Sequence[Match]) -> Classification:
     """A node's role from the playbook matches of its log lines (``match_log``'s, best first).
 
-    >>> from orchestrator.matching import Match
-    >>> from orchestrator.model import Severity
+    >>> from orchestrator.playbooks.matching import Match
+    >>> from orchestrator.wire.model import Severity
     >>> def m(pid, line): return Match(pid, pid, Severity.CRITICAL, 50, line, 1, 1)
     >>> classify_lines([m("peer-connection-lost", "Connection closed by peer [10.0.0.3]:1")]).role
     'consequence'

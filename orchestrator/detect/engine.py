@@ -11,11 +11,11 @@ import functools
 from collections.abc import Sequence
 from dataclasses import replace
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect import disk, gpu, host, log, run
 from orchestrator.detect.base import fmt_time, manifest_of
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, HostProbe, Snapshot
-from orchestrator.playbooks import Playbook, for_exit_code, load_playbooks
+from orchestrator.playbooks.loader import Playbook, for_exit_code, load_playbooks
+from orchestrator.wire.model import Finding, HostProbe, Snapshot
 
 KIND_ORDER = (
     "container-stopped",

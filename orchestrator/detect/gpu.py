@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import (
     History,
     alive,
@@ -20,8 +21,7 @@ from orchestrator.detect.base import (
     run_gpus,
     trailing,
 )
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, GpuProcess, GpuSample, HostProbe, Severity, Snapshot
+from orchestrator.wire.model import Finding, GpuProcess, GpuSample, HostProbe, Severity, Snapshot
 
 _NVML_PLAYBOOK = {"driver-mismatch": "nvml-driver-mismatch", "gpu-lost": "gpu-fallen-off-bus"}
 _NVML_CRITICAL = {"driver-mismatch", "gpu-lost", "driver-not-loaded"}

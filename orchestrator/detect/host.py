@@ -13,9 +13,9 @@ from __future__ import annotations
 
 from collections.abc import Collection, Iterable, Sequence
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import History, fmt_time, manifest_of
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, HostProbe, KernelEvent, Severity
+from orchestrator.wire.model import Finding, HostProbe, KernelEvent, Severity
 
 XID_MEANINGS: dict[int, str] = {
     8: "GPU stopped processing (timeout)",
@@ -60,7 +60,7 @@ def kernel_events(probes: Sequence[HostProbe], history: History = ()) -> list[Ke
     """The target's kernel events, each line once: the probes' (oldest first) and the
     snapshots', keeping only its own when its vmid is known (see the module).
 
-    >>> from orchestrator.model import Snapshot
+    >>> from orchestrator.wire.model import Snapshot
     >>> mine = KernelEvent(kind="xid", line="a", at=1.0, xid=79, vmid=200)
     >>> theirs = KernelEvent(kind="xid", line="b", at=1.0, xid=79, vmid=201)
     >>> host = KernelEvent(kind="xid", line="c", at=1.0, xid=79)
@@ -90,7 +90,7 @@ def run_host_gpus(history: History) -> set[int]:
     """The host indices of the GPUs the run's manifest names (its container's numbering mapped
     through the newest snapshot's ``host_index``; the same numbers when it has none).
 
-    >>> from orchestrator.model import GpuSample, RunManifest, RunState, Snapshot
+    >>> from orchestrator.wire.model import GpuSample, RunManifest, RunState, Snapshot
     >>> m = RunManifest("r", "c", "/w", "t", 0.0, gpus=(0,))
     >>> s = Snapshot("ct", 1.0, run=RunState("r", "/r", manifest=m),
     ...              gpus=(GpuSample(index=0, host_index=4),))

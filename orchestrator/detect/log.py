@@ -8,10 +8,10 @@ from __future__ import annotations
 import re
 from collections.abc import Sequence
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import History, reachable
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding
-from orchestrator.playbooks import LogMatcher, Playbook
+from orchestrator.playbooks.loader import LogMatcher, Playbook
+from orchestrator.wire.model import Finding
 
 _METRIC_RE = re.compile(r"(?P<key>step|loss|acc_len|tau|tok/s|lr)=(?P<val>[-+0-9.eE]+|nan|inf)")
 

@@ -12,6 +12,7 @@ import re
 from collections.abc import Sequence
 from statistics import median
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import (
     History,
     alive,
@@ -27,8 +28,7 @@ from orchestrator.detect.base import (
     signal_number_name,
     trailing,
 )
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Finding, Severity, Snapshot
+from orchestrator.wire.model import Finding, Severity, Snapshot
 
 PROTOCOL_PREFIX = "agent protocol error"
 
@@ -527,7 +527,7 @@ def _shows_output(snap: Snapshot) -> bool:
     The wrapper creates the log before it starts the command, and tee writes every line the
     pane shows, so output on the screen means the log should exist by now.
 
-    >>> from orchestrator.model import SessionState
+    >>> from orchestrator.wire.model import SessionState
     >>> _shows_output(Snapshot("ct", 1.0, session=SessionState("t", True, pane_tail=("step=1 a",))))
     True
     >>> _shows_output(Snapshot("ct", 1.0, session=SessionState("t", True, pane_tail=("", "[orch] x"))))

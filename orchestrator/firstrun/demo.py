@@ -38,7 +38,7 @@ from typing import Any, Protocol
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import OrchError, UsageError
-from orchestrator.model import Finding, Snapshot
+from orchestrator.wire.model import Finding, Snapshot
 
 CONTAINER = "ct200"
 FAULTS = ("kill", "ghost", "both")
@@ -363,8 +363,8 @@ def _loop(
     from orchestrator.lifecycle import launch, stop
     from orchestrator.monitor.judge import judge
     from orchestrator.monitor.state import stepped
+    from orchestrator.remote.target import Target
     from orchestrator.sandbox import manager
-    from orchestrator.target import Target
 
     inv = load_inventory(result.config_path)
     cfg = inv.container(CONTAINER)

@@ -47,7 +47,7 @@ from orchestrator.errors import (
 )
 from orchestrator.firstrun.checklist import FAIL, OK, SKIP, WARN, Check
 from orchestrator.firstrun.observepath import observe_checks
-from orchestrator.paths import mode_if_writable_by_others, readable_by_others, state_dir
+from orchestrator.wire.paths import mode_if_writable_by_others, readable_by_others, state_dir
 
 REMOTE_TIMEOUT_S = 15.0
 FACTS_TIMEOUT_S = 90.0
@@ -359,9 +359,9 @@ def check_tool(
 
 def _python_verdict(found: Check, where: str, python: str, *, host: bool) -> Check:
     """``found`` (a ``python --version`` check), failed when that python is older than the
-    agent's :data:`~orchestrator.deploy.MIN_PYTHON` (on a host: a warning, orch works
+    agent's :data:`~orchestrator.remote.deploy.MIN_PYTHON` (on a host: a warning, orch works
     without the host probe)."""
-    from orchestrator.deploy import MIN_PYTHON, parse_python_version, too_old
+    from orchestrator.remote.deploy import MIN_PYTHON, parse_python_version, too_old
 
     version = parse_python_version(found.detail) if found.status == OK else None
     if version is None or version[:2] >= MIN_PYTHON:
@@ -421,7 +421,7 @@ def _nvml_fix(ct: ContainerConfig, kind: str) -> str:
 def check_nvml(inv: Inventory, ct: ContainerConfig) -> Check:
     """NVML readable in the container, through the agent's ``facts`` (pynvml, the path orch
     uses); when the agent cannot run, ``nvidia-smi -L`` says at least whether GPUs show."""
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     name = f"NVML in {ct.name}"
     try:

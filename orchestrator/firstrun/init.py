@@ -28,8 +28,8 @@ from orchestrator.config.inventory import (
     parse_inventory,
 )
 from orchestrator.errors import ConfigError, Refused, UsageError
-from orchestrator.formats import gpu_ranges, parse_gpu_spec
-from orchestrator.paths import ensure_private_dir, write_private
+from orchestrator.wire.formats import gpu_ranges, parse_gpu_spec
+from orchestrator.wire.paths import ensure_private_dir, write_private
 
 DEFAULT_ROLE = "target"
 _PLAIN = re.compile(r"[A-Za-z0-9_][A-Za-z0-9_.\-/~]*")

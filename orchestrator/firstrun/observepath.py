@@ -4,7 +4,7 @@ A host whose containers are observed from the host runs its observer once here (
 document for every container of hosts.yaml on it); a host that cannot (no Python >= 3.10,
 ``observe: container``) keeps the in-container agent, one ``pct exec`` per container, and
 the check says so. Each container then gets one line: ``host`` or ``container`` and the
-reason (:func:`orchestrator.hostlink.observe_path`).
+reason (:func:`orchestrator.remote.hostlink.observe_path`).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ def observe_checks(
 ) -> Iterator[Any]:
     """The checks (``check(name, status, detail, fix)`` builds one): the host observer of
     ``host`` (or of ``ct``'s host) when it is used, then each container's path."""
-    from orchestrator.hostlink import HostLink, observe_path
+    from orchestrator.remote.hostlink import HostLink, observe_path
 
     if ct is not None:
         containers = [ct]

@@ -35,12 +35,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
+from orchestrator.config.limits import Limits
 from orchestrator.config.restart import RestartPolicy, format_duration
-from orchestrator.detect.limits import Limits
 from orchestrator.lifecycle.preflight import holders
-from orchestrator.model import Finding, Snapshot
 from orchestrator.monitor.journal import OUTCOMES, JournalEntry, restarts_since
-from orchestrator.playbooks import DEFAULT_RESTART_PROCEDURE, RestartRule
+from orchestrator.playbooks.loader import DEFAULT_RESTART_PROCEDURE, RestartRule
+from orchestrator.wire.model import Finding, Snapshot
 
 TRIGGER_OF_STATE = {"crashed": "crashed", "dead": "silent-death", "stalled": "stall"}
 """The monitor's state words that are deaths a policy may act on (``restart.on``)."""
@@ -128,7 +128,7 @@ def cause_of(diagnosis: Diagnosis | None, findings: Sequence[Finding], trigger: 
     """The playbook that names the failure: the verdict's, else the best log signature's, else
     the death finding's own (``silent-death``, a crash's exit-code playbook); ``None``: unknown.
 
-    >>> from orchestrator.model import Severity
+    >>> from orchestrator.wire.model import Severity
     >>> sig = Finding("log-signature", Severity.CRITICAL, "ct", "x", playbook="nccl-timeout")
     >>> cause_of(Diagnosis("stall"), [sig], "stall"), cause_of(None, [], "crashed")
     ('nccl-timeout', None)

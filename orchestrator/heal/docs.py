@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from orchestrator.playbooks import DEFAULT_RESTART_PROCEDURE, Playbook
+from orchestrator.playbooks.loader import DEFAULT_RESTART_PROCEDURE, Playbook
 
 BEGIN = "<!-- BEGIN retryable table: python -m orchestrator.heal.docs -->"
 END = "<!-- END retryable table -->"
@@ -61,7 +61,7 @@ if __name__ == "__main__":
     import sys
     from pathlib import Path
 
-    from orchestrator.playbooks import load_playbooks
+    from orchestrator.playbooks.loader import load_playbooks
 
     policy, retryable = policy_table(), retryable_table(load_playbooks())
     if sys.argv[1:] == ["--write"]:

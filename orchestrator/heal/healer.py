@@ -44,12 +44,12 @@ from orchestrator.heal.decide import (
     interrupted,
     should_record,
 )
-from orchestrator.model import Severity
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import History, default_path
 from orchestrator.monitor.journal import NOTICE_ACTIONS, JournalEntry
 from orchestrator.monitor.judge import Judgement
-from orchestrator.playbooks import Playbook, RestartRule
+from orchestrator.playbooks.loader import Playbook, RestartRule
+from orchestrator.wire.model import Severity
 
 log = logging.getLogger(__name__)
 
@@ -262,7 +262,7 @@ class Healer:
             procedure_context,
             run_procedure,
         )
-        from orchestrator.playbooks import get_playbook
+        from orchestrator.playbooks.loader import get_playbook
 
         d, name = r.decision, r.config.name
         launched: list[str] = []
@@ -342,7 +342,7 @@ def redacted(e: JournalEntry, secrets: set[str]) -> JournalEntry:
     """
     if not secrets:
         return e
-    from orchestrator.secrets import redact_tree
+    from orchestrator.wire.secrets import redact_tree
 
     return JournalEntry.from_dict(redact_tree(e.to_dict(), secrets))
 

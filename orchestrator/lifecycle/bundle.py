@@ -2,7 +2,7 @@
 but for reading the installed package).
 
 ``orch launch`` without a command deploys this bundle to ``<workdir>/.orch/trainer-<hash>/``
-(:func:`orchestrator.deploy.make_bundle`) and runs :func:`trainer_command`.
+(:func:`orchestrator.remote.deploy.make_bundle`) and runs :func:`trainer_command`.
 """
 
 from __future__ import annotations
@@ -12,13 +12,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import deploy
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.errors import (
     OrchError,
     UsageError,
 )
-from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.remote import deploy
+from orchestrator.wire.quoting import command_line, with_env
 
 DFLASH_CONFIG = "dflash-8gpu"
 

@@ -28,12 +28,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import __version__, deploy
-from orchestrator.answers import LaunchAnswer, RunStatus
+from orchestrator import __version__
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
 from orchestrator.errors import LaunchFailed, OrchError, Refused
-from orchestrator.formats import new_run_id
 from orchestrator.lifecycle.bundle import check_trainer_args, trainer_bundle, trainer_config
 from orchestrator.lifecycle.jobs import (
     NodeStop,
@@ -46,10 +44,13 @@ from orchestrator.lifecycle.jobs import (
 from orchestrator.lifecycle.launch import PhaseCallback, diagnose, parse_env_options
 from orchestrator.lifecycle.preflight import preflight
 from orchestrator.lifecycle.runs import run_args
-from orchestrator.model import Snapshot
 from orchestrator.monitor.state import stepped, target_state
-from orchestrator.secrets import redact, secret_values
-from orchestrator.target import Target, read_answer
+from orchestrator.remote import deploy
+from orchestrator.remote.target import Target, read_answer
+from orchestrator.wire.answers import LaunchAnswer, RunStatus
+from orchestrator.wire.formats import new_run_id
+from orchestrator.wire.model import Snapshot
+from orchestrator.wire.secrets import redact, secret_values
 
 log = logging.getLogger(__name__)
 

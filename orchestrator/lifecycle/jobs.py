@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-from orchestrator.answers import LogAnswer, RunsAnswer, StopAnswer
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
 from orchestrator.errors import OrchError, UsageError
 from orchestrator.lifecycle.bundle import trainer_argv
-from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.wire.answers import LogAnswer, RunsAnswer, StopAnswer
+from orchestrator.wire.quoting import command_line, with_env
 
 T = TypeVar("T")
 

@@ -25,8 +25,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import __version__, deploy
-from orchestrator.answers import LaunchAnswer, RunStatus, StopAnswer
+from orchestrator import __version__
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     LaunchFailed,
@@ -34,7 +33,6 @@ from orchestrator.errors import (
     Refused,
     UsageError,
 )
-from orchestrator.formats import new_run_id, parse_gpu_spec
 from orchestrator.lifecycle.bundle import (
     check_trainer_args,
     configured_command,
@@ -45,8 +43,11 @@ from orchestrator.lifecycle.bundle import (
 from orchestrator.lifecycle.preflight import PreflightRefused, busy_gpus, preflight
 from orchestrator.lifecycle.runs import run_args
 from orchestrator.lifecycle.stop import operator, stop
-from orchestrator.secrets import redact, secret_values
-from orchestrator.target import Target, read_answer
+from orchestrator.remote import deploy
+from orchestrator.remote.target import Target, read_answer
+from orchestrator.wire.answers import LaunchAnswer, RunStatus, StopAnswer
+from orchestrator.wire.formats import new_run_id, parse_gpu_spec
+from orchestrator.wire.secrets import redact, secret_values
 
 log = logging.getLogger(__name__)
 
@@ -138,7 +139,7 @@ def parse_env_options(items: Sequence[str]) -> dict[str, str]:
 def diagnose(lines: Sequence[str], exit_status: int | None) -> str | None:
     """The playbook diagnosis for a dead run: the best log match, else one for the exit code."""
     try:
-        from orchestrator.playbooks import for_exit_code, load_playbooks, match_log
+        from orchestrator.playbooks.loader import for_exit_code, load_playbooks, match_log
 
         books = load_playbooks()
         matches = match_log(lines, books)

@@ -11,14 +11,14 @@ from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator.detect.limits import Limits
+from orchestrator.config.limits import Limits
 from orchestrator.errors import (
     ContainerNotRunning,
     Refused,
 )
 from orchestrator.lifecycle.bundle import DFLASH_CONFIG, DFLASH_CUDA_DEVICES
-from orchestrator.model import Snapshot
-from orchestrator.target import Target, parse_document
+from orchestrator.remote.target import Target, parse_document
+from orchestrator.wire.model import Snapshot
 
 IMPORT_CHECK_TIMEOUT_S = 180.0
 """Importing torch on a cold container can take a minute; a hung import is reported."""
@@ -59,7 +59,7 @@ class PreflightRefused(Refused):
 def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> list[str]:
     """One line per assigned GPU that holds memory above ``busy_mem_mib`` or a compute process.
 
-    >>> from orchestrator.model import GpuSample, GpuProcess
+    >>> from orchestrator.wire.model import GpuSample, GpuProcess
     >>> snap = Snapshot(target="ct", taken_at=0, gpus=(
     ...     GpuSample(index=0, memory_used_mib=0.0, processes=()),
     ...     GpuSample(index=3, memory_used_mib=117000.0, processes=(GpuProcess(pid=41, used_memory_mib=116900.0),))))
@@ -103,8 +103,8 @@ def holders(snapshot: Snapshot, gpus: Sequence[int], limits: Limits) -> list[str
 
     A relaunch waits for this to be empty: never start over a live run (issue 19).
 
-    >>> from orchestrator.model import GpuSample, ProcessInfo, SessionState
-    >>> from orchestrator.detect.limits import Limits
+    >>> from orchestrator.wire.model import GpuSample, ProcessInfo, SessionState
+    >>> from orchestrator.config.limits import Limits
     >>> free = Snapshot("ct", 0.0, gpus=(GpuSample(index=3, utilization_pct=0.0, memory_used_mib=0.0),))
     >>> holders(free, [3], Limits())
     []

@@ -48,8 +48,8 @@ from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
-from orchestrator.playbooks import Playbook
-from orchestrator.secrets import secret_values
+from orchestrator.playbooks.loader import Playbook
+from orchestrator.wire.secrets import secret_values
 
 SETTLE_POLL_S = 1.0
 """Seconds between the ``settle`` action's snapshots."""
@@ -84,7 +84,7 @@ class PlannedStep:
     @property
     def display(self) -> str:
         """The exact command line (quoted by transport.quoting) or ``[orch action] NAME``."""
-        from orchestrator.transport.quoting import command_line, with_env
+        from orchestrator.wire.quoting import command_line, with_env
 
         if self.argv is None:
             more = f" {self.path}" if self.path else ""
@@ -133,7 +133,7 @@ def plan_procedure(pb: Playbook, context: dict[str, Any]) -> list[PlannedStep]:
 
     Raises UsageError for a signature playbook, or a per-GPU step on a target without GPUs.
 
-    >>> from orchestrator.playbooks import get_playbook, load_playbooks
+    >>> from orchestrator.playbooks.loader import get_playbook, load_playbooks
     >>> pb = get_playbook(load_playbooks(), "prewarm-relaunch")
     >>> ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
     ...        "gpus": (5, 6), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}
@@ -461,7 +461,7 @@ def run_procedure(
         OrchError: a step failed (LaunchFailed for launch/verify, exit 1); the message
             names the step. TransportError: unreachable (exit 3).
     """
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     r = _Runner(inventory=inventory, name=target, force=force, echo=echo, by=by,
                 expect_run=expect_run, settle_timeout_s=settle_timeout_s)  # fmt: skip

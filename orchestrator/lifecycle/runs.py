@@ -8,7 +8,6 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from orchestrator.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     ContainerNotFound,
@@ -16,9 +15,10 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.lifecycle.preflight import container_status
-from orchestrator.model import Snapshot
-from orchestrator.target import Target, agent_argv, parse_document, read_answer
-from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.remote.target import Target, agent_argv, parse_document, read_answer
+from orchestrator.wire.answers import LogAnswer, RunsAnswer, run_phase
+from orchestrator.wire.model import Snapshot
+from orchestrator.wire.quoting import command_line, with_env
 
 
 def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> RunsAnswer:

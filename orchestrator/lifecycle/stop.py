@@ -3,12 +3,12 @@ run directory stay (the agent's ``stop`` does the signalling)."""
 
 from __future__ import annotations
 
-from orchestrator.answers import StopAnswer
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
 )
-from orchestrator.target import Target, read_answer
+from orchestrator.remote.target import Target, read_answer
+from orchestrator.wire.answers import StopAnswer
 
 
 def operator() -> str:

@@ -34,9 +34,9 @@ from typing import Any
 
 import tenacity
 
-from orchestrator import secrets as _secrets
-from orchestrator.model import Finding, Severity
 from orchestrator.monitor.history import AlertState
+from orchestrator.wire import secrets as _secrets
+from orchestrator.wire.model import Finding, Severity
 
 log = logging.getLogger(__name__)
 

@@ -31,8 +31,8 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from orchestrator.errors import OrchError
-from orchestrator.model import SchemaError, Severity, Snapshot
 from orchestrator.monitor.journal import JournalEntry
+from orchestrator.wire.model import SchemaError, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -1,5 +1,5 @@
 """The host path: one host document becomes per-container snapshots, so history, detectors,
-views and alerts stay per container (the monitor's half of :mod:`orchestrator.hostlink`).
+views and alerts stay per container (the monitor's half of :mod:`orchestrator.remote.hostlink`).
 
 - :func:`fan_out` gives each container its snapshot: the GPUs it sees (numbered as it
   numbers them, each process named with its container and PID inside), the host's NVML
@@ -25,10 +25,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from orchestrator.config.inventory import Inventory
+from orchestrator.config.limits import Limits
 from orchestrator.detect import host as host_detect
 from orchestrator.detect.base import alive
-from orchestrator.detect.limits import Limits
-from orchestrator.model import (
+from orchestrator.monitor.observe import BACKOFF_CAP_S, reconnecting
+from orchestrator.wire.model import (
     Finding,
     GpuSample,
     HostDocument,
@@ -37,7 +38,6 @@ from orchestrator.model import (
     Severity,
     Snapshot,
 )
-from orchestrator.monitor.observe import BACKOFF_CAP_S, reconnecting
 
 log = logging.getLogger(__name__)
 
@@ -59,7 +59,7 @@ def container_gpus(
     """The host's GPUs a container sees, numbered as it numbers them (0.. in host order),
     each process's container named (``names``: vmid -> hosts.yaml name).
 
-    >>> from orchestrator.model import GpuProcess
+    >>> from orchestrator.wire.model import GpuProcess
     >>> doc = HostDocument("h", 1.0, gpus=(GpuSample(index=2, processes=(GpuProcess(9, vmid=201),)),
     ...                                  GpuSample(index=5)))
     >>> [(g.index, g.host_index) for g in container_gpus(doc, [5], {})]
@@ -259,7 +259,7 @@ class HostFeed:
     def fell_back(self) -> bool:
         """Whether the host turned out unable to run the observer: its containers then go to
         ``fallback`` (observed from inside from now on), once."""
-        from orchestrator.hostlink import observe_path
+        from orchestrator.remote.hostlink import observe_path
 
         if self.fallback is None or not self.names:
             return False
@@ -329,9 +329,9 @@ def read_round(
     """Turn each host's answer (``got[host]``: a :class:`HostDocument` or the exception its
     observation raised) into per-container snapshots; a failed host's containers are
     unreachable with its reason, or fall back to the in-container path when the host cannot
-    run the observer (:func:`~orchestrator.hostlink.observe_path` says so by now)."""
-    from orchestrator.hostlink import observe_path
+    run the observer (:func:`~orchestrator.remote.hostlink.observe_path` says so by now)."""
     from orchestrator.monitor.observe import failure_reason
+    from orchestrator.remote.hostlink import observe_path
 
     out = HostRound()
     for host, names in groups.items():

@@ -30,9 +30,9 @@ from orchestrator.detect.distributed import (
     first_failure,
     link_down_events,
 )
-from orchestrator.model import Finding, HostProbe, KernelEvent, Severity, Snapshot
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.state import stopped_on_request
+from orchestrator.wire.model import Finding, HostProbe, KernelEvent, Severity, Snapshot
 
 STATE_ORDER = (
     "dead", "crashed", "stopped", "unreachable", "stalled", "connecting", "starting", "idle",
@@ -155,7 +155,7 @@ def node_failure(
     """Whether and how ``node`` failed, from its judgement, recent snapshots and its host's
     kernel events (``None``: it has not failed; a stop someone asked for is no failure)."""
     from orchestrator.detect.engine import default_playbooks
-    from orchestrator.playbooks import match_log
+    from orchestrator.playbooks.loader import match_log
 
     snap = judgement.snapshot
     host = container.host

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator.model import Wire
+from orchestrator.wire.model import Wire
 
 ACTIONS = ("wait", "restart", "restarted", "restart-failed", "interrupted", "give-up", "none")
 """Journal actions: the decisions (``wait``, ``restart``, ``give-up``, ``none``) and the

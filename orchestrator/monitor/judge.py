@@ -15,9 +15,9 @@ from dataclasses import dataclass
 
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.detect.engine import run_detectors
-from orchestrator.model import Finding, HostProbe, Severity, Snapshot
 from orchestrator.monitor.state import target_state
-from orchestrator.playbooks import Playbook
+from orchestrator.playbooks.loader import Playbook
+from orchestrator.wire.model import Finding, HostProbe, Severity, Snapshot
 
 DETECT_WINDOW = 16
 """Snapshots per target the detectors see (the newest included): enough for every sample count

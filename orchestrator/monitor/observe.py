@@ -27,8 +27,8 @@ from typing import Any, TypeVar
 import tenacity
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.model import Snapshot
-from orchestrator.target import StreamLost, Target
+from orchestrator.remote.target import StreamLost, Target
+from orchestrator.wire.model import Snapshot
 
 log = logging.getLogger(__name__)
 

@@ -17,8 +17,7 @@ from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.detect.limits import Limits
-from orchestrator.model import HostDocument, Snapshot
+from orchestrator.config.limits import Limits
 from orchestrator.monitor.hostpath import (
     HOST_PREFIX,
     HostFeed,
@@ -32,7 +31,8 @@ from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.judge import Judgement, TargetHistory, with_unreachable
 from orchestrator.monitor.observe import DEFAULT_JOBS, as_snapshot, gather
 from orchestrator.monitor.state import target_state
-from orchestrator.target import Target
+from orchestrator.remote.target import Target
+from orchestrator.wire.model import HostDocument, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +73,7 @@ class Poller:
         self._stop = threading.Event()
         self.groups: dict[str, list[str]] = {}
         if fetch is None:
-            from orchestrator.hostlink import host_groups
+            from orchestrator.remote.hostlink import host_groups
 
             self.groups = host_groups(inventory, self.names)
 
@@ -89,7 +89,7 @@ class Poller:
 
     def stream(self, interval_s: float) -> None:
         """Observe the host-path containers over ONE stream per host from now on (threads)."""
-        from orchestrator.hostlink import HostLink
+        from orchestrator.remote.hostlink import HostLink
 
         items: queue.Queue[tuple[str, Any]] = queue.Queue()
         for host, names in self.groups.items():
@@ -146,7 +146,7 @@ class Poller:
 
     def poll_once(self) -> None:
         """One concurrent round of snapshots, then the judgement; never raises for a target."""
-        from orchestrator.hostlink import HostLink, observe_path
+        from orchestrator.remote.hostlink import HostLink, observe_path
 
         live = {h: ns for h, ns in self.groups.items()
                 if observe_path(self.inventory, self.inventory.container(ns[0])).mode == "host"}  # fmt: skip

@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from orchestrator.detect.base import ended_on_request
-from orchestrator.model import Finding, RunState, Snapshot
+from orchestrator.wire.model import Finding, RunState, Snapshot
 
 # Finding kinds that decide the state outright, strongest first.
 _BY_FINDING = (
@@ -36,7 +36,7 @@ def target_state(
     Findings win over raw readings (the detectors saw the history); without
     one, the snapshot decides. Time comes from the snapshot only.
 
-    >>> from orchestrator.model import RunState, SessionState
+    >>> from orchestrator.wire.model import RunState, SessionState
     >>> target_state(None)
     'connecting'
     >>> target_state(Snapshot.unreachable("ct200", 10.0, "connection refused"))
@@ -95,7 +95,7 @@ def stepped(snap: Snapshot) -> bool:
     written since the previous check (none: no metrics), and a deleted log yields none at
     all, while the pane still shows the run stepping.
 
-    >>> from orchestrator.model import SessionState
+    >>> from orchestrator.wire.model import SessionState
     >>> r = RunState("r1", "/w/runs/r1")
     >>> stepped(Snapshot("ct", 1.0, run=r, session=SessionState("t", True, pane_tail=("step=4 loss=2",))))
     True

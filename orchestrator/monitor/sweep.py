@@ -22,7 +22,6 @@ from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.detect.engine import default_playbooks
-from orchestrator.model import Finding, HostProbe, Severity, Snapshot
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import History
 from orchestrator.monitor.hostpath import (
@@ -44,7 +43,8 @@ from orchestrator.monitor.observe import (
     select_jobs,
     select_targets,
 )
-from orchestrator.target import Host, Target
+from orchestrator.remote.target import Host, Target
+from orchestrator.wire.model import Finding, HostProbe, Severity, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -77,7 +77,7 @@ class CheckReport:
 def nagios_status(results: Sequence[Judgement], extra: Iterable[Finding] = ()) -> int:
     """0/1/2/3 from the targets' findings; 3 when there are none or none answered.
 
-    >>> from orchestrator.model import Finding, Severity
+    >>> from orchestrator.wire.model import Finding, Severity
     >>> up = Snapshot("a", 1.0)
     >>> down = Snapshot.unreachable("b", 1.0, "refused")
     >>> nagios_status([Judgement("a", up, "idle")])
@@ -139,12 +139,12 @@ def run_check(
 ) -> CheckReport:
     """Snapshot, judge, alert, remember. Raises ``HistoryError`` when the database is unusable.
 
-    Containers observed from their host (:func:`~orchestrator.hostlink.host_groups`) take one
+    Containers observed from their host (:func:`~orchestrator.remote.hostlink.host_groups`) take one
     ``host-observe`` call per host; the others one in-container snapshot each plus one probe
     per host. ``fetch`` stands in for every target's snapshot (tests feed a recorded history
     through it).
     """
-    from orchestrator.hostlink import HostLink, host_groups
+    from orchestrator.remote.hostlink import HostLink, host_groups
 
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
@@ -326,7 +326,7 @@ def _host_results(
     hosted: HostRound, probes: dict[str, HostProbe], findings: Sequence[Finding], now: float
 ) -> list[Judgement]:
     """One judgement per host with events no container owns (or no container's finding shows)."""
-    from orchestrator.detect.limits import Limits
+    from orchestrator.config.limits import Limits
 
     shown = owned_lines(findings)
     events = {h: list(evs) for h, evs in hosted.host_events.items()}
@@ -352,7 +352,7 @@ def _since(probe: HostProbe, raw: str | None, started: float) -> HostProbe:
 def playbook_titles() -> dict[str, str]:
     """Playbook id -> title; empty when the playbooks cannot be loaded (the ids still show)."""
     try:
-        from orchestrator.playbooks import load_playbooks
+        from orchestrator.playbooks.loader import load_playbooks
 
         return {p.id: p.title for p in load_playbooks()}
     except Exception as exc:  # noqa: BLE001 - a view must not die on a playbook problem

@@ -6,7 +6,7 @@ log's last lines read from the end, the last pane screen kept by
 ``remain-on-exit``, the flight recorder's ``gpu.jsonl``, ``metrics.jsonl``),
 one ``snapshot`` (the GPUs and processes now), and from the Proxmox host
 ``pct status``, the kernel log since the launch and its parsed events
-(:meth:`orchestrator.target.Host.probe`). The bundle (:func:`write_bundle`).
+(:meth:`orchestrator.remote.target.Host.probe`). The bundle (:func:`write_bundle`).
 
 Judgement is pure and lives in :mod:`orchestrator.postmortem.verdict` (history
 reconstruction, OOM matching, :func:`~orchestrator.postmortem.verdict.decide` and its
@@ -27,12 +27,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import paths
-from orchestrator.answers import EvidenceAnswer
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
-from orchestrator.formats import parse_pct_status
-from orchestrator.model import HostProbe, RunManifest, SchemaError, Snapshot
 from orchestrator.postmortem.evidence import Evidence, final_snapshot, reconstruct_history
 from orchestrator.postmortem.verdict import (
     HEALTHY,
@@ -46,8 +42,12 @@ from orchestrator.postmortem.verdict import (
     our_oom_kills,
     run_pids_and_names,
 )
-from orchestrator.secrets import mask_env, redact, redact_tree, secret_values
-from orchestrator.target import read_answer
+from orchestrator.remote.target import read_answer
+from orchestrator.wire import paths
+from orchestrator.wire.answers import EvidenceAnswer
+from orchestrator.wire.formats import parse_pct_status
+from orchestrator.wire.model import HostProbe, RunManifest, SchemaError, Snapshot
+from orchestrator.wire.secrets import mask_env, redact, redact_tree, secret_values
 
 __all__ = [
     "HEALTHY",
@@ -124,7 +124,7 @@ def collect(
         UsageError: ``run_id`` does not exist (exit 2).
         TransportError: the host or container cannot be reached (exit 3).
     """
-    from orchestrator.target import Host, Target
+    from orchestrator.remote.target import Host, Target
     from orchestrator.transport.connect import host_transport
 
     tgt = target or Target(inventory, name)

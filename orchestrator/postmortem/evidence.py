@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from orchestrator.detect.host import OOM_WINDOW_S as OOM_WINDOW_S  # re-exported
-from orchestrator.model import (
+from orchestrator.wire.model import (
     GpuSample,
     HostProbe,
     Metrics,

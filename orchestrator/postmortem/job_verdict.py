@@ -30,9 +30,9 @@ from orchestrator.detect.distributed import (
     first_failure,
     link_down_events,
 )
-from orchestrator.model import KernelEvent, Severity
 from orchestrator.postmortem.evidence import Evidence
 from orchestrator.postmortem.verdict import Postmortem
+from orchestrator.wire.model import KernelEvent, Severity
 
 REMEDY = {
     "container-stopped": (
@@ -187,7 +187,7 @@ class JobPostmortem:
 
 def node_failure(report: NodeReport, playbooks: Sequence[Any]) -> NodeFailure | None:
     """How ``report``'s node failed, on orch's clock (``None``: it did not)."""
-    from orchestrator.playbooks import match_log
+    from orchestrator.playbooks.loader import match_log
 
     ev, node, host = report.evidence, report.node, report.host
     vmid = report.vmid

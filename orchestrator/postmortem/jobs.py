@@ -18,7 +18,6 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from orchestrator import paths
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
 from orchestrator.errors import OrchError, Refused
@@ -33,6 +32,7 @@ from orchestrator.postmortem.job_verdict import (
     timeline,
 )
 from orchestrator.postmortem.verdict import judge
+from orchestrator.wire import paths
 
 CLOCK_SAMPLES = 3
 

@@ -6,7 +6,7 @@ kernel log) and writes the bundle; everything here is a function of that evidenc
 The flight recorder is turned back into a snapshot history
 (:func:`reconstruct_history`) and fed with the final state to
 :func:`orchestrator.detect.engine.run_detectors`; the log tail and the pane go
-through :func:`orchestrator.playbooks.match_log`; :func:`decide` picks the
+through :func:`orchestrator.playbooks.loader.match_log`; :func:`decide` picks the
 verdict with this precedence: container stopped > OOM killer (exit 137 and a
 kernel OOM line for the run's pid or process) > stopped on purpose (``orch stop``
 left ``stop_requested`` before signalling, and the run ended after it) > a known
@@ -22,22 +22,22 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.base import ended_on_request, fmt_time, signal_name
 from orchestrator.detect.host import OOM_WINDOW_S as OOM_WINDOW_S  # re-exported
 from orchestrator.detect.host import oom_kills_of_run
 from orchestrator.detect.host import run_pids_and_names as history_pids_and_names
-from orchestrator.detect.limits import Limits
-from orchestrator.matching import CERTAIN, PROBABLE
-from orchestrator.model import (
+from orchestrator.monitor.journal import JournalEntry
+from orchestrator.playbooks.loader import Match, Playbook, match_log
+from orchestrator.playbooks.matching import CERTAIN, PROBABLE
+from orchestrator.postmortem.evidence import Evidence, reconstruct_history
+from orchestrator.wire.model import (
     Finding,
     HostProbe,
     KernelEvent,
     Severity,
     Snapshot,
 )
-from orchestrator.monitor.journal import JournalEntry
-from orchestrator.playbooks import Match, Playbook, match_log
-from orchestrator.postmortem.evidence import Evidence, reconstruct_history
 
 HEALTHY = "healthy"
 """Verdict kind of a run that is alive with no problem (not a finding kind: nothing died)."""
@@ -266,7 +266,7 @@ def _remedy(pbs: Sequence[Playbook], pid: str | None) -> tuple[str, ...]:
 def _what(ev: Evidence) -> str:
     """``run ID (command)``, the command without its leading ``env K=V`` words, cut at 80.
 
-    >>> from orchestrator.model import RunManifest
+    >>> from orchestrator.wire.model import RunManifest
     >>> m = RunManifest("r1", "env PYTHONPATH=/x/.orch/trainer-1 python3 -m trainer", "/w", "t", 0.0)
     >>> _what(Evidence("ct200", 0.0, run_id="r1", manifest=m))
     'run r1 (python3 -m trainer)'

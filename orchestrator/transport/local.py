@@ -16,9 +16,9 @@ import time
 from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandTimeout, OutputTooLarge
-from orchestrator.paths import atomic_write
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.transport.quoting import command_line
+from orchestrator.wire.paths import atomic_write
+from orchestrator.wire.quoting import command_line
 
 STDERR_TAIL_BYTES = 64 * 1024
 READ_CHUNK = 65536

@@ -13,7 +13,7 @@ RESTEnvironment.pm, lxc-attach) handled here:
   under ``env -i`` with an explicit environment, :data:`BASE_ENV` under the
   container's ``env`` from hosts.yaml under the call's own; that ``env -i K=V`` is
   argv, which ``ps`` shows to everyone on the host and in the container, so
-  secret-looking names (:func:`~orchestrator.secrets.is_secret_name`) are left out
+  secret-looking names (:func:`~orchestrator.wire.secrets.is_secret_name`) are left out
   of it: they reach a run only through ``orch launch``'s stdin;
 - exit codes pass through, 128+N for a signal; pct's own failures are a Perl ``die``
   whose exit status is ``$!`` when set (2 for a missing config) else 255, so they
@@ -36,10 +36,10 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
-from orchestrator.formats import parse_pct_status
-from orchestrator.secrets import is_secret_name
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.wire.formats import parse_pct_status
+from orchestrator.wire.quoting import command_line, with_env
+from orchestrator.wire.secrets import is_secret_name
 
 HOST_TMP_DIR = "/tmp"
 # what every command in a container gets (a Debian root login's PATH), before hosts.yaml's env

@@ -48,8 +48,8 @@ from orchestrator.errors import (
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.known_hosts import check_host_key, fingerprint, known_entries
 from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
-from orchestrator.transport.quoting import command_line, with_env
 from orchestrator.transport.ssh_config import Endpoint, parse_jump, resolve
+from orchestrator.wire.quoting import command_line, with_env
 
 log = logging.getLogger(__name__)
 

@@ -8,15 +8,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from orchestrator.model import Finding, Severity
 from orchestrator.monitor.jobs import finding_dict
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
+from orchestrator.wire.model import Finding, Severity
 
 
 def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[str]:
     """The human output: a Nagios status line, then one line per problem.
 
-    >>> from orchestrator.model import Finding, Snapshot
+    >>> from orchestrator.wire.model import Finding, Snapshot
     >>> from orchestrator.monitor.judge import Judgement
     >>> from orchestrator.monitor.sweep import CRITICAL
     >>> r = Judgement("ct200", Snapshot("ct200", 0.0), "running", (
@@ -94,7 +94,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
 def redact_report(doc: Any, containers: Iterable[Any], extra: set[str] | None = None) -> Any:
     """``doc`` with secret-looking env values (ours and the containers') masked."""
     from orchestrator.monitor import alerts
-    from orchestrator.secrets import redact_tree
+    from orchestrator.wire.secrets import redact_tree
 
     secrets = alerts.environment_secrets([getattr(c, "env", {}) for c in containers])
     return redact_tree(doc, secrets | (extra or set()))

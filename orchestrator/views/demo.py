@@ -12,8 +12,8 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.model import Finding, Snapshot
 from orchestrator.views.launch import PhaseProgress
+from orchestrator.wire.model import Finding, Snapshot
 
 _MARK = {"ok": ("✓", "green"), "fail": ("✗", "bold red")}
 _SEVERITY = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "blue"}
@@ -65,7 +65,7 @@ class RichDemoUI:
         Every snapshot goes to ``on_snapshot`` first; once it answers True the view
         stays :data:`SHOW_AFTER_FOUND_S` longer and ends.
         """
-        from orchestrator.target import Target
+        from orchestrator.remote.target import Target
         from orchestrator.views.watch_loop import watch
 
         stop = threading.Event()

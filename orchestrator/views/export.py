@@ -39,7 +39,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
     GPUs of an unreachable target are left out (no data is not zero);
     ``orch_target_reachable`` says why.
 
-    >>> from orchestrator.model import GpuSample, Snapshot
+    >>> from orchestrator.wire.model import GpuSample, Snapshot
     >>> s = Snapshot("ct200", 1.0, gpus=(GpuSample(3, "GPU-3", "H200", 100.0, 0.0, 143771.0),))
     >>> fams = {f.name: f for f in families([Judgement("ct200", s, "idle", host="pve1")])}
     >>> [(x.labels["gpu"], x.value) for x in fams["DCGM_FI_DEV_FB_FREE"].samples]

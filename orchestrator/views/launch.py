@@ -11,7 +11,7 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
-from orchestrator.answers import RunsAnswer
+from orchestrator.wire.answers import RunsAnswer
 
 _MARK = {"ok": "[green]✓[/]", "fail": "[bold red]✗[/]", "skip": "[dim]–[/]"}
 

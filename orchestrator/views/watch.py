@@ -15,11 +15,11 @@ from collections.abc import Mapping, Sequence
 from rich.console import Group, RenderableType
 from rich.text import Text
 
-from orchestrator.model import Finding, GpuSample, Severity
 from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.journal import summary
 from orchestrator.views.watch_model import TargetView, WatchModel
+from orchestrator.wire.model import Finding, GpuSample, Severity
 
 log = logging.getLogger(__name__)
 
@@ -405,7 +405,7 @@ def host_lines(model: WatchModel, titles: Mapping[str, str]) -> list[Text]:
 def plain_host_line(hv: HostView, *, now: float, titles: Mapping[str, str] | None = None) -> str:
     """``--plain``'s line for a host's own findings.
 
-    >>> from orchestrator.model import Finding, Severity
+    >>> from orchestrator.wire.model import Finding, Severity
     >>> f = Finding("xid", Severity.CRITICAL, "host:pve1", "Xid 79", playbook="gpu-fallen-off-bus")
     >>> plain_host_line(HostView("pve1", findings=(f,)), now=0.0)[9:]
     'host:pve1 CRITICAL:xid Xid 79'

@@ -35,12 +35,11 @@ from typing import Any
 from rich.console import Console, RenderableType
 
 from orchestrator.config.inventory import Inventory
-from orchestrator.model import Snapshot
 from orchestrator.monitor.history import read_journal
 from orchestrator.monitor.hostpath import HOST_PREFIX, HostFeed, HostView, pump_host
 from orchestrator.monitor.observe import Connect, pump, select_jobs, select_targets
 from orchestrator.monitor.sweep import playbook_titles
-from orchestrator.target import Target
+from orchestrator.remote.target import Target
 from orchestrator.views.watch import (
     job_plain_line,
     plain_host_line,
@@ -49,6 +48,7 @@ from orchestrator.views.watch import (
     render_detail,
 )
 from orchestrator.views.watch_model import Judge, TargetView, WatchModel
+from orchestrator.wire.model import Snapshot
 
 JOURNAL = "\x00journal"
 """The queue's name for a restart-journal update: the item is ``(target, entries)``."""
@@ -223,7 +223,7 @@ def start_host_streams(
 ) -> set[str]:
     """One stream per host for its containers observed from the host; their names. A host
     that cannot run the observer hands its containers to ``inside`` (one stream each)."""
-    from orchestrator.hostlink import HostLink, host_groups
+    from orchestrator.remote.hostlink import HostLink, host_groups
 
     on_host: set[str] = set()
     for host, group in host_groups(inventory, names).items():

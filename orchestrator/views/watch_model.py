@@ -15,12 +15,12 @@ from typing import Any
 
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.config.jobs import JobConfig
-from orchestrator.model import Finding, Snapshot
 from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
 from orchestrator.monitor.state import target_state
+from orchestrator.wire.model import Finding, Snapshot
 
 log = logging.getLogger(__name__)
 

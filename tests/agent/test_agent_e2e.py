@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import deploy
 from orchestrator.config.inventory import load_inventory
 from orchestrator.monitor import observe
+from orchestrator.remote import deploy
+from orchestrator.remote.target import Host, Target
 from orchestrator.sandbox import manager
 from orchestrator.sandbox.kernel import append_kernel_line
-from orchestrator.target import Host, Target
 from tests.agent.test_agent_local import SCENARIO_NAMES, _check_gpus, _write_lines
 from tests.helpers import wait_for
 

@@ -12,13 +12,13 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import deploy
 from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
 from orchestrator.agent.procs import alive, zombie_exit
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.errors import AgentError, AgentProtocolError
 from orchestrator.monitor import observe
-from orchestrator.target import Target
+from orchestrator.remote import deploy
+from orchestrator.remote.target import Target
 from tests.agent.conftest import SCENARIOS, AgentEnv
 from tests.helpers import wait_for
 

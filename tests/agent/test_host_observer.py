@@ -1,4 +1,4 @@
-"""The host observer on real LXC containers (orchestrator/agent/host.py, orchestrator/hostlink.py).
+"""The host observer on real LXC containers (orchestrator/agent/host.py, orchestrator/remote/hostlink.py).
 
 A private sandbox (two LXC containers, 8 GPUs) because these tests stop, delete and restart
 containers. What is checked: one document covers both containers as their in-container
@@ -59,13 +59,13 @@ def orch(info, *args: str, timeout_s: float = 120) -> subprocess.CompletedProces
 
 
 def observe(info, *names: str):
-    from orchestrator.hostlink import HostLink
+    from orchestrator.remote.hostlink import HostLink
 
     return HostLink(inventory(info), "sandbox", list(names or ("ct200", "ct201"))).observe()
 
 
 def launch(info, name: str, cmd: str = LOOP) -> str:
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     inv = inventory(info)
     c = inv.container(name)
@@ -109,7 +109,7 @@ def gpu3_held_by(info, pid: int, used_mib: float = 0.0) -> None:
 
 
 def test_one_document_covers_every_container_as_it_sees_itself(ct) -> None:
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     run_id = launch(ct, "ct200")
     wait_for(lambda: "step=3" in (ct.workdir("ct200") / "runs" / run_id / "train.log").read_text(),
@@ -145,7 +145,7 @@ def test_gpu_processes_are_mapped_to_their_container_and_pid_inside(ct) -> None:
 
 def test_a_host_pid_colliding_inside_is_named_from_the_host(ct) -> None:
     """NVML inside gives host PIDs; one that is another process inside must not take its name."""
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     inner_pids = {Path(f"/proc/{h}/status").read_text().split("NSpid:")[1].split()[-1]: h
                   for h in ct.container_pids("ct200")}  # fmt: skip
@@ -168,7 +168,7 @@ def test_a_host_pid_colliding_inside_is_named_from_the_host(ct) -> None:
 
 def ghosts(info, db: Path) -> dict[str, list[dict]]:
     """Ghost findings by target after as many checks as the detector needs samples."""
-    from orchestrator.detect.limits import Limits
+    from orchestrator.config.limits import Limits
 
     for _ in range(Limits().ghost_samples):
         doc = json.loads(orch(info, "check", "--json", "--db", str(db)).stdout)
@@ -262,7 +262,7 @@ def test_planted_symlinks_leak_no_host_byte(ct, tmp_path) -> None:
 
 
 def test_a_container_stopped_deleted_or_restarted_mid_stream(ct) -> None:
-    from orchestrator.hostlink import HostLink, HostStreamLost
+    from orchestrator.remote.hostlink import HostLink, HostStreamLost
     from orchestrator.sandbox import manager
 
     link = HostLink(inventory(ct), "sandbox", ["ct200", "ct201"])

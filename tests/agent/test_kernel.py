@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from orchestrator.agent.host import owner_of_event
 from orchestrator.agent.kernel import KernelParser, parse_kernel_log
-from orchestrator.model import GpuProcess, GpuSample, KernelEvent
+from orchestrator.wire.model import GpuProcess, GpuSample, KernelEvent
 
 NOTICE_ONE_RECORD = [
     "1796000000.500000 pve1 kernel: NVRM: The NVIDIA GPU 0000:b3:00.0",

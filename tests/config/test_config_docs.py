@@ -6,8 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+from orchestrator.config.limits import Limits
 from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, schema_markdown
-from orchestrator.detect.limits import Limits
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "hosts-yaml.md"
 

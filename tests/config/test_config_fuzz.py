@@ -17,10 +17,10 @@ from hypothesis import strategies as st
 
 from orchestrator.cli import run
 from orchestrator.config.inventory import Inventory, load_inventory, parse_inventory
+from orchestrator.config.limits import Limits
 from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError
-from orchestrator.transport.quoting import command_line, with_env
+from orchestrator.wire.quoting import command_line, with_env
 
 FUZZ = settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 

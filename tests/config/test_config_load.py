@@ -11,8 +11,8 @@ import pytest
 
 from orchestrator.cli import run
 from orchestrator.config.inventory import LOCAL, find_config, load_inventory, parse_inventory
+from orchestrator.config.limits import Limits
 from orchestrator.config.restart import RestartPolicy
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 
 REPO = Path(__file__).resolve().parents[2]

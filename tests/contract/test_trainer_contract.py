@@ -43,9 +43,9 @@ import yaml
 
 from orchestrator.agent.metrics import MetricParser
 from orchestrator.cli import run as orch_run
-from orchestrator.model import Finding, Snapshot
 from orchestrator.monitor import observe
-from orchestrator.playbooks import load_playbooks, match_log
+from orchestrator.playbooks.loader import load_playbooks, match_log
+from orchestrator.wire.model import Finding, Snapshot
 from tests.helpers import wait_for
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -53,7 +53,7 @@ DOC = ROOT / "docs" / "trainer.md"
 TINY = ROOT / "trainer" / "configs" / "tiny-cpu.yaml"
 SESSION = "contract"
 
-# Short thresholds for the test inventory (seconds; see orchestrator/detect/limits.py).
+# Short thresholds for the test inventory (seconds; see orchestrator/config/limits.py).
 THRESHOLDS: dict[str, Any] = {
     "stall_timeout_s": 8,
     "throughput_samples": 3,
@@ -261,10 +261,10 @@ def _inventory(path: Path) -> Any:
 
 def fault_command(inventory: Any, name: str, faults: list[str]) -> str:
     """The bundled trainer (deployed to ``name``) with ``faults``, into orch's run directory."""
-    from orchestrator import deploy
     from orchestrator.lifecycle import bundle
-    from orchestrator.target import Target
-    from orchestrator.transport.quoting import command_line, with_env
+    from orchestrator.remote import deploy
+    from orchestrator.remote.target import Target
+    from orchestrator.wire.quoting import command_line, with_env
 
     tgt = Target(inventory, name)
     c = tgt.container
@@ -326,7 +326,7 @@ class FaultRuns:
 def fault_runs(contract_config: Path, orch: Callable[..., tuple[int, str]],
                sandbox: Any) -> Iterator[FaultRuns]:  # fmt: skip
     """Start every fault run at once (``--no-verify``), and watch the drift run's stream."""
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     inventory = _inventory(contract_config)
     launched: dict[str, dict[str, Any]] = {}
@@ -392,7 +392,7 @@ def test_launch_default_bundled_trainer_is_verified_and_snapshot_reads_its_log(
     fault_runs: FaultRuns,
     sandbox: Any,
 ) -> None:
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
 
     code, out = orch("launch", "ct200", "--name", "default", "--json")
     try:

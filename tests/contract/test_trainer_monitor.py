@@ -11,12 +11,12 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.engine import run_detectors
-from orchestrator.detect.limits import Limits
-from orchestrator.model import GpuSample, ProcessInfo, RunManifest, Snapshot
-from orchestrator.playbooks import load_playbooks, match_log
+from orchestrator.playbooks.loader import load_playbooks, match_log
 from orchestrator.postmortem.evidence import Evidence
 from orchestrator.postmortem.verdict import judge
+from orchestrator.wire.model import GpuSample, ProcessInfo, RunManifest, Snapshot
 
 CASES = Path(__file__).resolve().parents[1] / "detect"
 T0 = 1_700_000_000.0

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import pytest
 
+from orchestrator.config.limits import Limits
 from orchestrator.detect.engine import KIND_ORDER, run_detectors
-from orchestrator.detect.limits import Limits
-from orchestrator.model import HostProbe, Snapshot
+from orchestrator.wire.model import HostProbe, Snapshot
 
 HERE = Path(__file__).parent
 CASES = sorted(HERE.glob("*/*.json"))

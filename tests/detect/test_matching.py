@@ -10,8 +10,8 @@ import pytest
 
 from orchestrator.cli import run as orch
 from orchestrator.errors import ConfigError
-from orchestrator.matching import LogMatcher, iter_log_lines, match_log, trie_regex
-from orchestrator.playbooks import load_playbooks, parse_playbook
+from orchestrator.playbooks.loader import load_playbooks, parse_playbook
+from orchestrator.playbooks.matching import LogMatcher, iter_log_lines, match_log, trie_regex
 
 STACK = """\
 id: two-frames

@@ -10,11 +10,18 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run as orch
+from orchestrator.config.limits import Limits
 from orchestrator.detect.engine import run_detectors
-from orchestrator.detect.limits import Limits
 from orchestrator.errors import ConfigError, UsageError
 from orchestrator.lifecycle.procedures import plan_procedure
-from orchestrator.model import (
+from orchestrator.playbooks.loader import (
+    get_playbook,
+    iter_log_lines,
+    load_playbooks,
+    match_log,
+    parse_playbook,
+)
+from orchestrator.wire.model import (
     GpuSample,
     Metrics,
     ProcessInfo,
@@ -23,13 +30,6 @@ from orchestrator.model import (
     SessionState,
     Severity,
     Snapshot,
-)
-from orchestrator.playbooks import (
-    get_playbook,
-    iter_log_lines,
-    load_playbooks,
-    match_log,
-    parse_playbook,
 )
 from tests.detect.corpus import FAMILIES, Case, load_corpus, score
 

@@ -326,8 +326,8 @@ def test_python_39_on_the_host_warns_and_the_probe_says_why(
     swapped for one that says 3.9.2."""
     from orchestrator.config.inventory import load_inventory
     from orchestrator.errors import AgentError
+    from orchestrator.remote.target import Host
     from orchestrator.sandbox import manager
-    from orchestrator.target import Host
     from orchestrator.transport.connect import close_all
 
     state = tmp_path / "sb"

@@ -26,9 +26,9 @@ from orchestrator.heal.decide import (
     should_record,
 )
 from orchestrator.heal.healer import restart_rules
-from orchestrator.model import Finding, Snapshot
 from orchestrator.monitor.journal import JournalEntry
-from orchestrator.playbooks import load_playbooks
+from orchestrator.playbooks.loader import load_playbooks
+from orchestrator.wire.model import Finding, Snapshot
 
 HERE = Path(__file__).parent / "cases"
 CASES = sorted(HERE.glob("*/*.json"))

@@ -16,7 +16,7 @@ from orchestrator.heal.docs import policy_table, retryable_table
 from orchestrator.heal.healer import notification
 from orchestrator.monitor.alerts import payload
 from orchestrator.monitor.journal import JournalEntry
-from orchestrator.playbooks import load_playbooks
+from orchestrator.playbooks.loader import load_playbooks
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "self-healing.md"
 

@@ -7,17 +7,6 @@ import pytest
 
 from orchestrator.config.inventory import parse_inventory
 from orchestrator.detect.engine import default_playbooks
-from orchestrator.model import (
-    Finding,
-    HostProbe,
-    KernelEvent,
-    Metrics,
-    RunManifest,
-    RunState,
-    SessionState,
-    Severity,
-    Snapshot,
-)
 from orchestrator.monitor.jobs import judge_job, worst_state
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.sweep import CRITICAL, nagios_status
@@ -31,6 +20,17 @@ from orchestrator.postmortem.job_verdict import (
 )
 from orchestrator.postmortem.jobs import measure_offset
 from orchestrator.postmortem.verdict import judge
+from orchestrator.wire.model import (
+    Finding,
+    HostProbe,
+    KernelEvent,
+    Metrics,
+    RunManifest,
+    RunState,
+    SessionState,
+    Severity,
+    Snapshot,
+)
 
 INV = parse_inventory(
     "hosts: {pve1: {address: 10.1.2.6}, pve2: {address: 10.1.2.7}}\n"

@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from orchestrator.agent import rundir
-from orchestrator.answers import EvidenceAnswer
 from orchestrator.postmortem import collect as postmortem
 from orchestrator.postmortem.verdict import judge
 from orchestrator.views.postmortem import html, markdown
+from orchestrator.wire.answers import EvidenceAnswer
 from tests.helpers import wait_for
 from tests.launch.conftest import LocalAgent
 

@@ -328,7 +328,7 @@ def test_answers_stay_bounded_after_a_huge_first_line(local_agent: LocalAgent) -
     """A 16 MB line (no newline for 16 MB) before ``launch`` answers: every answer that
     carries run output stays small and parses on the operator's side (it was 12.4 MB once,
     over ``parse_document``'s 8 MiB, and ``Target.agent`` raised a protocol error)."""
-    from orchestrator.target import parse_document
+    from orchestrator.remote.target import parse_document
 
     huge = 16_000_000
     cmd = f"head -c {huge} /dev/zero | tr '\\0' x; echo; echo after-huge"

@@ -11,12 +11,12 @@ import sys
 from rich.console import Console
 
 from orchestrator.config.inventory import ContainerConfig
+from orchestrator.config.limits import Limits
 from orchestrator.detect.engine import run_detectors
-from orchestrator.detect.limits import Limits
 from orchestrator.lifecycle.runs import summarize
-from orchestrator.model import Snapshot
 from orchestrator.monitor.state import target_state
 from orchestrator.views.launch import status_table
+from orchestrator.wire.model import Snapshot
 from tests.launch.conftest import LocalAgent
 
 

@@ -17,12 +17,12 @@ from pathlib import Path
 import pytest
 
 from orchestrator.config.inventory import LOCAL, ContainerConfig, Inventory
-from orchestrator.detect.limits import Limits
-from orchestrator.model import Snapshot
+from orchestrator.config.limits import Limits
 from orchestrator.monitor import sweep
 from orchestrator.monitor.history import History
 from orchestrator.monitor.poller import Poller
 from orchestrator.views import check, export, watch, watch_model
+from orchestrator.wire.model import Snapshot
 
 CASES_DIR = Path(__file__).resolve().parents[1] / "detect"
 CASES = [

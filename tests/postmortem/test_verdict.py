@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator.model import (
+from orchestrator.postmortem.evidence import Evidence
+from orchestrator.postmortem.verdict import HEALTHY, STOPPED, judge
+from orchestrator.wire.model import (
     GpuSample,
     HostProbe,
     KernelEvent,
@@ -12,8 +14,6 @@ from orchestrator.model import (
     RunManifest,
     Severity,
 )
-from orchestrator.postmortem.evidence import Evidence
-from orchestrator.postmortem.verdict import HEALTHY, STOPPED, judge
 
 T0 = 1_700_000_000.0
 FX = (
@@ -105,7 +105,7 @@ def test_finished_run_with_a_ghost_gpu_is_ghost() -> None:
     assert judge(ev).verdict.kind == "finished", "the final state has no GPU reading"
     from dataclasses import replace
 
-    from orchestrator.model import Snapshot
+    from orchestrator.wire.model import Snapshot
 
     final = Snapshot(
         target="ct200", taken_at=T0 + 100, gpus=(GpuSample.from_dict(_gpu(3, 100, 0)),)
@@ -117,7 +117,7 @@ def test_finished_run_with_a_ghost_gpu_is_ghost() -> None:
 @pytest.mark.parametrize("code", [0, None])
 def test_alive_or_finished_without_problems(code: int | None) -> None:
     alive = ProcessInfo(pid=4242, ppid=1, name="python3", state="S")
-    from orchestrator.model import Snapshot
+    from orchestrator.wire.model import Snapshot
 
     final = Snapshot(target="ct200", taken_at=T0 + 100, processes=(alive,))
     ev = _evidence(exit_status=code, run_state="running" if code is None else "exited",

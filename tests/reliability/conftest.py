@@ -158,7 +158,7 @@ class Fleet:
 
     def agent_launch(self, container: str = "ct200", cmd: str = TRAINER) -> str:
         """Start ``cmd`` as a run through the agent (no preflight, no recorder); its run id."""
-        from orchestrator.target import Target
+        from orchestrator.remote.target import Target
 
         inv = self.inventory()
         c = inv.container(container)

@@ -80,11 +80,11 @@ _MEASURE = textwrap.dedent(
     from pathlib import Path
     from orchestrator.config.inventory import load_inventory
     from orchestrator.errors import OrchError
-    from orchestrator.hostlink import HostLink
-    from orchestrator.target import Target
+    from orchestrator.remote.hostlink import HostLink
+    from orchestrator.remote.target import Target
     inv = load_inventory(Path(sys.argv[1]))
     if sys.argv[2] == "host":
-        from orchestrator import deploy
+        from orchestrator.remote import deploy
         t = HostLink(inv, "sandbox", ["ct200"])
         h = inv.hosts["sandbox"]
         deploy.ensure_agent(t.transport, h.agent_dir, h.host_python)  # deploy first
@@ -212,7 +212,7 @@ diagnosis: |
 )
 def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
     from orchestrator.errors import ConfigError
-    from orchestrator.playbooks import load_playbooks
+    from orchestrator.playbooks.loader import load_playbooks
 
     d = tmp_path / "pb"
     d.mkdir()
@@ -254,8 +254,8 @@ def test_hostile_script_passes_deploy_through(hostile):
     config, mode_file, path = hostile
     mode_file.write_text("")
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.hostlink import HostLink
-    from orchestrator.target import Target
+    from orchestrator.remote.hostlink import HostLink
+    from orchestrator.remote.target import Target
 
     inv = load_inventory(Path(config))
     if path == "host":

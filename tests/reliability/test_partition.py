@@ -141,7 +141,7 @@ def _settled(
 )
 def test_partition_declared_unreachable(ns_host, fleet, observe):
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
     from orchestrator.transport.connect import close_all
 
     inv = load_inventory(ns_host.config)
@@ -174,7 +174,7 @@ def test_partition_declared_unreachable(ns_host, fleet, observe):
 )
 def test_partition_cycles_leak_nothing(ns_host, observe):
     from orchestrator.config.inventory import load_inventory
-    from orchestrator.target import Target
+    from orchestrator.remote.target import Target
     from orchestrator.transport.pct import PctTransport
     from orchestrator.transport.ssh import SshTransport
 

@@ -11,14 +11,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import deploy, formats, paths, secrets
 from orchestrator.config.inventory import ContainerConfig
 from orchestrator.detect import base
 from orchestrator.errors import UsageError
-from orchestrator.model import RunState, Snapshot
 from orchestrator.monitor.state import stopped_on_request, target_state
 from orchestrator.postmortem.evidence import Evidence
 from orchestrator.postmortem.verdict import stop_was_requested
+from orchestrator.remote import deploy
+from orchestrator.wire import formats, paths, secrets
+from orchestrator.wire.model import RunState, Snapshot
 
 ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
@@ -34,7 +35,7 @@ def _defining(pattern: str) -> list[str]:
 
 
 def test_gpu_lists_are_parsed_in_one_place_with_the_cap() -> None:
-    assert _defining(r"^def parse_gpu(s|_spec|_list)?\b") == ["orchestrator/formats.py"]
+    assert _defining(r"^def parse_gpu(s|_spec|_list)?\b") == ["orchestrator/wire/formats.py"]
     from orchestrator.lifecycle.launch import resolve_gpus
 
     ct = ContainerConfig(name="ct", host="h", gpus={"target": (0, 1)})
@@ -71,16 +72,16 @@ def test_stopped_on_request_is_one_rule(ended: float | None, stopped: bool) -> N
 
 
 def test_secret_masking_ships_to_the_agent() -> None:
-    assert _defining(r"^SECRET_WORDS\b") == ["orchestrator/secrets.py"]
-    assert _defining(r"^def redact_tree\b|^def redact\(") == ["orchestrator/secrets.py"]
+    assert _defining(r"^SECRET_WORDS\b") == ["orchestrator/wire/secrets.py"]
+    assert _defining(r"^def redact_tree\b|^def redact\(") == ["orchestrator/wire/secrets.py"]
     from orchestrator.agent import runs
 
     assert runs.mask_env is secrets.mask_env
-    assert "orchestrator/secrets.py" in deploy.build_bundle().files
+    assert "orchestrator/wire/secrets.py" in deploy.build_bundle().files
 
 
 def test_run_ids_have_one_utc_format() -> None:
-    assert _defining(r"^def new_run_id\b") == ["orchestrator/formats.py"]
+    assert _defining(r"^def new_run_id\b") == ["orchestrator/wire/formats.py"]
     assert re.fullmatch(r"\d{8}-\d{6}-x", formats.new_run_id("x"))
     from orchestrator.agent import runs
     from orchestrator.lifecycle import launch
@@ -90,18 +91,18 @@ def test_run_ids_have_one_utc_format() -> None:
 
 
 def test_atomic_writes_have_one_implementation(tmp_path: Path) -> None:
-    assert _defining(r"^def (atomic_write|_write_atomic)\b") == ["orchestrator/paths.py"]
+    assert _defining(r"^def (atomic_write|_write_atomic)\b") == ["orchestrator/wire/paths.py"]
     from orchestrator.agent import runs
 
     assert runs.atomic_write is paths.atomic_write
-    assert "orchestrator/paths.py" in deploy.build_bundle().files
+    assert "orchestrator/wire/paths.py" in deploy.build_bundle().files
     target = paths.atomic_write(tmp_path / "f", "text\n")
     assert target.read_text() == "text\n" and target.stat().st_mode & 0o777 == 0o644
     assert [p.name for p in tmp_path.iterdir()] == ["f"]
 
 
 def test_pct_status_is_parsed_in_one_place() -> None:
-    assert _defining(r"^def parse_(pct_)?status\b") == ["orchestrator/formats.py"]
+    assert _defining(r"^def parse_(pct_)?status\b") == ["orchestrator/wire/formats.py"]
     from orchestrator.agent import probe
     from orchestrator.postmortem import collect
     from orchestrator.transport import pct
@@ -112,9 +113,9 @@ def test_pct_status_is_parsed_in_one_place() -> None:
 
 def test_the_bundle_marker_is_one_constant() -> None:
     literal = [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if ".orch-bundle" in text]
-    assert literal == ["orchestrator/deploy.py"]
-    assert SOURCES[ROOT / "orchestrator/deploy.py"].count(".orch-bundle") == 1
-    from orchestrator import target
+    assert literal == ["orchestrator/remote/deploy.py"]
+    assert SOURCES[ROOT / "orchestrator/remote/deploy.py"].count(".orch-bundle") == 1
+    from orchestrator.remote import target
 
     assert deploy.MARKER in target._BOOT and "__MARKER__" not in target._BOOT
     assert deploy.MARKER in deploy._CHECK and deploy.MARKER in deploy._UNPACK

@@ -120,7 +120,7 @@ class Fleet:
 
     def launch(self, container: str = "ct200") -> str:
         """Start the fake trainer (a loop printing step/loss/tok/s) through the agent; the run id."""
-        from orchestrator.target import Target
+        from orchestrator.remote.target import Target
 
         inv = self.inventory()
         c = inv.container(container)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from orchestrator.model import (
+from orchestrator.wire.model import (
     GpuSample,
     Metrics,
     RunManifest,

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from orchestrator.model import Finding, Severity
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import AlertState
+from orchestrator.wire.model import Finding, Severity
 
 GHOST = Finding("ghost-utilization", Severity.CRITICAL, "ct200", "GPU 3 ghost", gpus=(3,))
 STALL = Finding("stall", Severity.WARNING, "ct200", "no step for 700 s")

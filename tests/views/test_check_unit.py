@@ -6,10 +6,10 @@ import json
 import threading
 import time
 
-from orchestrator.model import Finding, Severity, Snapshot
 from orchestrator.monitor import observe, sweep
 from orchestrator.monitor.judge import Judgement, with_unreachable
 from orchestrator.views import check
+from orchestrator.wire.model import Finding, Severity, Snapshot
 from tests.views.snapshots import running
 
 

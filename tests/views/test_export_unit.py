@@ -10,9 +10,9 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from prometheus_client.registry import CollectorRegistry
 
-from orchestrator.model import Finding, Severity, Snapshot
 from orchestrator.monitor.judge import Judgement
 from orchestrator.views import export
+from orchestrator.wire.model import Finding, Severity, Snapshot
 from tests.views.snapshots import TOTAL_MIB, gpus, running
 
 RULES = Path(__file__).resolve().parents[2] / "playbooks" / "prometheus-rules.yaml"

@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from orchestrator.model import Severity, Snapshot
 from orchestrator.monitor.history import AlertState, History, HistoryError, default_path
+from orchestrator.wire.model import Severity, Snapshot
 
 
 def test_creates_private_dir_and_file_in_wal_mode(tmp_path):

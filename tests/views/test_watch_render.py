@@ -11,12 +11,12 @@ import time
 from rich.console import Console
 
 from orchestrator.config.inventory import ContainerConfig
-from orchestrator.model import Finding, Severity, Snapshot
 from orchestrator.monitor import observe
 from orchestrator.monitor.judge import Judgement, with_unreachable
 from orchestrator.monitor.state import target_state
 from orchestrator.views import watch as w
 from orchestrator.views import watch_model
+from orchestrator.wire.model import Finding, Severity, Snapshot
 from tests.helpers import wait_for
 from tests.views.snapshots import gpus, running
 

@@ -1,7 +1,7 @@
 """Playbooks: failure signatures (log regexes, finding kinds, exit codes -> diagnosis, remedy)
 and procedures (ordered steps), loaded from ``playbooks/*.yaml`` and validated.
 
-This module loads and validates; matching a log is :mod:`orchestrator.matching` (its
+This module loads and validates; matching a log is :mod:`orchestrator.playbooks.matching` (its
 names are re-exported here). Carrying out a procedure (``orch playbook run``: planning,
 dry run, ``--yes``) lives in :mod:`orchestrator.lifecycle.procedures`.
 
@@ -34,7 +34,7 @@ import yaml
 
 from orchestrator.config.reader import NodeReader, compose
 from orchestrator.errors import ConfigError
-from orchestrator.matching import (
+from orchestrator.playbooks.matching import (
     CERTAIN,
     CONFIDENCES,
     MAX_LINE_CHARS,
@@ -45,8 +45,7 @@ from orchestrator.matching import (
     literal_needles,
     match_log,
 )
-from orchestrator.model import Severity
-from orchestrator.playbook_steps import (
+from orchestrator.playbooks.steps import (
     ACTIONS,
     PLACEHOLDERS,
     Step,
@@ -56,6 +55,7 @@ from orchestrator.playbook_steps import (
     strings_of,
     text_of,
 )
+from orchestrator.wire.model import Severity
 
 __all__ = [
     "ACTIONS", "CERTAIN", "CONFIDENCES", "DEFAULT_RESTART_PROCEDURE", "MAX_LINE_CHARS",
@@ -65,7 +65,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-DEFAULT_DIR = Path(__file__).resolve().parent.parent / "playbooks"
+DEFAULT_DIR = Path(__file__).resolve().parents[2] / "playbooks"
 """The bundled playbooks (repository root ``playbooks/``)."""
 
 KINDS = ("signature", "procedure")

@@ -21,7 +21,6 @@ import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
-from orchestrator import deploy
 from orchestrator.config.inventory import ContainerConfig, HostConfig, Inventory
 from orchestrator.errors import (
     AgentError,
@@ -31,8 +30,8 @@ from orchestrator.errors import (
     PythonTooOld,
     TransportError,
 )
-from orchestrator.model import HostDocument, SchemaError, check_schema
-from orchestrator.target import (
+from orchestrator.remote import deploy
+from orchestrator.remote.target import (
     HOST_BOOT,
     HOST_DIR_REFUSED,
     MAX_DOC_BYTES,
@@ -43,6 +42,7 @@ from orchestrator.target import (
     too_large,
 )
 from orchestrator.transport.base import LineStream, Result, Transport
+from orchestrator.wire.model import HostDocument, SchemaError, check_schema
 
 log = logging.getLogger(__name__)
 

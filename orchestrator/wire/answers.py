@@ -1,5 +1,5 @@
 """The answers of the agent's run commands (``launch``, ``stop``, ``runs``, ``logs``,
-``evidence``): frozen :class:`~orchestrator.model.Wire` dataclasses, as ``Snapshot`` is.
+``evidence``): frozen :class:`~orchestrator.wire.model.Wire` dataclasses, as ``Snapshot`` is.
 
 The agent builds them and prints ``to_dict()``; the operator reads them back with
 ``from_dict`` (unknown keys ignored, missing ones defaulted), so both sides name each field
@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.model import RunManifest, SessionState, Wire
+from orchestrator.wire.model import RunManifest, SessionState, Wire
 
 
 @dataclass(frozen=True, slots=True)

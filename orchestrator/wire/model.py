@@ -173,7 +173,7 @@ def check_schema(data: Any) -> None:
     >>> check_schema({"schema_version": 99})
     Traceback (most recent call last):
     ...
-    orchestrator.model.SchemaError: schema_version 99 is newer than this orch understands (1); upgrade orch
+    orchestrator.wire.model.SchemaError: schema_version 99 is newer than this orch understands (1); upgrade orch
     """
     if not isinstance(data, dict):
         raise SchemaError(f"expected a JSON object, got {type(data).__name__}")

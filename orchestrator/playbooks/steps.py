@@ -1,6 +1,6 @@
 """Procedure steps of ``playbooks/*.yaml`` (``steps:``) and the YAML node helpers every
 playbook section is read with (through :class:`~orchestrator.config.reader.NodeReader`, so a
-mistake is one ``file:line: key: problem``). :mod:`orchestrator.playbooks` reads the rest;
+mistake is one ``file:line: key: problem``). :mod:`orchestrator.playbooks.loader` reads the rest;
 :mod:`orchestrator.lifecycle.procedures` carries the steps out.
 """
 

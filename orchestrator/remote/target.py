@@ -1,6 +1,6 @@
 """The operator's handle on a container (:class:`Target`) and a Proxmox host (:class:`Host`).
 
-Every call deploys the agent bundle if needed (:func:`orchestrator.deploy.ensure_agent`),
+Every call deploys the agent bundle if needed (:func:`orchestrator.remote.deploy.ensure_agent`),
 runs ``python3 -m orchestrator.agent <command>`` through the container's
 transport and reads its JSON defensively: garbage, truncated JSON, a future
 ``schema_version`` or an oversized answer raise
@@ -21,7 +21,6 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any, TypeVar
 
-from orchestrator import deploy
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
@@ -32,8 +31,9 @@ from orchestrator.errors import (
     OutputTooLarge,
     TransportError,
 )
-from orchestrator.model import HostProbe, SchemaError, Snapshot, check_schema
+from orchestrator.remote import deploy
 from orchestrator.transport.base import LineStream, Result, Transport
+from orchestrator.wire.model import HostProbe, SchemaError, Snapshot, check_schema
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -90,7 +90,7 @@ def read_answer(target: str, doc: dict[str, Any], cls: type[W]) -> W:
     """An agent command's JSON document as its answer type (``from_dict``: unknown keys are
     ignored); ``AgentProtocolError`` when it is not one.
 
-    >>> from orchestrator.answers import StopAnswer
+    >>> from orchestrator.wire.answers import StopAnswer
     >>> read_answer("ct", {"stopped": False, "run_id": "r", "state": "exited"}, StopAnswer).state
     'exited'
     >>> read_answer("ct", {"stopped": "x"}, StopAnswer)

@@ -1,7 +1,7 @@
 """Ship the agent into a container: build a bundle, send it once per content hash, verify it.
 
-The bundle holds the operator's stdlib-only modules the agent shares (:data:`SHARED`:
-``model.py``, ``formats.py``, ``secrets.py``, ``paths.py``), the ``orchestrator/agent``
+The bundle holds the operator's stdlib-only modules the agent shares (the whole
+``orchestrator/wire`` package: :data:`SHARED`), the ``orchestrator/agent``
 package and copies of the operator's installed pure-Python ``pynvml`` and ``libtmux`` (the
 session's lifecycle; each observation runs ``tmux`` itself), so the container needs
 neither network nor pip. It lands in ``<workdir>/.orch/agent-<hash>/``
@@ -40,8 +40,9 @@ MIN_PYTHON = (3, 10)
 MARKER = ".orch-bundle"
 """The file a verified bundle directory holds (its hash); every script below names it through
 ``__MARKER__``, replaced with this constant."""
-SHARED = ("__init__.py", "model.py", "answers.py", "formats.py", "secrets.py", "paths.py")
-"""The operator's stdlib-only modules the agent imports too (``orchestrator/<name>``)."""
+SHARED = "wire"
+"""The package of stdlib-only modules the agent imports too (``orchestrator/wire``), shipped
+whole beside ``orchestrator/__init__.py``: no list of modules to drift."""
 LIBTMUX_SKIP = ("test", "pytest_plugin.py")
 """libtmux's test helpers: the agent never imports them."""
 
@@ -186,8 +187,9 @@ def build_bundle(include_pynvml: bool = True) -> Bundle:
     global _bundle
     if include_pynvml and _bundle is not None:
         return _bundle
-    here = Path(__file__).resolve().parent
-    files: dict[str, bytes] = {f"orchestrator/{n}": (here / n).read_bytes() for n in SHARED}
+    here = Path(__file__).resolve().parents[1]
+    files: dict[str, bytes] = {"orchestrator/__init__.py": (here / "__init__.py").read_bytes()}
+    files.update(package_files(here / SHARED, f"orchestrator/{SHARED}"))
     files.update(package_files(here / "agent", "orchestrator/agent"))
     if include_pynvml:
         files["pynvml.py"] = _installed("pynvml").read_bytes()

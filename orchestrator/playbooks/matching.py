@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.model import Severity
+from orchestrator.wire.model import Severity
 
 CERTAIN = "certain"
 PROBABLE = "probable"
@@ -42,7 +42,7 @@ Needles = tuple[frozenset[str], ...]
 
 
 class Matchable(Protocol):
-    """What the matcher reads of a playbook (``orchestrator.playbooks.Playbook`` is one): the
+    """What the matcher reads of a playbook (``orchestrator.playbooks.loader.Playbook`` is one): the
     matcher sits below the loader, so it names the fields instead of importing the class."""
 
     @property

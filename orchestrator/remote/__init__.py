@@ -1,0 +1,2 @@
+"""Remote handles: the agent bundle (deploy), one container (target), one host's observer
+(hostlink)."""
