@@ -34,6 +34,7 @@ from orchestrator.commands import foundation  # noqa: F401 - registers hosts, tr
 from orchestrator.commands import agent  # noqa: F401 - registers facts, snapshot
 from orchestrator.commands import lifecycle  # noqa: F401 - launch, stop, logs, status, runs, attach
 from orchestrator.commands import detection  # noqa: F401 - diagnose, postmortem, playbook
+from orchestrator.commands import kernellog  # noqa: F401 - registers kernel
 from orchestrator.commands import views  # noqa: F401 - registers watch, check, export
 from orchestrator.commands import heal  # noqa: F401 - registers supervise
 from orchestrator.commands import firstrun  # noqa: F401 - registers demo, init, doctor

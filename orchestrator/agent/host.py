@@ -171,7 +171,7 @@ def owner_of_event(
     """
     if ev.vmid is not None:
         return ev
-    if ev.kind == "link-down":  # a container's own bridge port (veth<vmid>i<n>), or the host's
+    if ev.kind == "link-down":  # a guest's own port (veth, tap, fwbr/fwln/fwpr), or the host's
         vmid = vmid_of_device(ev.device or "")
         return replace(ev, vmid=vmid) if vmid is not None else ev
     gpu = gpu_of_pci(gpus, ev.pci) if ev.pci else None

@@ -37,12 +37,22 @@ from dataclasses import dataclass, field, replace
 from datetime import datetime
 
 from orchestrator.agent.cgroups import vmid_of_cgroup_path
-from orchestrator.agent.netlog import parse_link_down
+from orchestrator.agent.netlog import (
+    PORT_SEQUENCE_S,
+    guest_of_device,
+    parse_link_down,
+    parse_port_line,
+)
 from orchestrator.wire.model import KernelEvent
 
 _XID = re.compile(
-    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)(?:, pid=(\d+|'<unknown>'))?(?:, name=([^,]*))?"
+    r"NVRM: Xid \((?:PCI:)?([0-9a-fA-F:.]+)(?: GPU-I:(\d+))?(?: GPU-CI:(\d+))?\): (\d+)"
+    r"(?:, pid=(\d*|'<unknown>'))?(?:, name=([^,]*))?"
 )
+"""Every Xid form of the 515-595 drivers (src/nvidia/src/kernel/gpu/rc/kernel_rc.c):
+``NVRM: Xid (PCI:%04x:%02x:%02x[ GPU-I:%02u[ GPU-CI:%02u]]): %d, pid=%s, name=%s, %s``, and
+since 570 (``XID_PRINT_WITH_ATTR``) without ``pid=``/``name=`` when no process is known;
+tests/agent/test_driver_formats.py holds every format string with its line and version."""
 _SXID = re.compile(r"(nvidia-nvswitch\d*): SXid \((?:PCI:)?([0-9a-fA-F:.]+)\): (\d+)")
 _FALLEN = re.compile(r"(?:GPU at PCI:|GPU at |GPU )([0-9a-fA-F]{4,8}:[0-9a-fA-F:.]+)")
 _NOTICE_HEAD = re.compile(r"NVRM: The NVIDIA GPU ([0-9a-fA-F]{4,8}:[0-9a-fA-F:.]+)")
@@ -57,6 +67,16 @@ _ISO = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d)(?:[,.](\d+))?([+-]\d\d:?\d
 _CURSOR = "-- cursor: "
 MAX_LINES = 5000
 """Most kernel-log lines one read takes (journalctl ``-n``): the newest of them."""
+MAX_LINE_CHARS = 4096
+"""The most of one line parsed: the kernel's own records are shorter (kernel/printk/printk.c
+``PRINTK_MESSAGE_MAX`` 2048 bytes, Linux 6.6+; ``LOG_LINE_MAX`` 992 before), so a longer line
+is not the kernel's (a 1 MB line costs what 4 KiB does)."""
+MAX_RECORD_LINES = 16
+"""The most continuation lines kept on one record (the three-line notice needs 3)."""
+VOLATILE_JOURNAL = "no persistent journal was found"
+"""What systemd's journalctl says on stderr for ``-b -1`` without a persistent journal,
+exiting 0 with no lines (systemd v252 src/journal/journalctl.c, main():
+"Specifying boot ID or boot offset has no effect, no persistent journal was found.")."""
 
 
 def split_timestamp(line: str, boot_time: float | None) -> tuple[float | None, str]:
@@ -122,8 +142,12 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
     >>> e = parse_message("Out of memory: Killed process 4242 (python3) total-vm:1kB", None)
     >>> (e.kind, e.pid, e.process)
     ('oom-killer', 4242, 'python3')
-    >>> parse_message("vmbr0: port 3(veth201i0) entered disabled state", 2.0).device
-    'veth201i0'
+    >>> e = parse_message("NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 43, pid=77, name=python3, Ch 00000008", None)
+    >>> (e.xid, e.pci, e.gpu_instance, e.compute_instance, e.pid)
+    (43, '0000:3b:00', 2, 1, 77)
+    >>> e = parse_message("vmbr0: port 3(fwpr201p0) entered disabled state", 2.0)
+    >>> (e.device, e.vmid)
+    ('fwpr201p0', 201)
     >>> parse_message("usb 1-1: new device", None) is None
     True
     """
@@ -133,10 +157,12 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
             kind="xid",
             line=msg.strip(),
             at=at,
-            xid=int(m.group(2)),
+            xid=int(m.group(4)),
             pci=m.group(1),
-            pid=_pid(m.group(3)),
-            process=(m.group(4) or "").strip() or None,
+            pid=_pid(m.group(5)),
+            process=(m.group(6) or "").strip() or None,
+            gpu_instance=int(m.group(2)) if m.group(2) else None,
+            compute_instance=int(m.group(3)) if m.group(3) else None,
         )
     m = _SXID.search(msg)
     if m:
@@ -155,7 +181,11 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
         )
     device = parse_link_down(msg)  # a job node's network: agent/netlog.py
     if device is not None:
-        return KernelEvent(kind="link-down", line=msg.strip(), at=at, device=device)
+        guest = guest_of_device(device)
+        return KernelEvent(
+            kind="link-down", line=msg.strip(), at=at, device=device,
+            vmid=guest[0] if guest else None,
+        )  # fmt: skip
     return None
 
 
@@ -164,9 +194,14 @@ class KernelParser:
     """Turns kernel-log lines into events, in order, across calls (one per read).
 
     Keeps what spans lines: a record's indented continuation lines (they share its time),
-    the three-record "fallen off the bus" notice (its head names the GPU), and the memory
-    cgroup of each ``oom-kill:`` line until its ``Killed process`` line comes. ``boot``
-    is stamped on every event (``0``: the running boot, ``-1``: the one before).
+    the three-record "fallen off the bus" notice (its head names the GPU), the memory
+    cgroup of each ``oom-kill:`` line until its ``Killed process`` line comes, and the recent
+    states of bridge ports: a port that "entered disabled state" within
+    :data:`~orchestrator.agent.netlog.PORT_SEQUENCE_S` of entering blocking state is a port
+    being added (a guest starting), and one next to its "left promiscuous mode" is a port
+    being removed (a guest stopping): neither is a link going down. A disabled port waits for
+    the rest of the read (:meth:`flush`) before it counts. ``boot`` is stamped on every event
+    (``0``: the running boot, ``-1``: the one before).
     """
 
     boot_time: float | None = None
@@ -175,31 +210,71 @@ class KernelParser:
     _notice: tuple[float | None, str, list[str]] | None = None
     _notice_left: int = 0
     _memcg: dict[int, str] = field(default_factory=dict)
+    _ports: dict[str, tuple[str, float | None]] = field(default_factory=dict)
+    _pending: list[KernelEvent] = field(default_factory=list)
 
     def feed(self, lines: Iterable[str]) -> list[KernelEvent]:
         """Events completed by ``lines``; the last record waits for :meth:`flush` or more lines."""
         out: list[KernelEvent] = []
         for raw in lines:
-            line = raw.rstrip("\n")
+            line = raw.rstrip("\n")[:MAX_LINE_CHARS]
             if not line.strip() or line.startswith("-- "):
                 continue  # journalctl's "-- No entries --", "-- Boot ... --", cursors
             if line[:1].isspace() and self._record is not None:
-                self._record[1].append(line.strip())
+                if len(self._record[1]) < MAX_RECORD_LINES:
+                    self._record[1].append(line.strip())
                 continue
-            out.extend(self.flush())
+            out.extend(self._close())
             at, msg = split_timestamp(line, self.boot_time)
             self._record = at, [msg]
         return out
 
     def flush(self) -> list[KernelEvent]:
-        """The events of the record still open (call after the last line of a read)."""
+        """The events of the record still open and the disabled ports no removal followed
+        (call after the last line of a read)."""
+        out = self._close()
+        out.extend(self._pending)
+        self._pending.clear()
+        return out
+
+    def _close(self) -> list[KernelEvent]:
         if self._record is None:
             return []
         at, parts = self._record
         self._record = None
         return self._message(at, " ".join(p.strip() for p in parts))
 
+    def _port(self, at: float | None, msg: str) -> bool:
+        """Track a bridge-port line; ``True`` when it is part of a port being added/removed
+        (no event of its own)."""
+        port = parse_port_line(msg)
+        if port is None:
+            return False
+        before = self._ports.get(port.device)
+        self._ports[port.device] = (port.state, at)
+        if len(self._ports) > 256:
+            self._ports.pop(next(iter(self._ports)))
+        near = before is not None and (
+            at is None or before[1] is None or 0.0 <= at - before[1] <= PORT_SEQUENCE_S
+        )
+        if port.state == "promisc-off":  # removal: the disabled line before it was no link-down
+            self._pending = [
+                e for e in self._pending
+                if e.device != port.device or not _near(e.at, at)
+            ]  # fmt: skip
+            return True
+        if port.state != "disabled":
+            return port.state.startswith("promisc")
+        if near and before is not None and before[0] in ("blocking", "promisc-off"):
+            return True  # added (blocking -> disabled) or removed (left promiscuous -> disabled)
+        ev = parse_message(msg, at)
+        if ev is not None:
+            self._pending.append(self._stamp(ev))
+        return True
+
     def _message(self, at: float | None, msg: str) -> list[KernelEvent]:
+        if self._port(at, msg):
+            return []
         m = _OOM_KILL.search(msg)
         if m:
             self._memcg[int(m.group(2))] = m.group(1)
@@ -228,6 +303,10 @@ class KernelParser:
         memcg = self._memcg.pop(ev.pid, None) if ev.kind == "oom-killer" and ev.pid else None
         vmid = vmid_of_cgroup_path(memcg) if memcg else None
         return replace(ev, boot=self.boot, memcg=memcg, vmid=vmid if vmid is not None else ev.vmid)
+
+
+def _near(a: float | None, b: float | None) -> bool:
+    return a is None or b is None or abs(a - b) <= PORT_SEQUENCE_S
 
 
 def parse_kernel_log(
@@ -271,13 +350,35 @@ def parse_cursor(text: str) -> tuple[list[str], str | None]:
 @dataclass(frozen=True, slots=True)
 class KernelRead:
     """One read of the kernel log: its lines, the tool, where the next read continues, and
-    what went wrong (``errors``; ``missing_boot`` when the journal has no such boot)."""
+    what went wrong (``errors``; ``missing_boot`` when the journal has no such boot;
+    ``volatile`` when the journal is not persistent, so no earlier boot is kept at all)."""
 
     lines: tuple[str, ...] = ()
     source: str | None = None
     cursor: str | None = None
     errors: tuple[str, ...] = ()
     missing_boot: bool = False
+    volatile: bool = False
+
+
+VOLATILE_NOTE = (
+    "the previous boot's kernel log is not kept on this host (journald keeps the journal in "
+    "memory only); to keep it: Storage=persistent in /etc/systemd/journald.conf, or "
+    "mkdir -p /var/log/journal, then systemctl restart systemd-journald"
+)
+"""What orch says instead of implying the boot before was clean (postmortem, doctor)."""
+
+
+def is_volatile(stderr: str) -> bool:
+    """Whether journalctl's stderr says there is no persistent journal (so ``-b -1`` printed
+    nothing and exited 0: systemd v252 src/journal/journalctl.c).
+
+    >>> is_volatile("Specifying boot ID or boot offset has no effect, no persistent journal was found.")
+    True
+    >>> is_volatile("")
+    False
+    """
+    return VOLATILE_JOURNAL in stderr
 
 
 def _run(argv: Sequence[str], timeout_s: float) -> tuple[int | None, str, str]:
@@ -320,6 +421,8 @@ def read_kernel(
         elif since is not None:
             argv.append(f"--since=@{since:.6f}")
         rc, out, err = _run(argv, timeout_s)
+        if rc == 0 and boot != 0 and is_volatile(err):
+            return KernelRead((), "journalctl", None, (), missing_boot=True, volatile=True)
         if rc == 0:
             lines, new_cursor = parse_cursor(out)
             return KernelRead(tuple(lines), "journalctl", new_cursor or cursor, ())

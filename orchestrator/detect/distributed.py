@@ -131,8 +131,10 @@ def link_down_events(
     events: Iterable[KernelEvent], *, vmid: int | None, since: float | None
 ) -> list[KernelEvent]:
     """Kernel ``link-down`` events of a host that cut container ``vmid`` off the job network:
-    its own bridge port (``veth<vmid>i0``) or a host NIC (any device that is not a container's
-    veth), at or after ``since``; a later link-up is not tracked (the job fails anyway).
+    its own ports (``veth<vmid>i0``, its firewall ports ``fwbr/fwln/fwpr<vmid>...``) or one of
+    the host's own devices (a NIC, bond, bridge: agent/netlog.py ``is_host_device``), at or
+    after ``since``; another guest's port (a VM's ``tap``, its firewall bridge) never, nor a
+    device that is neither (a Docker veth). A later link-up is not tracked (the job fails).
 
     >>> ev = [KernelEvent("link-down", "eno1: NIC Link is Down", at=5.0, device="eno1"),
     ...       KernelEvent("link-down", "vmbr0: port 3(veth201i0) entered disabled state", at=6.0,
@@ -143,8 +145,11 @@ def link_down_events(
     ['eno1', 'veth201i0']
     >>> [e.device for e in link_down_events(ev, vmid=201, since=5.5)]
     ['veth201i0']
+    >>> other = [KernelEvent("link-down", "x", at=8.0, device=d) for d in ("tap300i0", "fwpr300p0", "vethab12")]
+    >>> link_down_events(other, vmid=201, since=None)
+    []
     """
-    from orchestrator.agent.netlog import vmid_of_device
+    from orchestrator.agent.netlog import is_host_device, vmid_of_device
 
     out = []
     for e in events:
@@ -153,6 +158,6 @@ def link_down_events(
         if since is not None and (e.at is None or e.at < since):
             continue
         owner = vmid_of_device(e.device)
-        if owner is None or owner == vmid:
+        if owner == vmid or (owner is None and is_host_device(e.device)):
             out.append(e)
     return sorted(out, key=lambda e: e.at or 0.0)

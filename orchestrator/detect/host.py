@@ -194,7 +194,7 @@ def xid(
         groups.setdefault(("sxid" if e.kind == "sxid" else "xid", code), []).append(e)
     out: list[Finding] = []
     for (family, code), evs in sorted(groups.items()):
-        pcis = sorted({e.pci for e in evs if e.pci})
+        pcis = sorted({where_on_gpu(e) for e in evs if e.pci})
         ats = [e.at for e in evs if e.at is not None]
         earlier = " (kernel log of the previous boot)" if all(e.boot == -1 for e in evs) else ""
         if family == "sxid":
@@ -219,6 +219,22 @@ def xid(
                 playbook="gpu-fallen-off-bus" if family == "xid" and code == 79 else "gpu-xid",
             )
         )
+    return out
+
+
+def where_on_gpu(e: KernelEvent) -> str:
+    """The GPU an event names, with its MIG GPU / compute instance as the driver prints them.
+
+    >>> where_on_gpu(KernelEvent("xid", "x", pci="0000:3b:00", gpu_instance=2, compute_instance=1))
+    '0000:3b:00 GPU-I:02 GPU-CI:01'
+    >>> where_on_gpu(KernelEvent("xid", "x", pci="0000:3b:00"))
+    '0000:3b:00'
+    """
+    out = e.pci or "?"
+    if e.gpu_instance is not None:
+        out += f" GPU-I:{e.gpu_instance:02d}"
+    if e.compute_instance is not None:
+        out += f" GPU-CI:{e.compute_instance:02d}"
     return out
 
 

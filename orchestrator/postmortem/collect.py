@@ -27,6 +27,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.agent.kernel import VOLATILE_NOTE, is_volatile
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
 from orchestrator.postmortem.evidence import Evidence, final_snapshot, reconstruct_history
@@ -90,24 +91,27 @@ THIS_BOOT = "-- this boot (journalctl -k) --"
 """The lines that part the two boots in the bundle's kernel.log, after a host reboot."""
 
 
-def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None, bool]:
+def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None, bool, bool]:
     """The host kernel log since ``since`` (last :data:`KERNEL_LOG_LINES` lines of each boot):
     journalctl, else dmesg; the boot before this one too when it has lines since ``since``
-    (the host rebooted after the run started). Returns (lines, tool, previous boot read)."""
+    (the host rebooted after the run started). Returns (lines, tool, previous boot read,
+    volatile journal: no boot before this one is kept, ``-b -1`` said so on stderr)."""
     argv = ["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q", f"--since=@{int(since)}",
             "-n", str(KERNEL_LOG_LINES)]  # fmt: skip
     ok, text = _host_run(transport, argv)
     if ok:
         lines = text.splitlines()
-        ok_prev, prev = _host_run(transport, [*argv, "-b", "-1"])  # "No journal boot entry..."
-        earlier = [x for x in prev.splitlines() if x.strip()] if ok_prev else []
+        prev = transport.run([*argv, "-b", "-1"], timeout=30.0)  # "No journal boot entry..."
+        if prev.ok and is_volatile(prev.err or ""):
+            return lines, "journalctl", False, True
+        earlier = [x for x in prev.out.splitlines() if x.strip()] if prev.ok else []
         if earlier:
-            return [PREVIOUS_BOOT, *earlier, THIS_BOOT, *lines], "journalctl", True
-        return lines, "journalctl", False
+            return [PREVIOUS_BOOT, *earlier, THIS_BOOT, *lines], "journalctl", True, False
+        return lines, "journalctl", False, False
     ok, text = _host_run(transport, ["dmesg"])
     if ok:
-        return text.splitlines()[-KERNEL_LOG_LINES:], "dmesg", False
-    return [], None, False
+        return text.splitlines()[-KERNEL_LOG_LINES:], "dmesg", False, False
+    return [], None, False, False
 
 
 def collect(
@@ -167,17 +171,18 @@ def collect(
     probe: HostProbe | None = None
     kernel: list[str] = []
     source = None
-    rebooted = False
+    rebooted = volatile = False
     if host_tp is not None:
         since = (started or time.time() - 3600.0) - KERNEL_MARGIN_S
-        kernel, source, rebooted = _kernel_log(host_tp, since)
+        kernel, source, rebooted, volatile = _kernel_log(host_tp, since)
         try:
             probe = Host(inventory, c.host).probe(since, previous_boot=rebooted)
         except (AgentError, OSError) as exc:
             errors.append(f"host probe: {exc}")
     ev = _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
                    secrets, errors)  # fmt: skip
-    return dataclasses.replace(ev, vmid=c.vmid, previous_boot=rebooted)
+    note = VOLATILE_NOTE if volatile else None
+    return dataclasses.replace(ev, vmid=c.vmid, previous_boot=rebooted, kernel_log_note=note)
 
 
 def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifest | None:

@@ -70,6 +70,9 @@ class Evidence:
     previous_boot: bool = False
     """The host rebooted since the run started: the kernel log holds the boot before this one
     too (``journalctl -k -b -1``), marked in ``kernel_log`` and on each event (``boot``)."""
+    kernel_log_note: str | None = None
+    """What the kernel log cannot tell (a volatile journal: the boot before this one is not
+    kept, agent/kernel.py ``VOLATILE_NOTE``), ``None`` when nothing is missing."""
 
 
 # --- reconstruct (pure) ----------------------------------------------------------------------

@@ -113,6 +113,7 @@ class Postmortem:
             "container_status": ev.container_status,
             "kernel_events": [e.to_dict() for e in (ev.probe.kernel_events if ev.probe else ())],
             "kernel_log_boots": ["previous", "current"] if ev.previous_boot else ["current"],
+            "kernel_log_note": ev.kernel_log_note,
             "errors": list(ev.errors),
             "tee_error": ev.tee_error,
             "bundle": self.bundle,

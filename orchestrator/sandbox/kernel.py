@@ -84,3 +84,83 @@ def reboot(state_dir: Path | str, *, at_s: float | None = None) -> str:
     boot_id = secrets.token_hex(16)
     _append(state_dir, f"{time.time() if at_s is None else at_s:.6f} {BOOT} {boot_id}\n")
     return boot_id
+
+
+VOLATILE = "journal.volatile"
+"""A file beside a host's kernel log: its journal is volatile (journald ``Storage=volatile``,
+or ``auto`` without /var/log/journal): the journalctl stand-in then keeps no earlier boot."""
+
+
+def set_volatile_journal(state_dir: Path | str, on: bool = True, host: str | None = None) -> None:
+    """Make ``host``'s journal volatile (``on``) or persistent again: ``journalctl -b -1`` then
+    answers as systemd 252 does without a persistent journal (stderr "Specifying boot ID or
+    boot offset has no effect, no persistent journal was found.", exit 0, no lines)."""
+    from orchestrator.sandbox.hosts import kernel_log_path
+
+    flag = kernel_log_path(Path(state_dir), host).parent / VOLATILE
+    if on:
+        flag.parent.mkdir(parents=True, exist_ok=True)
+        flag.write_text("Storage=volatile\n")
+    else:
+        flag.unlink(missing_ok=True)
+
+
+def guest_port_lines(
+    vmid: int,
+    *,
+    start: bool = True,
+    vm: bool = False,
+    firewall: bool = True,
+    bridge: str = "vmbr0",
+    port: int = 2,
+    netid: int = 0,
+) -> list[str]:
+    """What a Proxmox VE 8 host's kernel (Linux 6.8) logs when guest ``vmid``'s NIC ``netid``
+    is plugged (``start``) or unplugged: ports added in the order pve-common
+    src/PVE/Network.pm's ``$create_firewall_bridge_linux`` adds them (``fwpr`` to the bridge,
+    ``fwln`` and the guest's ``veth``/``tap`` to ``fwbr``), each as br_add_if logs it
+    (net/bridge/br_stp.c ``br_log_state``: "port %u(%s) entered %s state"; net/core/dev.c
+    ``netdev_info(dev, "%s allmulticast mode\\n")`` / ``"%s promiscuous mode\\n"``); at
+    removal "entered disabled state", "(unregistering): left ... mode", disabled again.
+
+    >>> guest_port_lines(201, firewall=False)[:2]
+    ['vmbr0: port 2(veth201i0) entered blocking state', 'vmbr0: port 2(veth201i0) entered disabled state']
+    >>> guest_port_lines(300, vm=True, start=False, firewall=False)[1]
+    'tap300i0 (unregistering): left allmulticast mode'
+    """
+    dev = f"{'tap' if vm else 'veth'}{vmid}i{netid}"
+    if firewall:
+        fwbr = f"fwbr{vmid}i{netid}"
+        ports = [(bridge, port, f"fwpr{vmid}p{netid}"), (fwbr, 1, f"fwln{vmid}i{netid}"),
+                 (fwbr, 2, dev)]  # fmt: skip
+    else:
+        ports = [(bridge, port, dev)]
+    out: list[str] = []
+    for br, no, name in ports if start else reversed(ports):
+        head = f"{br}: port {no}({name}) entered"
+        if start:
+            out += [f"{head} blocking state", f"{head} disabled state",
+                    f"{name}: entered allmulticast mode", f"{name}: entered promiscuous mode",
+                    f"{head} blocking state", f"{head} forwarding state"]  # fmt: skip
+        else:
+            out += [f"{head} disabled state", f"{name} (unregistering): left allmulticast mode",
+                    f"{name} (unregistering): left promiscuous mode", f"{head} disabled state"]  # fmt: skip
+    return out
+
+
+def append_guest_ports(
+    state_dir: Path | str,
+    vmid: int,
+    *,
+    start: bool = True,
+    host: str | None = None,
+    at_s: float | None = None,
+    **kw: object,
+) -> list[str]:
+    """Write :func:`guest_port_lines` to ``host``'s kernel log (level 6, all at ``at_s``,
+    default now, as one guest start or stop); returns the lines."""
+    lines = guest_port_lines(vmid, start=start, **kw)  # type: ignore[arg-type]
+    at = time.time() if at_s is None else at_s
+    for i, text in enumerate(lines):
+        _append(state_dir, format_kernel_line(text, 6, at + i * 1e-4), host)
+    return lines

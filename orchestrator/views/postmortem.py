@@ -37,6 +37,8 @@ def print_verdict(console: Console, pm: Any) -> None:
         console.print(Text(f"confirm: {v.confirm}"), highlight=False)
     if pm.evidence.tee_error:
         console.print(Text(f"tee failed: {pm.evidence.tee_error}"), highlight=False)
+    if getattr(pm.evidence, "kernel_log_note", None):
+        console.print(Text(f"kernel log: {pm.evidence.kernel_log_note}"), highlight=False)
     if v.evidence:
         console.print("evidence:")
         for e in v.evidence[:8]:
@@ -97,6 +99,8 @@ def markdown(pm: Any) -> str:
     out += ["\n## Last pane screen\n", _md_list(list(ev.pane[-40:]), True)]
     events = [e.line for e in (ev.probe.kernel_events if ev.probe else ())]
     out += ["\n## Host kernel events\n", _md_list(events[-20:], True)]
+    if getattr(ev, "kernel_log_note", None):
+        out.append(f"\nNote: {ev.kernel_log_note}\n")
     if ev.errors:
         out += ["\n## Collection problems\n", _md_list(list(ev.errors))]
     return "".join(out)

@@ -260,7 +260,8 @@ class KernelEvent(Wire):
     ``task_memcg=/lxc/<vmid>/``, its cgroup, the container whose processes hold the GPU the
     line names); ``None``: a host-wide event. ``boot`` is ``0`` for the running boot and
     ``-1`` for the one before (the journal's numbering), ``None`` when not known. ``gpu`` is
-    the host's NVML index of the GPU ``pci`` names, when known.
+    the host's NVML index of the GPU ``pci`` names, when known. ``vmid`` of a ``link-down``
+    is the guest whose Proxmox port it names (agent/netlog.py), a VM's as well.
     """
 
     kind: str
@@ -275,6 +276,10 @@ class KernelEvent(Wire):
     gpu: int | None = None
     memcg: str | None = None
     device: str | None = None
+    gpu_instance: int | None = None
+    """The MIG GPU instance an Xid names (``GPU-I:02``), ``None`` without MIG attribution."""
+    compute_instance: int | None = None
+    """The MIG compute instance an Xid names (``GPU-CI:01``), ``None`` when not named."""
 
 
 # --- tmux, processes, run --------------------------------------------------------------------
