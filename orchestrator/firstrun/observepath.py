@@ -49,3 +49,23 @@ def observe_checks(
     for c in containers:
         path = observe_path(inv, c)
         yield check(f"{c.name} observed from", "ok", f"{path.mode}: {path.reason}", "")
+    if host is not None:
+        yield from journal_check(inv, host, check)
+
+
+def journal_check(inv: Inventory, host: HostConfig, check: Any) -> Iterator[Any]:
+    """Warn when ``host``'s journal is volatile: the kernel log of the boot before this one
+    (where an Xid 79 before a hang-and-reset usually is) is then lost at every reboot.
+    Equivalent: ``journalctl -k -b -1 -n 1 -q --no-pager`` (systemd 252 says so on stderr)."""
+    from orchestrator.agent.kernel import VOLATILE_NOTE, is_volatile
+    from orchestrator.transport.connect import host_transport
+
+    argv = ["journalctl", "-k", "-b", "-1", "-n", "1", "-q", "--no-pager"]
+    try:
+        res = host_transport(inv, host.name).run(argv, timeout=30.0)
+    except OrchError:
+        return  # the ssh check above says why
+    if res.ok and is_volatile(res.err or ""):
+        fix = ("Storage=persistent in /etc/systemd/journald.conf (or mkdir -p /var/log/journal), "
+               "then systemctl restart systemd-journald")  # fmt: skip
+        yield check(f"journal on {host.name}", "warn", VOLATILE_NOTE.split(";")[0], fix)
