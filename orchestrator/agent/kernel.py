@@ -75,8 +75,9 @@ MAX_RECORD_LINES = 16
 """The most continuation lines kept on one record (the three-line notice needs 3)."""
 VOLATILE_JOURNAL = "no persistent journal was found"
 """What systemd's journalctl says on stderr for ``-b -1`` without a persistent journal,
-exiting 0 with no lines (systemd v252 src/journal/journalctl.c, main():
-"Specifying boot ID or boot offset has no effect, no persistent journal was found.")."""
+exiting 0 with no lines (systemd src/journal/journalctl.c, v252 main() / v254 run(): when
+``arg_boot_offset != 0`` and the journal has runtime files only, ``log_info("Specifying boot
+ID or boot offset has no effect, no persistent journal was found.")`` then ``return 0``)."""
 
 
 def split_timestamp(line: str, boot_time: float | None) -> tuple[float | None, str]:

@@ -83,7 +83,13 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
                            "state": "unreachable"}  # fmt: skip
     try:
         tgt = Target(inventory, name)
-        row["container"] = container_status(tgt)
+        status_lock = (
+            None if tgt.container.is_local else getattr(tgt.transport, "status_lock", None)
+        )
+        if status_lock is not None:  # pct's Lock too: a vzdump in stop mode is no plain "stopped"
+            row["container"], row["lock"] = status_lock()
+        else:
+            row["container"] = container_status(tgt)
         if row["container"] != "running":
             row["reachable"], row["state"] = True, "stopped"
             return row

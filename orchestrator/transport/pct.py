@@ -37,7 +37,7 @@ from collections.abc import Iterator, Mapping, Sequence
 
 from orchestrator.errors import CommandFailed, ContainerNotFound, ContainerNotRunning
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.wire.formats import parse_pct_status
+from orchestrator.wire.formats import parse_pct_lock, parse_pct_status
 from orchestrator.wire.quoting import command_line, with_env
 from orchestrator.wire.secrets import is_secret_name
 
@@ -198,6 +198,17 @@ class PctTransport(Transport):
                 self.host.name, f"pct status {self.vmid}", result.exit_status, result.err
             )
         return parse_pct_status(result.out)
+
+    def status_lock(self, timeout: float = 15.0) -> tuple[str, str | None]:
+        """``pct status VMID --verbose``: (status, lock or ``None``); a container vzdump is
+        backing up in stop mode is ``("stopped", "backup")``. Raises as :meth:`status`."""
+        result = self.host.run(["pct", "status", str(self.vmid), "--verbose"], timeout=timeout)
+        self._raise_for_pct(result)
+        if not result.ok:
+            raise CommandFailed(
+                self.host.name, f"pct status {self.vmid} --verbose", result.exit_status, result.err
+            )
+        return parse_pct_status(result.out), parse_pct_lock(result.out)
 
     def _push_lock(self) -> threading.Lock:
         with _push_locks_guard:

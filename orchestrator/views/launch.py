@@ -114,8 +114,11 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         if r.get("error"):
             state = f"[red]{r['error']}[/]"
         name = f"  {r['target']} (rank {r['rank']})" if "rank" in r else r["target"]
+        container = r.get("container") or "-"
+        if r.get("lock"):
+            container = f"{container}, locked ({r['lock']})"  # pct list's Lock column
         table.add_row(
-            name, reach, r.get("container") or "-", r.get("session") or "-",
+            name, reach, container, r.get("session") or "-",
             r.get("run_id") or "-", state, _age(r.get("age_s")),
             str(r["step"]) if r.get("step") is not None else "-",
             f"{tps:,.0f}" if tps is not None else "-", mem,

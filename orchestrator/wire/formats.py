@@ -77,6 +77,21 @@ def parse_pct_status(text: str) -> str:
     return "unknown"
 
 
+def parse_pct_lock(text: str) -> str | None:
+    """The lock of ``pct status VMID --verbose`` output (``backup``, ``migrate``, ``snapshot``...:
+    pve-container src/PVE/LXC.pm vmstatus ``$d->{lock} = $conf->{lock} if $conf->{lock}``),
+    ``None`` when not locked.
+
+    >>> parse_pct_lock("lock: backup\\nstatus: stopped\\n"), parse_pct_lock("status: running")
+    ('backup', None)
+    """
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        if key.strip() == "lock" and value.strip():
+            return value.split()[0]
+    return None
+
+
 RUN_ID_STAMP = "%Y%m%d-%H%M%S"
 """A run id's time, in UTC: ``YYYYmmdd-HHMMSS``."""
 

@@ -346,6 +346,8 @@ class Pct:
                 "cpus": conf.get("cores", "1"),
                 "maxmem": str(int(conf.get("memory", "512")) << 20),
             }
+            if conf.get("lock"):  # pve-container src/PVE/LXC.pm vmstatus
+                stat["lock"] = conf["lock"]
             init_pid = getattr(self.backend, "init_pid", None)
             if status == "running" and init_pid is not None:  # vmstatus: find_lxc_pid
                 stat["pid"] = str(init_pid(vmid))
