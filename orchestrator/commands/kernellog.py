@@ -19,7 +19,9 @@ def kernel_cmd(
         False, "--json", help='Print {"log": PATH, "events": [{"kind", "xid", "pci", ...}]}.'
     ),
     boot_time: float | None = typer.Option(
-        None, "--boot-time", help="Unix time the boot began: dates dmesg's [seconds] stamps."
+        None,
+        "--boot-time",
+        help="Unix time the boot began: dates dmesg's seconds-since-boot stamps.",
     ),
 ) -> None:
     """Parse a saved host kernel log into the events the host observer reports.
