@@ -120,3 +120,20 @@ def test_unsupported_gpu_notices_are_no_fallen_off_bus() -> None:
              "[ 5.0] NVRM: nvidia.ko because it does not include the required GPU",
              "[ 5.0] NVRM: System Processor (GSP)."]  # fmt: skip
     assert parse_saved_log(lines) == []
+
+
+def test_the_mig_instance_is_shown_where_xids_are_and_the_wire_stays_compatible() -> None:
+    from orchestrator.config.limits import Limits
+    from orchestrator.detect.host import xid
+    from orchestrator.wire.model import HostProbe, KernelEvent
+
+    line = (
+        "[ 5.0] NVRM: Xid (PCI:0000:3b:00 GPU-I:02 GPU-CI:01): 43, pid=9, name=python3, Ch 00000008"
+    )
+    ev = parse_saved_log([line])
+    findings = xid([], Limits(), [HostProbe("pve1", 0.0, kernel_events=tuple(ev))], all_xids=True)
+    assert "on PCI 0000:3b:00 GPU-I:02 GPU-CI:01" in findings[0].summary, findings
+    doc = ev[0].to_dict()
+    assert (doc["gpu_instance"], doc["compute_instance"]) == (2, 1)
+    old = {k: v for k, v in doc.items() if k not in ("gpu_instance", "compute_instance")}
+    assert KernelEvent.from_dict(old).gpu_instance is None  # an older agent's document
