@@ -15,8 +15,9 @@ fabric):
   with the container's namespace when it stops.
 
 The hook also writes what a Proxmox host's kernel logs about those ports in that host's
-kernel log (``vmbr0: port 2(veth200i0) entered forwarding state``, ``... entered disabled
-state`` when the container stops), and :func:`partition` / :func:`heal` take a host's
+kernel log (the port being added: ``vmbr0: port 2(veth200i0) entered blocking state``,
+``... disabled state``, ``veth200i0: entered promiscuous mode``, ``... blocking``, ``...
+forwarding state``; ``... entered disabled state`` when the container stops), and :func:`partition` / :func:`heal` take a host's
 uplink (or one container's port) down and up with the lines a NIC driver prints (``eno1:
 NIC Link is Down``): a silent partition, packets vanish, TCP hangs (no reset).
 
@@ -61,6 +62,11 @@ start-host)
   nsenter -t "$LXC_PID" -n ip link set lo up || exit 1
   nsenter -t "$LXC_PID" -n ip addr add "$addr" dev eth0 || exit 1
   nsenter -t "$LXC_PID" -n ip link set eth0 up || exit 1
+  # br_add_if, then the carrier coming up (net/bridge/br_if.c, br_stp.c; net/core/dev.c 6.5+)
+  k "vmbr0: port $port($dev) entered blocking state"
+  k "vmbr0: port $port($dev) entered disabled state"
+  k "$dev: entered allmulticast mode"
+  k "$dev: entered promiscuous mode"
   k "vmbr0: port $port($dev) entered blocking state"
   k "vmbr0: port $port($dev) entered forwarding state"
   ;;
