@@ -16,6 +16,12 @@ from orchestrator.commands._app import app, err_console, load_inventory, out_con
 
 @app.command("hosts")
 def hosts_cmd(
+    host: str | None = typer.Argument(
+        None, help="With --ssh: a host of hosts.yaml, or an alias of ~/.ssh/config."
+    ),
+    ssh: bool = typer.Option(
+        False, "--ssh", help="Print how orch connects to HOST (address, user, jump hosts)."
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON document instead of tables."
     ),
@@ -24,7 +30,12 @@ def hosts_cmd(
 
     Exit codes: 0 listed; 2 hosts.yaml is malformed (one line naming file:line and key).
     Env values whose names look secret are masked in --json output.
+    `orch hosts HOST --ssh` prints where orch connects for HOST: address, port, user, keys,
+    every jump host and any ProxyCommand, read from ~/.ssh/config as OpenSSH reads it.
     """
+    if host is not None or ssh:
+        _ssh_route(host, ssh, as_json)
+        return
     from orchestrator.config.inventory import config_search_paths, inventory_summary
 
     summary = inventory_summary(load_inventory())
@@ -63,6 +74,31 @@ def hosts_cmd(
             cmd = j["command"] or "bundled trainer"
             jobs.add_row(*(Text(str(v)) for v in (j["name"], nodes, j["rendezvous"], cmd)))
         out_console.print(jobs)
+
+
+def _ssh_route(name: str | None, ssh: bool, as_json: bool) -> None:
+    """``orch hosts HOST --ssh``: HOST resolved as orch connects (hosts.yaml over ssh_config)."""
+    from orchestrator.errors import UsageError
+    from orchestrator.transport.ssh_config import alias_host, hops, resolve, route
+
+    if name is None or not ssh:
+        raise UsageError("orch hosts --ssh needs a HOST, and HOST needs --ssh")
+    inventory = load_inventory()
+    known = inventory.hosts.get(name)
+    ep = resolve(known) if known else resolve(alias_host(name), local_user_default=True)
+    if as_json:
+        print_json(route(ep))
+        return
+    for note in ep.notes:
+        err_console.print(f"note: {note}", soft_wrap=True, markup=False)
+    out = [f"{name}: {ep.user}@{ep.address} port {ep.port}"]
+    out += [f"  via {h.name}: {h.user}@{h.address} port {h.port}" for h in hops(ep)]
+    if ep.proxy_command:
+        out.append(f"  through ProxyCommand: {ep.proxy_command}")
+    keys = ", ".join(ep.identity_files) or "~/.ssh/id_ed25519, id_ecdsa, id_rsa and ssh-agent"
+    out.append(f"  keys: {keys}")
+    out.append(f"  host keys checked in {ep.known_hosts} (every hop)")
+    print("\n".join(out))
 
 
 @app.command("trust")

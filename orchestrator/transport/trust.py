@@ -51,7 +51,7 @@ def scan(host: HostConfig, *, ssh_config_path: Path | None = None) -> ScannedKey
     No authentication happens. Raises HostUnreachable when the host cannot be reached.
     """
     ep: Endpoint = resolve(host, ssh_config_path)
-    jump = jump_transport(ep, ssh_config_path) if ep.proxy_jump else None
+    jump = jump_transport(ep)
     try:
         transport = handshake(ep, open_socket(ep, jump))
         try:
