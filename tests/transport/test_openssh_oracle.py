@@ -3,6 +3,10 @@ chain ssh walks, one ``ssh -G`` per hop) on a table of tricky configs, field by 
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -14,6 +18,7 @@ from tests.transport.openssh_oracle import DEFAULT_IDENTITIES, SSH, ssh_chain, s
 
 pytestmark = pytest.mark.skipif(SSH is None, reason="needs OpenSSH's ssh (openssh-client)")
 
+ROOT = Path(__file__).resolve().parents[2]
 TEN = "".join(f"Host h{i}\n  HostName 10.0.0.{i}\n  Port {2200 + i}\n" for i in range(10))
 
 # (id, files (path under HOME -> text; "config" is the one given to -F), host)
@@ -93,6 +98,7 @@ CASES: list[tuple[str, dict[str, str], str]] = [
         "a",
     ),
     ("match-localuser", {"config": "Match localuser root,nobody\n  Port 2202\n"}, "a"),
+    ("match-attribute-then-all", {"config": "Match host a all\n  User ha\n"}, "a"),
     ("match-all", {"config": "Host a\n  Port 2203\nMatch all\n  User all\n"}, "a"),
     ("match-negated-all", {"config": "Match !all\n  User no\nHost *\n  User yes\n"}, "a"),
     (
@@ -284,3 +290,65 @@ def test_configs_ssh_refuses_are_refused_with_file_and_line(
     with pytest.raises(ConfigError) as info:
         resolve(alias_host(host), config, local_user_default=True)
     assert str(tmp_path) in str(info.value)
+
+
+def orch_route(home: Path, host: str) -> dict[str, object]:
+    """``orch hosts HOST --ssh --json`` run as a user whose ~/.ssh/config is ``home``'s."""
+    env = {**os.environ, "HOME": str(home), "PYTHONPATH": str(ROOT)}
+    env.pop("ORCH_CONFIG", None)
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "hosts", host, "--ssh", "--json"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=home,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr
+    got: dict[str, object] = json.loads(done.stdout)
+    return got
+
+
+@pytest.mark.parametrize("case", ["jump-two-forms", "match-final", "include-nested", "tokens"])
+def test_orch_hosts_ssh_json_equals_ssh(
+    case: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = dict(next(c[1] for c in CASES if c[0] == case))
+    host = next(c[2] for c in CASES if c[0] == case)
+    files[".ssh/config"] = files.pop("config")
+    write_case(tmp_path, files)
+    config = tmp_path / ".ssh" / "config"
+    want = ssh_chain(config, host, home=tmp_path)
+    got = orch_route(tmp_path, host)
+    assert (got["hostname"], got["port"], got["user"]) == (
+        want["hostname"],
+        want["port"],
+        want["user"],
+    )
+    assert [_hop(h) for h in got["jump"]] == [_hop(h) for h in want["jump"]]  # type: ignore[attr-defined]
+    assert set(got) == {"hostname", "port", "user", "identity_files", "jump", "proxy_command"}
+
+
+def test_orch_hosts_ssh_of_an_inventory_host_and_bad_usage(tmp_path: Path) -> None:
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text("Host pve-alias\n  HostName 10.1.2.3\n  Port 2201\n")
+    (tmp_path / "hosts.yaml").write_text("hosts:\n  pve1: {ssh_config: pve-alias, user: admin}\n")
+    got = orch_route(tmp_path, "pve1")
+    assert (got["hostname"], got["port"], got["user"], got["jump"]) == (
+        "10.1.2.3",
+        2201,
+        "admin",
+        [],
+    )
+    env = {**os.environ, "HOME": str(tmp_path), "PYTHONPATH": str(ROOT)}
+    done = subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "hosts", "--ssh"],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=tmp_path,
+        env=env,
+        check=False,
+    )
+    assert done.returncode == 2 and "needs a HOST" in done.stderr
