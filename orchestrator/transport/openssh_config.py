@@ -174,7 +174,7 @@ class _Reader:
         userconf: bool,
     ) -> bool:
         """Apply one line; returns the new active state (Host/Match change it)."""
-        line = raw.rstrip(WS + "\f")
+        line = raw[:1] + raw[1:].rstrip(WS + "\f")  # ssh's loop never strips the first char
         keyword, rest = _keyword(line)
         if not keyword or keyword.startswith("#"):
             return active
