@@ -85,7 +85,10 @@ def _ssh_route(name: str | None, ssh: bool, as_json: bool) -> None:
         raise UsageError("orch hosts --ssh needs a HOST, and HOST needs --ssh")
     inventory = load_inventory()
     known = inventory.hosts.get(name)
-    ep = resolve(known) if known else resolve(alias_host(name), local_user_default=True)
+    if known is not None:
+        ep = resolve(known, peers=inventory.hosts)
+    else:
+        ep = resolve(alias_host(name), local_user_default=True)
     if as_json:
         print_json(route(ep))
         return

@@ -8,6 +8,7 @@ The pooled connection itself is :mod:`orchestrator.transport.ssh`.
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -115,7 +116,12 @@ def _chain(spec: str, path: Path | None, target: HostConfig, known: Path, depth:
 
 
 def resolve(
-    host: HostConfig, ssh_config_path: Path | None = None, *, local_user_default: bool = False
+    host: HostConfig,
+    ssh_config_path: Path | None = None,
+    *,
+    local_user_default: bool = False,
+    peers: Mapping[str, HostConfig] | None = None,
+    depth: int = 1,
 ) -> Endpoint:
     """Merge ``host`` with its ``ssh_config`` alias: hosts.yaml wins for what it sets.
 
@@ -126,7 +132,8 @@ def resolve(
     ``~/.ssh/config`` then ``/etc/ssh/ssh_config``. Every hop is resolved as its own host
     (its user from the files, else the local user); the user of an alias without ``User``
     stays hosts.yaml's default, ``root`` (the local user with ``local_user_default``, as
-    ``ssh`` itself: :func:`alias_host`'s bare aliases).
+    ``ssh`` itself: :func:`alias_host`'s bare aliases). A ProxyJump that names one of
+    ``peers`` (the inventory's hosts) is that host, resolved in turn (as the pool connects).
 
     Raises:
         ConfigError: the ssh config is malformed (file:line), or the chain is too long.
@@ -171,9 +178,28 @@ def resolve(
         connect_timeout_s=host.connect_timeout_s,
         keepalive_s=host.keepalive_s,
         proxy_command=command,
-        via=_chain(jump, ssh_config_path, host, known, 1) if jump else None,
+        via=_via(jump, ssh_config_path, host, known, peers, depth),
         notes=notes,
     )
+
+
+def _via(
+    jump: str | None,
+    path: Path | None,
+    host: HostConfig,
+    known: Path,
+    peers: Mapping[str, HostConfig] | None,
+    depth: int,
+) -> Endpoint | None:
+    if not jump:
+        return None
+    if peers is None or jump not in peers or jump == host.name:
+        return _chain(jump, path, host, known, depth)
+    if depth >= MAX_HOPS:
+        raise ConfigError(
+            "hosts.yaml", None, f"hosts.{host.name}.proxy_jump", f"more than {MAX_HOPS} jump hosts"
+        )
+    return resolve(peers[jump], path, peers=peers, depth=depth + 1)
 
 
 def alias_host(alias: str) -> HostConfig:

@@ -209,3 +209,42 @@ def test_hosts_yaml_wins_over_the_ssh_config(tmp_path: Path) -> None:
     assert (got["hostname"], got["port"], got["user"]) == ("10.0.0.1", 2222, "yaml")
     assert got["identity_files"] == ["/k/cfg"]
     assert got["jump"] == [{"hostname": "10.9.9.9", "port": 22, "user": "ju"}]
+
+
+def test_a_proxy_jump_naming_an_inventory_host_is_that_host(tmp_path: Path) -> None:
+    """What the pool connects through (connect.py reuses the inventory host's connection) is
+    what ``orch hosts --ssh`` shows; a loop of inventory hosts is refused, not recursed."""
+    config = tmp_path / "ssh_config"
+    config.write_text("Host bastion\n  HostName 10.7.7.7\n  User fromconfig\n")
+    bastion = HostConfig(name="bastion", address="192.0.2.1", port=2202, user="admin")
+    pve1 = HostConfig(name="pve1", address="10.0.0.1", proxy_jump="bastion")
+    peers = {"bastion": bastion, "pve1": pve1}
+    got = route(resolve(pve1, config, peers=peers))
+    assert got["jump"] == [{"hostname": "192.0.2.1", "port": 2202, "user": "admin"}]
+    loop = {
+        "a": HostConfig(name="a", address="10.0.0.1", proxy_jump="b"),
+        "b": HostConfig(name="b", address="10.0.0.2", proxy_jump="a"),
+    }
+    with pytest.raises(ConfigError, match="more than 16 jump hosts"):
+        resolve(loop["a"], config, peers=loop)
+
+
+def test_the_pool_connects_through_an_inventory_jump_host(sshd: Sshd) -> None:
+    from orchestrator.config.inventory import parse_inventory
+    from orchestrator.transport.connect import close_all, host_transport
+
+    common = (
+        f"address: 127.0.0.1, port: {sshd.port}, user: {sshd.user}, "
+        f"identity_file: {sshd.client_key_path}, known_hosts: {sshd.known_hosts_path}"
+    )
+    inventory = parse_inventory(
+        f"hosts:\n  bastion: {{{common}}}\n  pve1: {{{common}, proxy_jump: bastion}}\n"
+    )
+    before = accepted(sshd)
+    try:
+        assert host_transport(inventory, "pve1").run(["echo", "pooled"]).out == "pooled\n"
+        bastion = host_transport(inventory, "bastion")
+        assert bastion.run(["true"]).ok and bastion.connects == 1  # type: ignore[attr-defined]
+        wait_for(lambda: accepted(sshd) - before == 2 or None, 5, what="two logins")
+    finally:
+        close_all()
