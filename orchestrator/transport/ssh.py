@@ -27,7 +27,6 @@ import contextlib
 import logging
 import os
 import select
-import shlex
 import socket
 import threading
 import time
@@ -49,10 +48,12 @@ from orchestrator.errors import (
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.known_hosts import check_host_key, fingerprint, known_entries
 from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
+from orchestrator.transport.proxy import proxy_socket, quiet_paramiko
 from orchestrator.transport.ssh_config import Endpoint, hop_host, resolve
 from orchestrator.wire.quoting import command_line, with_env
 
 log = logging.getLogger(__name__)
+quiet_paramiko()
 
 MAX_CHANNELS = 10  # sshd's MaxSessions default
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -93,11 +94,7 @@ def open_socket(ep: Endpoint, jump: SshTransport | None) -> Any:
     if jump is not None:
         return jump.open_tunnel(ep.address, ep.port, ep.connect_timeout_s)
     if ep.proxy_command:
-        shell = os.environ.get("SHELL") or "/bin/sh"
-        try:  # paramiko shlex-splits the line: hand it the shell's argv
-            return paramiko.ProxyCommand(shlex.join([shell, "-c", ep.proxy_command]))
-        except NET_ERRORS as exc:
-            raise _translate(ep.name, exc, f"starting ProxyCommand {ep.proxy_command!r}") from None
+        return proxy_socket(ep)
     try:
         sock = socket.create_connection((ep.address, ep.port), timeout=ep.connect_timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small requests: no Nagle wait

@@ -5,6 +5,7 @@ exits at once, chains that never end."""
 
 from __future__ import annotations
 
+import logging
 import sys
 import time
 from collections.abc import Iterator
@@ -160,7 +161,11 @@ def test_proxycommand_carries_the_connection(sshd: Sshd, tmp_path: Path) -> None
         transport.close()
 
 
-def test_a_proxycommand_that_exits_at_once_is_one_clear_error(sshd: Sshd, tmp_path: Path) -> None:
+def test_a_proxycommand_that_exits_at_once_is_one_clear_error(
+    sshd: Sshd, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """One HostUnreachable, quickly; paramiko's thread logs no traceback (only at debug)."""
+    caplog.set_level(logging.INFO)
     config = tmp_path / "ssh_config"
     config.write_text(_block("target", sshd, "  ProxyCommand exit 3\n"))
     transport = SshTransport(
@@ -172,6 +177,7 @@ def test_a_proxycommand_that_exits_at_once_is_one_clear_error(sshd: Sshd, tmp_pa
             transport.run(["true"])
         assert "target" in str(info.value)
         assert time.monotonic() - started < 8  # bounded by connect_timeout_s (5 s), no hang
+        assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
     finally:
         transport.close()
 
