@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -134,20 +134,19 @@ def trust_host(inventory: Inventory, host: str, *, yes: bool = False, as_json: b
     if host not in inventory.hosts:
         known = ", ".join(sorted(inventory.hosts)) or "none"
         raise UsageError(f"no host named {host!r} in the inventory (known: {known})")
-    scanned = trust.scan(inventory.hosts[host])
-    outcome = scanned.status
-    if scanned.status == trust.UNKNOWN:
-        sys.stderr.write(
-            f"{host} ({scanned.address}:{scanned.port}) presents a {scanned.key_type} key\n"
-            f"  fingerprint {scanned.fingerprint}\n"
-        )
-        if yes or typer.confirm(f"record it in {scanned.known_hosts}?", err=True):
-            trust.record(scanned)
-            outcome = "added"
-        else:
-            outcome = "declined"
-    elif scanned.status == trust.CHANGED:
-        trust.record(scanned)  # raises HostKeyChanged: refused
+    from orchestrator.transport.ssh_config import hops, resolve
+
+    ep = resolve(inventory.hosts[host], peers=inventory.hosts)
+    for hop in hops(ep):  # each jump host first, in connection order: the next goes through it
+        hop_scan = trust.scan_endpoint(hop)
+        hop_outcome = _confirm_key(hop_scan, f"jump host {hop.name}", yes)
+        if hop_outcome == "declined":
+            sys.stderr.write(f"jump host {hop.name}: not recorded; {host} not scanned\n")
+            return 1
+        if hop_outcome == "added":
+            sys.stderr.write(f"jump host {hop.name}: recorded {hop_scan.fingerprint}\n")
+    scanned = trust.scan_endpoint(ep)
+    outcome = _confirm_key(scanned, host, yes)
     if as_json:
         print_json({**scanned.to_dict(), "outcome": outcome})
     elif outcome == "known":
@@ -158,6 +157,25 @@ def trust_host(inventory: Inventory, host: str, *, yes: bool = False, as_json: b
         sys.stderr.write(f"{host}: not recorded\n")
         return 1
     return 0
+
+
+def _confirm_key(scanned: Any, label: str, yes: bool) -> str:
+    """Record an unknown key when confirmed: "known", "added" or "declined"; a changed key
+    raises HostKeyChanged (refused)."""
+    from orchestrator.transport import trust
+
+    if scanned.status == trust.CHANGED:
+        trust.record(scanned)  # raises HostKeyChanged: refused
+    if scanned.status != trust.UNKNOWN:
+        return str(scanned.status)
+    sys.stderr.write(
+        f"{label} ({scanned.address}:{scanned.port}) presents a {scanned.key_type} key\n"
+        f"  fingerprint {scanned.fingerprint}\n"
+    )
+    if yes or typer.confirm(f"record it in {scanned.known_hosts}?", err=True):
+        trust.record(scanned)
+        return "added"
+    return "declined"
 
 
 sandbox_app = typer.Typer(

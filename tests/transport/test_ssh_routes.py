@@ -254,3 +254,42 @@ def test_the_pool_connects_through_an_inventory_jump_host(sshd: Sshd) -> None:
         wait_for(lambda: accepted(sshd) - before == 2 or None, 5, what="two logins")
     finally:
         close_all()
+
+
+def test_orch_trust_records_each_jump_host_then_the_target(
+    sshd: Sshd,
+    hop_sshds: tuple[Sshd, Sshd],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """An empty known_hosts: `orch trust` shows and records hop1, hop2 (reached through hop1)
+    and the target in connection order; then a command goes through the chain."""
+    import json
+
+    from orchestrator.cli import run
+
+    one, two = hop_sshds
+    monkeypatch.setenv("HOME", str(tmp_path))
+    (tmp_path / ".ssh").mkdir()
+    (tmp_path / ".ssh" / "config").write_text(
+        _block("target", sshd, "  ProxyJump hop1,hop2\n")
+        + _block("hop1", one)
+        + _block("hop2", two)
+    )
+    known = tmp_path / "known"
+    config = tmp_path / "hosts.yaml"
+    config.write_text(f"hosts:\n  pve1: {{ssh_config: target, known_hosts: {known}}}\n")
+    assert run(["-c", str(config), "trust", "pve1", "--yes", "--json"]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out)["outcome"] == "added" and json.loads(out)["port"] == sshd.port
+    assert err.index("jump host hop1") < err.index("jump host hop2") < err.index("pve1 (")
+    lines = known.read_text().splitlines()
+    assert [ln.split()[0] for ln in lines] == [f"[127.0.0.1]:{s.port}" for s in (one, two, sshd)]
+    assert run(["-c", str(config), "trust", "pve1", "--json"]) == 0  # all known: no prompt
+    assert json.loads(capsys.readouterr().out)["outcome"] == "known"
+    transport = SshTransport(_target(known))
+    try:
+        assert transport.run(["echo", "trusted"]).out == "trusted\n"
+    finally:
+        transport.close()
