@@ -118,6 +118,8 @@ def handshake(ep: Endpoint, sock: Any) -> paramiko.Transport:
         options.key_types = preferred
     try:
         transport.start_client(timeout=ep.connect_timeout_s)
+        if not transport.is_active() or not transport.initial_kex_done:  # its timeout, a race
+            raise transport.get_exception() or TimeoutError("no key exchange")
     except NET_ERRORS as exc:
         transport.close()
         raise _translate(ep.name, exc, "during the SSH handshake") from None

@@ -161,13 +161,19 @@ def test_proxycommand_carries_the_connection(sshd: Sshd, tmp_path: Path) -> None
         transport.close()
 
 
-def test_a_proxycommand_that_exits_at_once_is_one_clear_error(
-    sshd: Sshd, tmp_path: Path, caplog: pytest.LogCaptureFixture
+@pytest.mark.parametrize(
+    "command",
+    ["exit 3", "echo no route to gw >&2; exit 1", "sleep 0.2", "sleep 60"],
+    ids=["exits", "exits-saying-why", "exits-after-reading", "hangs"],
+)
+def test_a_proxycommand_that_fails_is_one_clear_error(
+    command: str, sshd: Sshd, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
-    """One HostUnreachable, quickly; paramiko's thread logs no traceback (only at debug)."""
+    """One HostUnreachable within the connect timeout; paramiko's thread logs no traceback
+    (only at debug); a command that never answers is killed."""
     caplog.set_level(logging.INFO)
     config = tmp_path / "ssh_config"
-    config.write_text(_block("target", sshd, "  ProxyCommand exit 3\n"))
+    config.write_text(_block("target", sshd, f"  ProxyCommand {command}\n"))
     transport = SshTransport(
         _target(sshd.known_hosts_path), ssh_config_path=config, connect_attempts=1
     )
