@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import typer
 
@@ -16,6 +16,12 @@ from orchestrator.commands._app import app, err_console, load_inventory, out_con
 
 @app.command("hosts")
 def hosts_cmd(
+    host: str | None = typer.Argument(
+        None, help="With --ssh: a host of hosts.yaml, or an alias of ~/.ssh/config."
+    ),
+    ssh: bool = typer.Option(
+        False, "--ssh", help="Print how orch connects to HOST (address, user, jump hosts)."
+    ),
     as_json: bool = typer.Option(
         False, "--json", help="Print one JSON document instead of tables."
     ),
@@ -24,7 +30,12 @@ def hosts_cmd(
 
     Exit codes: 0 listed; 2 hosts.yaml is malformed (one line naming file:line and key).
     Env values whose names look secret are masked in --json output.
+    `orch hosts HOST --ssh` prints where orch connects for HOST: address, port, user, keys,
+    every jump host and any ProxyCommand, read from ~/.ssh/config as OpenSSH reads it.
     """
+    if host is not None or ssh:
+        _ssh_route(host, ssh, as_json)
+        return
     from orchestrator.config.inventory import config_search_paths, inventory_summary
 
     summary = inventory_summary(load_inventory())
@@ -65,6 +76,34 @@ def hosts_cmd(
         out_console.print(jobs)
 
 
+def _ssh_route(name: str | None, ssh: bool, as_json: bool) -> None:
+    """``orch hosts HOST --ssh``: HOST resolved as orch connects (hosts.yaml over ssh_config)."""
+    from orchestrator.errors import UsageError
+    from orchestrator.transport.ssh_config import alias_host, hops, resolve, route
+
+    if name is None or not ssh:
+        raise UsageError("orch hosts --ssh needs a HOST, and HOST needs --ssh")
+    inventory = load_inventory()
+    known = inventory.hosts.get(name)
+    if known is not None:
+        ep = resolve(known, peers=inventory.hosts)
+    else:
+        ep = resolve(alias_host(name), local_user_default=True)
+    if as_json:
+        print_json(route(ep))
+        return
+    for note in ep.notes:
+        err_console.print(f"note: {note}", soft_wrap=True, markup=False)
+    out = [f"{name}: {ep.user}@{ep.address} port {ep.port}"]
+    out += [f"  via {h.name}: {h.user}@{h.address} port {h.port}" for h in hops(ep)]
+    if ep.proxy_command:
+        out.append(f"  through ProxyCommand: {ep.proxy_command}")
+    keys = ", ".join(ep.identity_files) or "~/.ssh/id_ed25519, id_ecdsa, id_rsa and ssh-agent"
+    out.append(f"  keys: {keys}")
+    out.append(f"  host keys checked in {ep.known_hosts} (every hop)")
+    print("\n".join(out))
+
+
 @app.command("trust")
 def trust_cmd(
     host: str = typer.Argument(..., help="Host name from hosts.yaml."),
@@ -95,20 +134,19 @@ def trust_host(inventory: Inventory, host: str, *, yes: bool = False, as_json: b
     if host not in inventory.hosts:
         known = ", ".join(sorted(inventory.hosts)) or "none"
         raise UsageError(f"no host named {host!r} in the inventory (known: {known})")
-    scanned = trust.scan(inventory.hosts[host])
-    outcome = scanned.status
-    if scanned.status == trust.UNKNOWN:
-        sys.stderr.write(
-            f"{host} ({scanned.address}:{scanned.port}) presents a {scanned.key_type} key\n"
-            f"  fingerprint {scanned.fingerprint}\n"
-        )
-        if yes or typer.confirm(f"record it in {scanned.known_hosts}?", err=True):
-            trust.record(scanned)
-            outcome = "added"
-        else:
-            outcome = "declined"
-    elif scanned.status == trust.CHANGED:
-        trust.record(scanned)  # raises HostKeyChanged: refused
+    from orchestrator.transport.ssh_config import hops, resolve
+
+    ep = resolve(inventory.hosts[host], peers=inventory.hosts)
+    for hop in hops(ep):  # each jump host first, in connection order: the next goes through it
+        hop_scan = trust.scan_endpoint(hop)
+        hop_outcome = _confirm_key(hop_scan, f"jump host {hop.name}", yes)
+        if hop_outcome == "declined":
+            sys.stderr.write(f"jump host {hop.name}: not recorded; {host} not scanned\n")
+            return 1
+        if hop_outcome == "added":
+            sys.stderr.write(f"jump host {hop.name}: recorded {hop_scan.fingerprint}\n")
+    scanned = trust.scan_endpoint(ep)
+    outcome = _confirm_key(scanned, host, yes)
     if as_json:
         print_json({**scanned.to_dict(), "outcome": outcome})
     elif outcome == "known":
@@ -119,6 +157,25 @@ def trust_host(inventory: Inventory, host: str, *, yes: bool = False, as_json: b
         sys.stderr.write(f"{host}: not recorded\n")
         return 1
     return 0
+
+
+def _confirm_key(scanned: Any, label: str, yes: bool) -> str:
+    """Record an unknown key when confirmed: "known", "added" or "declined"; a changed key
+    raises HostKeyChanged (refused)."""
+    from orchestrator.transport import trust
+
+    if scanned.status == trust.CHANGED:
+        trust.record(scanned)  # raises HostKeyChanged: refused
+    if scanned.status != trust.UNKNOWN:
+        return str(scanned.status)
+    sys.stderr.write(
+        f"{label} ({scanned.address}:{scanned.port}) presents a {scanned.key_type} key\n"
+        f"  fingerprint {scanned.fingerprint}\n"
+    )
+    if yes or typer.confirm(f"record it in {scanned.known_hosts}?", err=True):
+        trust.record(scanned)
+        return "added"
+    return "declined"
 
 
 sandbox_app = typer.Typer(

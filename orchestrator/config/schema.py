@@ -67,8 +67,9 @@ HOST_FIELDS: tuple[FieldSpec, ...] = (
         "alias",
         "string",
         "none",
-        "A `Host` alias in `~/.ssh/config`; its HostName, User, Port, IdentityFile and "
-        "ProxyJump fill what this entry leaves unset.",
+        "A `Host` alias in `~/.ssh/config`; its HostName, User, Port, IdentityFile, "
+        "ProxyJump and ProxyCommand fill what this entry leaves unset, read as `ssh -G` "
+        "reads them (Include, Match; docs/ssh.md). `orch hosts HOST --ssh` shows the result.",
         in_defaults=False,
         nullable=True,
     ),
@@ -88,7 +89,8 @@ HOST_FIELDS: tuple[FieldSpec, ...] = (
         "login",
         "string `[user@]host[:port]`",
         "none",
-        "Jump host, as `ssh -J`.",
+        "Jump host, as `ssh -J`: `j1,j2,...` for a chain (first hop first), each hop "
+        "resolved through `~/.ssh/config`.",
         nullable=True,
     ),
     FieldSpec(

@@ -28,7 +28,7 @@ def _ssh(host: HostConfig, inventory: Inventory) -> Transport:
     if found is not None:
         return found
     jump = None
-    spec = resolve(host).proxy_jump
+    spec = resolve(host, peers=inventory.hosts).proxy_jump  # raises on a loop of jump hosts
     if spec and spec in inventory.hosts and spec != host.name:
         jump = _ssh(inventory.hosts[spec], inventory)
     transport = SshTransport(host, jump=jump)  # type: ignore[arg-type]

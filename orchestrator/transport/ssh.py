@@ -48,10 +48,12 @@ from orchestrator.errors import (
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.transport.known_hosts import check_host_key, fingerprint, known_entries
 from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
-from orchestrator.transport.ssh_config import Endpoint, parse_jump, resolve
+from orchestrator.transport.proxy import proxy_socket, quiet_paramiko
+from orchestrator.transport.ssh_config import Endpoint, hop_host, resolve
 from orchestrator.wire.quoting import command_line, with_env
 
 log = logging.getLogger(__name__)
+quiet_paramiko()
 
 MAX_CHANNELS = 10  # sshd's MaxSessions default
 DEFAULT_KEYS = ("id_ed25519", "id_ecdsa", "id_rsa")
@@ -87,9 +89,12 @@ def _refused(exc: BaseException, transport: paramiko.Transport) -> bool:
 
 
 def open_socket(ep: Endpoint, jump: SshTransport | None) -> Any:
-    """A TCP socket to ``ep`` (or a ``direct-tcpip`` channel through ``jump``)."""
+    """A TCP socket to ``ep``, a ``direct-tcpip`` channel through ``jump``, or the stdin and
+    stdout of ``ep.proxy_command`` (``$SHELL -c``, as ssh runs it; killed on close)."""
     if jump is not None:
         return jump.open_tunnel(ep.address, ep.port, ep.connect_timeout_s)
+    if ep.proxy_command:
+        return proxy_socket(ep)
     try:
         sock = socket.create_connection((ep.address, ep.port), timeout=ep.connect_timeout_s)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)  # small requests: no Nagle wait
@@ -113,6 +118,8 @@ def handshake(ep: Endpoint, sock: Any) -> paramiko.Transport:
         options.key_types = preferred
     try:
         transport.start_client(timeout=ep.connect_timeout_s)
+        if not transport.is_active() or not transport.initial_kex_done:  # its timeout, a race
+            raise transport.get_exception() or TimeoutError("no key exchange")
     except NET_ERRORS as exc:
         transport.close()
         raise _translate(ep.name, exc, "during the SSH handshake") from None
@@ -196,8 +203,10 @@ class SshTransport(Transport):
 
     Args:
         host: the hosts.yaml entry; ``ssh_config``/``proxy_jump`` are honoured.
-        jump: the transport of the ProxyJump host (built from the spec when ``None``).
-        ssh_config_path: file for ``host.ssh_config`` aliases (default ``~/.ssh/config``).
+        jump: the last jump host's transport (default: one per hop of ``ep.via``, nested).
+        ssh_config_path: the ssh config read alone, like ``ssh -F`` (default ``~/.ssh/config``
+            then ``/etc/ssh/ssh_config``).
+        endpoint: the resolved settings to use as they are (a hop's; default resolves ``host``).
         connect_attempts: tries per connect (exponential backoff, connection errors only).
         dead_after_s: an unanswered liveness probe older than this kills the connection
             (default ``3 * keepalive_s``, at least 10 s: a busy sshd answers late).
@@ -210,16 +219,16 @@ class SshTransport(Transport):
         *,
         jump: SshTransport | None = None,
         ssh_config_path: Path | None = None,
+        endpoint: Endpoint | None = None,
         connect_attempts: int = 3,
         dead_after_s: float | None = None,
         max_channels: int = MAX_CHANNELS,
     ) -> None:
         self.host = host
         self.name = host.name
-        self.ep = resolve(host, ssh_config_path)
-        if jump is None and self.ep.proxy_jump:
-            jump = jump_transport(self.ep, ssh_config_path)
-        self._jump = jump
+        self.ep = endpoint or resolve(host, ssh_config_path)
+        self._owned = None if jump else jump_transport(self.ep)  # closed with this one
+        self._jump = jump or self._owned
         self._attempts = max(1, connect_attempts)
         self._dead_after_s = dead_after_s or max(10.0, 3 * self.ep.keepalive_s)
         self._slots = threading.BoundedSemaphore(max_channels)
@@ -493,6 +502,8 @@ class SshTransport(Transport):
             if self._conn is not None:
                 self._conn.close()
                 self._conn = None
+        if self._owned is not None:
+            self._owned.close()
 
     def __repr__(self) -> str:
         return f"SshTransport({self.name!r}, {self.ep.user}@{self.ep.address}:{self.ep.port})"
@@ -582,18 +593,6 @@ class SshLineStream(LineStream):
             self._owner._release(self._chan)
 
 
-def jump_transport(ep: Endpoint, ssh_config_path: Path | None) -> SshTransport:
-    """A transport for the first hop of ``ep.proxy_jump`` (an ssh_config alias or user@host:port)."""
-    assert ep.proxy_jump
-    user, address, port = parse_jump(ep.proxy_jump)
-    host = HostConfig(
-        name=address,
-        address=address,
-        port=port or 22,
-        user=user or "root",
-        ssh_config=address,
-        known_hosts=str(ep.known_hosts),
-        connect_timeout_s=ep.connect_timeout_s,
-        keepalive_s=ep.keepalive_s,
-    )
-    return SshTransport(host, ssh_config_path=ssh_config_path)
+def jump_transport(ep: Endpoint) -> SshTransport | None:
+    """The transport to ``ep``'s last jump host (it builds its own hops in turn), or None."""
+    return SshTransport(hop_host(ep.via), endpoint=ep.via) if ep.via is not None else None

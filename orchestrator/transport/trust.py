@@ -50,8 +50,13 @@ def scan(host: HostConfig, *, ssh_config_path: Path | None = None) -> ScannedKey
 
     No authentication happens. Raises HostUnreachable when the host cannot be reached.
     """
-    ep: Endpoint = resolve(host, ssh_config_path)
-    jump = jump_transport(ep, ssh_config_path) if ep.proxy_jump else None
+    return scan_endpoint(resolve(host, ssh_config_path))
+
+
+def scan_endpoint(ep: Endpoint) -> ScannedKey:
+    """:func:`scan` of a resolved endpoint (a jump hop's too: its earlier hops must be known,
+    they are connected to and authenticated)."""
+    jump = jump_transport(ep)
     try:
         transport = handshake(ep, open_socket(ep, jump))
         try:
