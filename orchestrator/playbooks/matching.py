@@ -20,12 +20,15 @@ next to confirm it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.playbooks.terminal import NEEDLES as TERMINAL_NEEDLES
+from orchestrator.playbooks.terminal import Terminal
 from orchestrator.wire.model import Severity
 
 CERTAIN = "certain"
@@ -38,6 +41,15 @@ MAX_LINE_CHARS = 65536
 READ_CHUNK_BYTES = 1 << 20
 """:func:`iter_log_lines` reads this much at a time (the only buffer besides one line)."""
 
+CONSEQUENCE_PLAYBOOKS = frozenset(
+    {"gloo-timeout", "peer-connection-lost", "rendezvous-lost", "torchrun-sigterm", "nccl-timeout"}
+)
+"""Playbooks naming what a rank reports when *another* rank went away (playbooks/*.yaml):
+ranked below every cause, and when one is all there is, it says to read the other's log."""
+ABOVE_TERMINAL = 80
+"""Playbooks of this priority or more (a lost GPU, a driver mismatch, the OOM killer) explain
+whatever exception the log then ends on, so they rank above the terminal error."""
+CONSEQUENCE_NOTE = "A consequence: another rank (or process) failed first; read its log. "
 Needles = tuple[frozenset[str], ...]
 
 
@@ -263,6 +275,12 @@ def trie_regex(words: Iterable[str], bounded: frozenset[str] = frozenset()) -> s
     return body if body.startswith("(?:") else f"(?:{body})"
 
 
+@functools.lru_cache(maxsize=8)
+def _prefilter(keys: tuple[str, ...], bounded: frozenset[str]) -> re.Pattern[str]:
+    """The compiled trie of ``keys`` (cached: one playbook set builds it once per process)."""
+    return re.compile(trie_regex(keys, bounded=bounded))
+
+
 @dataclass(slots=True)
 class _Check:
     """One regex to try on a line: a line signature, or one step of a stack."""
@@ -319,13 +337,16 @@ class LogMatcher:
                 index.setdefault(alt, []).append(i)
                 if alt not in chk.bounded:
                     unbounded.add(alt)
+        for word in TERMINAL_NEEDLES:  # lines the terminal-error tracker reads
+            index.setdefault(word, [])
+            unbounded.add(word)
         self._index = index
         keys = sorted(index)
         self._keys = keys
-        trie = trie_regex(keys, bounded=frozenset(keys) - unbounded) if keys else None
-        self._quick = re.compile(trie) if trie else None
+        self._quick = _prefilter(tuple(keys), frozenset(keys) - unbounded) if keys else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
+        self._terminal = Terminal()
 
     # --- feeding ---
 
@@ -353,6 +374,7 @@ class LogMatcher:
     def _feed_hit(self, line: str, lineno: int) -> list[str]:
         text = line[:MAX_LINE_CHARS].rstrip("\r\n")
         low = text.lower()
+        self._terminal.feed(text, low, lineno)
         cands = set(self._always)
         for needle in self._keys:  # exact (keys may overlap); only lines the prefilter let in
             if needle in low:
@@ -402,7 +424,13 @@ class LogMatcher:
     # --- result ---
 
     def matches(self) -> list[Match]:
-        """Matching playbooks, best first: priority, confidence, severity, earliest line."""
+        """Matching playbooks, best first.
+
+        Causes before consequences (:data:`CONSEQUENCE_PLAYBOOKS`); among causes, those of
+        :data:`ABOVE_TERMINAL` priority first, then those that name the failure the log ends
+        on (:class:`~orchestrator.playbooks.terminal.Terminal`'s tiers), then priority,
+        confidence, severity, earliest line. A consequence on top says so in its ``confirm``.
+        """
         out = []
         for pi, seen in self._seen.items():
             pb = self._pbs[pi]
@@ -422,9 +450,46 @@ class LogMatcher:
                     confirm=confirm,
                 )
             )
-        out.sort(
-            key=lambda m: (-m.priority, CONFIDENCES.index(m.confidence), -int(m.severity), m.lineno)
-        )
+        tier = self._terminal_tiers() if out else {}
+
+        def key(m: Match) -> tuple[int, int, int, int, int, int]:
+            if m.id in CONSEQUENCE_PLAYBOOKS:
+                cls, t = 2, 0
+            elif m.priority >= ABOVE_TERMINAL:
+                cls, t = 0, 0
+            else:
+                cls, t = 1, tier.get(m.id, 9)
+            conf = CONFIDENCES.index(m.confidence)
+            return (cls, t, -m.priority, conf, -int(m.severity), m.lineno)
+
+        out.sort(key=key)
+        if out and out[0].id in CONSEQUENCE_PLAYBOOKS:
+            out[0] = replace(out[0], confirm=CONSEQUENCE_NOTE + out[0].confirm)
+        return out
+
+    def _terminal_tiers(self) -> dict[str, int]:
+        """Playbook id -> the best terminal tier (0 first) whose lines a line signature matches."""
+        found: dict[str, int] = {}
+        for t, lines in enumerate(self._terminal.tiers()):
+            for line in lines:
+                for pid in self._line_ids(line):
+                    found.setdefault(pid, t)
+        return found
+
+    def _line_ids(self, line: str) -> set[str]:
+        """Ids of the playbooks a line signature of which matches ``line`` (no state kept)."""
+        low = line.lower()
+        cands = set(self._always)
+        for needle in self._keys:
+            if needle in low:
+                cands.update(self._index[needle])
+        out = set()
+        for i in cands:
+            chk = self._checks[i]
+            if self._sigs[chk.sig].is_stack or self._pbs[chk.pb].id in out:
+                continue
+            if all(any(a in low for a in alts) for alts in chk.needles) and chk.regex.search(line):
+                out.add(self._pbs[chk.pb].id)
         return out
 
 
