@@ -20,13 +20,14 @@ next to confirm it.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.playbooks.prefilter import anchor, index_cost, prefilter
+from orchestrator.playbooks.prefilter import trie_regex as trie_regex  # re-exported (loader, tests)
 from orchestrator.playbooks.terminal import NEEDLES as TERMINAL_NEEDLES
 from orchestrator.playbooks.terminal import Terminal
 from orchestrator.wire.model import Severity
@@ -236,51 +237,6 @@ def _needles(pattern: str) -> tuple[list[frozenset[str]], frozenset[str]]:
     return out, frozenset(bounded)
 
 
-def trie_regex(words: Iterable[str], bounded: frozenset[str] = frozenset()) -> str:
-    """One regex matching any of ``words``, factored as a trie (shared prefixes once).
-
-    Python's ``re`` tries an alternation's branches one after another; a trie branches on
-    one character at each level, so the cost of a search barely grows with the word count.
-    A word in ``bounded`` matches only where a word boundary follows it.
-
-    >>> trie_regex(["kill", "killed", "nan"])
-    '(?:kill(?:ed)?|nan)'
-    >>> re.search(trie_regex(["a.b"]), "axb") is None
-    True
-    >>> rx = re.compile(trie_regex(["inf", "nan"], bounded=frozenset({"inf"})))
-    >>> [bool(rx.search(s)) for s in ("[info]", "loss: inf", "nano")]
-    [False, True, True]
-    """
-    root: dict[str, Any] = {}
-    for w in sorted(set(words)):
-        node = root
-        for ch in w:
-            node = node.setdefault(ch, {})
-        node["" if w not in bounded else "\\b"] = {}
-
-    def build(node: dict[str, Any]) -> str:
-        ends = "" in node
-        alts = [
-            ("\\b" if ch == "\\b" else re.escape(ch)) + build(node[ch])
-            for ch in sorted(k for k in node if k)
-        ]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-        if ends:
-            return f"(?:{body})?"
-        return body
-
-    body = build(root)
-    return body if body.startswith("(?:") else f"(?:{body})"
-
-
-@functools.lru_cache(maxsize=8)
-def _prefilter(keys: tuple[str, ...], bounded: frozenset[str]) -> re.Pattern[str]:
-    """The compiled trie of ``keys`` (cached: one playbook set builds it once per process)."""
-    return re.compile(trie_regex(keys, bounded=bounded))
-
-
 @dataclass(slots=True)
 class _Check:
     """One regex to try on a line: a line signature, or one step of a stack."""
@@ -331,19 +287,21 @@ class LogMatcher:
             if not chk.needles:
                 self._always.append(i)
                 continue
-            # index on one requirement: an alternation (nan|inf) is usually the telling part
-            key = max(chk.needles, key=lambda alts: (len(alts) > 1, min(map(len, alts))))
+            # index on one requirement, by its part that starts at its rarest character
+            key = min(chk.needles, key=index_cost)
             for alt in key:
-                index.setdefault(alt, []).append(i)
+                word = anchor(alt)
+                index.setdefault(word, []).append(i)
                 if alt not in chk.bounded:
-                    unbounded.add(alt)
+                    unbounded.add(word)
         for word in TERMINAL_NEEDLES:  # lines the terminal-error tracker reads
-            index.setdefault(word, [])
-            unbounded.add(word)
+            index.setdefault(anchor(word), [])
+            unbounded.add(anchor(word))
         self._index = index
         keys = sorted(index)
         self._keys = keys
-        self._quick = _prefilter(tuple(keys), frozenset(keys) - unbounded) if keys else None
+        self._pre = prefilter(tuple(keys), frozenset(keys) - unbounded) if keys else None
+        self._quick = self._pre.quick if self._pre else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
         self._terminal = Terminal()
@@ -376,9 +334,10 @@ class LogMatcher:
         low = text.lower()
         self._terminal.feed(text, low, lineno)
         cands = set(self._always)
-        for needle in self._keys:  # exact (keys may overlap); only lines the prefilter let in
-            if needle in low:
-                cands.update(self._index[needle])
+        for needle in (
+            self._pre.present(low) if self._pre else ()
+        ):  # only lines the prefilter let in
+            cands.update(self._index[needle])
         hit: list[str] = []
         for i in sorted(cands):
             chk = self._checks[i]
@@ -480,9 +439,8 @@ class LogMatcher:
         """Ids of the playbooks a line signature of which matches ``line`` (no state kept)."""
         low = line.lower()
         cands = set(self._always)
-        for needle in self._keys:
-            if needle in low:
-                cands.update(self._index[needle])
+        for needle in self._pre.present(low) if self._pre else ():
+            cands.update(self._index[needle])
         out = set()
         for i in cands:
             chk = self._checks[i]
