@@ -11,7 +11,7 @@ clear-signature and on hard (truncated or indirect) excerpts, and false matches 
 healthy ones.
 
 The baseline is the matcher and playbooks of git revision ``--baseline`` (default: the
-last commit before issue 17), loaded with ``git show`` into a temporary module, so both
+main before the vocabularies, 425c3cc), loaded with ``git show`` into a temporary module, so both
 run in the same process on the same input. Without git history the baseline is skipped.
 
 Usage: python bench/diagnose.py [--lines N] [--repeat K] [--baseline REV] [--json]
@@ -40,8 +40,10 @@ sys.path.insert(0, str(ROOT))
 from orchestrator.playbooks import loader as current  # noqa: E402  (after the path tweak)
 from tests.detect.corpus import load_corpus, score  # noqa: E402
 
-BASELINE_REV = "88d45a39ef9e598d362ed177837f267654256a83"
-"""main before issue 17 (commit 88d45a3): the matcher and the 19 signature playbooks it had."""
+BASELINE_REV = "425c3cc"
+"""main before the vocabularies (commit 425c3cc, just after the playbooks package split): the
+matcher and the 27 signature playbooks it had. ``--baseline 88d45a3`` (an older main) no
+longer loads: its loader lives at another path."""
 HEALTHY_LINE = "step={i} loss=2.3104 acc_len=3.21 tok/s=21500 lr=3.0e-04\n"
 INFO_LINE = (
     "[2024-03-01 04:51:13,576] [INFO] [logging.py:96:log_dist] [Rank 0] step={i}, skipped=0, "
@@ -68,6 +70,21 @@ def load_baseline(rev: str, workdir: Path) -> tuple[ModuleType, list[Any]] | str
     except (OSError, subprocess.CalledProcessError) as exc:
         err = getattr(exc, "stderr", "") or str(exc)
         return f"git revision {rev} not available: {err.strip()[:200]}"
+    try:  # since the playbooks package split, the matcher lives beside the loader: load it too
+        matcher = git("show", f"{rev}:orchestrator/playbooks/matching.py")
+    except subprocess.CalledProcessError:
+        matcher = None
+    if matcher is not None:
+        mpath = workdir / "orch_baseline_matching.py"
+        mpath.write_text(matcher, encoding="utf-8")
+        mspec = importlib.util.spec_from_file_location("orch_baseline_matching", mpath)
+        assert mspec is not None and mspec.loader is not None
+        mmod = importlib.util.module_from_spec(mspec)
+        sys.modules[mspec.name] = mmod
+        mspec.loader.exec_module(mmod)
+        source = source.replace(
+            "from orchestrator.playbooks.matching import", "from orch_baseline_matching import"
+        )
     path = workdir / "baseline_playbooks.py"
     path.write_text(source, encoding="utf-8")
     spec = importlib.util.spec_from_file_location("orch_baseline_playbooks", path)

@@ -21,13 +21,10 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator.playbooks.matching import Match
+from orchestrator.playbooks.matching import CONSEQUENCE_PLAYBOOKS, Match
 from orchestrator.wire.model import KernelEvent
 
-CONSEQUENCE_PLAYBOOKS = frozenset(
-    {"gloo-timeout", "peer-connection-lost", "rendezvous-lost", "torchrun-sigterm", "nccl-timeout"}
-)
-"""Playbooks naming what a rank reports when *another* rank went away (playbooks/*.yaml)."""
+# CONSEQUENCE_PLAYBOOKS lives beside the matcher, which ranks by it; imported from there
 NOT_A_CAUSE = frozenset({"silent-death", "tee-bypass", "ghost-utilization"})
 """Playbooks that describe how orch saw a run, not why a rank of a job failed."""
 
@@ -50,7 +47,7 @@ class Classification:
 def classify_lines(matches: Sequence[Match]) -> Classification:
     """A node's role from the playbook matches of its log lines (``match_log``'s, best first).
 
-    >>> from orchestrator.playbooks.matching import Match
+    >>> from orchestrator.playbooks.matching import CONSEQUENCE_PLAYBOOKS, Match
     >>> from orchestrator.wire.model import Severity
     >>> def m(pid, line): return Match(pid, pid, Severity.CRITICAL, 50, line, 1, 1)
     >>> classify_lines([m("peer-connection-lost", "Connection closed by peer [10.0.0.3]:1")]).role

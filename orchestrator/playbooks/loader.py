@@ -367,8 +367,11 @@ def _restart(r: NodeReader, node: yaml.Node) -> RestartRule:
     return RestartRule(retryable, why or "", procedure, line)
 
 
-def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A002 - the agreed API
+def load_playbooks(dir: Path | str | None = None, vocab: bool = True) -> list[Playbook]:  # noqa: A002 - the agreed API
     """Every ``*.yaml`` in ``dir`` (default: the bundled ``playbooks/``), sorted by id.
+
+    With ``vocab`` (the default) each playbook also gets the signatures of the vocabulary
+    tables in ``dir/vocab/`` that name it (:mod:`orchestrator.playbooks.vocab`).
 
     Files named ``*-rules.yaml`` (:data:`SKIP_SUFFIX`, Prometheus rules) are skipped;
     any other YAML file that is not a valid playbook is an error, never silently ignored.
@@ -396,7 +399,10 @@ def load_playbooks(dir: Path | str | None = None) -> list[Playbook]:  # noqa: A0
         if wanted is not None and getattr(out.get(wanted), "kind", None) != "procedure":
             raise ConfigError(pb.path, pb.restart.line if pb.restart else None,
                               "restart.procedure", f"no procedure playbook {wanted!r} in {root}")  # fmt: skip
-    return sorted(out.values(), key=lambda p: p.id)
+    from orchestrator.playbooks.vocab import VOCAB_DIR, attach, load_tables
+
+    books = sorted(out.values(), key=lambda p: p.id)
+    return attach(books, load_tables(root / VOCAB_DIR)) if vocab else books
 
 
 def get_playbook(playbooks: Sequence[Playbook], pid: str) -> Playbook:

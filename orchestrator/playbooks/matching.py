@@ -22,10 +22,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
+from orchestrator.playbooks.prefilter import anchor, index_cost, prefilter
+from orchestrator.playbooks.prefilter import trie_regex as trie_regex  # re-exported (loader, tests)
+from orchestrator.playbooks.terminal import NEEDLES as TERMINAL_NEEDLES
+from orchestrator.playbooks.terminal import Terminal
 from orchestrator.wire.model import Severity
 
 CERTAIN = "certain"
@@ -38,6 +42,15 @@ MAX_LINE_CHARS = 65536
 READ_CHUNK_BYTES = 1 << 20
 """:func:`iter_log_lines` reads this much at a time (the only buffer besides one line)."""
 
+CONSEQUENCE_PLAYBOOKS = frozenset(
+    {"gloo-timeout", "peer-connection-lost", "rendezvous-lost", "torchrun-sigterm", "nccl-timeout"}
+)
+"""Playbooks naming what a rank reports when *another* rank went away (playbooks/*.yaml):
+ranked below every cause, and when one is all there is, it says to read the other's log."""
+ABOVE_TERMINAL = 80
+"""Playbooks of this priority or more (a lost GPU, a driver mismatch, the OOM killer) explain
+whatever exception the log then ends on, so they rank above the terminal error."""
+CONSEQUENCE_NOTE = "A consequence: another rank (or process) failed first; read its log. "
 Needles = tuple[frozenset[str], ...]
 
 
@@ -224,45 +237,6 @@ def _needles(pattern: str) -> tuple[list[frozenset[str]], frozenset[str]]:
     return out, frozenset(bounded)
 
 
-def trie_regex(words: Iterable[str], bounded: frozenset[str] = frozenset()) -> str:
-    """One regex matching any of ``words``, factored as a trie (shared prefixes once).
-
-    Python's ``re`` tries an alternation's branches one after another; a trie branches on
-    one character at each level, so the cost of a search barely grows with the word count.
-    A word in ``bounded`` matches only where a word boundary follows it.
-
-    >>> trie_regex(["kill", "killed", "nan"])
-    '(?:kill(?:ed)?|nan)'
-    >>> re.search(trie_regex(["a.b"]), "axb") is None
-    True
-    >>> rx = re.compile(trie_regex(["inf", "nan"], bounded=frozenset({"inf"})))
-    >>> [bool(rx.search(s)) for s in ("[info]", "loss: inf", "nano")]
-    [False, True, True]
-    """
-    root: dict[str, Any] = {}
-    for w in sorted(set(words)):
-        node = root
-        for ch in w:
-            node = node.setdefault(ch, {})
-        node["" if w not in bounded else "\\b"] = {}
-
-    def build(node: dict[str, Any]) -> str:
-        ends = "" in node
-        alts = [
-            ("\\b" if ch == "\\b" else re.escape(ch)) + build(node[ch])
-            for ch in sorted(k for k in node if k)
-        ]
-        if not alts:
-            return ""
-        body = alts[0] if len(alts) == 1 else "(?:" + "|".join(alts) + ")"
-        if ends:
-            return f"(?:{body})?"
-        return body
-
-    body = build(root)
-    return body if body.startswith("(?:") else f"(?:{body})"
-
-
 @dataclass(slots=True)
 class _Check:
     """One regex to try on a line: a line signature, or one step of a stack."""
@@ -313,19 +287,24 @@ class LogMatcher:
             if not chk.needles:
                 self._always.append(i)
                 continue
-            # index on one requirement: an alternation (nan|inf) is usually the telling part
-            key = max(chk.needles, key=lambda alts: (len(alts) > 1, min(map(len, alts))))
+            # index on one requirement, by its part that starts at its rarest character
+            key = min(chk.needles, key=index_cost)
             for alt in key:
-                index.setdefault(alt, []).append(i)
+                word = anchor(alt)
+                index.setdefault(word, []).append(i)
                 if alt not in chk.bounded:
-                    unbounded.add(alt)
+                    unbounded.add(word)
+        for word in TERMINAL_NEEDLES:  # lines the terminal-error tracker reads
+            index.setdefault(anchor(word), [])
+            unbounded.add(anchor(word))
         self._index = index
         keys = sorted(index)
         self._keys = keys
-        trie = trie_regex(keys, bounded=frozenset(keys) - unbounded) if keys else None
-        self._quick = re.compile(trie) if trie else None
+        self._pre = prefilter(tuple(keys), frozenset(keys) - unbounded) if keys else None
+        self._quick = self._pre.quick if self._pre else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
+        self._terminal = Terminal()
 
     # --- feeding ---
 
@@ -353,10 +332,12 @@ class LogMatcher:
     def _feed_hit(self, line: str, lineno: int) -> list[str]:
         text = line[:MAX_LINE_CHARS].rstrip("\r\n")
         low = text.lower()
+        self._terminal.feed(text, low, lineno)
         cands = set(self._always)
-        for needle in self._keys:  # exact (keys may overlap); only lines the prefilter let in
-            if needle in low:
-                cands.update(self._index[needle])
+        for needle in (
+            self._pre.present(low) if self._pre else ()
+        ):  # only lines the prefilter let in
+            cands.update(self._index[needle])
         hit: list[str] = []
         for i in sorted(cands):
             chk = self._checks[i]
@@ -402,7 +383,13 @@ class LogMatcher:
     # --- result ---
 
     def matches(self) -> list[Match]:
-        """Matching playbooks, best first: priority, confidence, severity, earliest line."""
+        """Matching playbooks, best first.
+
+        Causes before consequences (:data:`CONSEQUENCE_PLAYBOOKS`); among causes, those of
+        :data:`ABOVE_TERMINAL` priority first, then those that name the failure the log ends
+        on (:class:`~orchestrator.playbooks.terminal.Terminal`'s tiers), then priority,
+        confidence, severity, earliest line. A consequence on top says so in its ``confirm``.
+        """
         out = []
         for pi, seen in self._seen.items():
             pb = self._pbs[pi]
@@ -422,9 +409,45 @@ class LogMatcher:
                     confirm=confirm,
                 )
             )
-        out.sort(
-            key=lambda m: (-m.priority, CONFIDENCES.index(m.confidence), -int(m.severity), m.lineno)
-        )
+        tier = self._terminal_tiers() if out else {}
+
+        def key(m: Match) -> tuple[int, int, int, int, int, int]:
+            if m.id in CONSEQUENCE_PLAYBOOKS:
+                cls, t = 2, 0
+            elif m.priority >= ABOVE_TERMINAL:
+                cls, t = 0, 0
+            else:
+                cls, t = 1, tier.get(m.id, 9)
+            conf = CONFIDENCES.index(m.confidence)
+            return (cls, t, -m.priority, conf, -int(m.severity), m.lineno)
+
+        out.sort(key=key)
+        if out and out[0].id in CONSEQUENCE_PLAYBOOKS:
+            out[0] = replace(out[0], confirm=CONSEQUENCE_NOTE + out[0].confirm)
+        return out
+
+    def _terminal_tiers(self) -> dict[str, int]:
+        """Playbook id -> the best terminal tier (0 first) whose lines a line signature matches."""
+        found: dict[str, int] = {}
+        for t, lines in enumerate(self._terminal.tiers()):
+            for line in lines:
+                for pid in self._line_ids(line):
+                    found.setdefault(pid, t)
+        return found
+
+    def _line_ids(self, line: str) -> set[str]:
+        """Ids of the playbooks a line signature of which matches ``line`` (no state kept)."""
+        low = line.lower()
+        cands = set(self._always)
+        for needle in self._pre.present(low) if self._pre else ():
+            cands.update(self._index[needle])
+        out = set()
+        for i in cands:
+            chk = self._checks[i]
+            if self._sigs[chk.sig].is_stack or self._pbs[chk.pb].id in out:
+                continue
+            if all(any(a in low for a in alts) for alts in chk.needles) and chk.regex.search(line):
+                out.add(self._pbs[chk.pb].id)
         return out
 
 
