@@ -187,6 +187,7 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 
 
 _DETECT = [(r, re.compile("|".join(f"(?:{p})" for p in r.detect))) for r in READERS]
+_DETECT_BY_NAME = {r.name: rx for r, rx in _DETECT}
 _ANY_DETECT = re.compile("|".join(f"(?:{p})" for r in READERS for p in r.detect))
 _NOT_TRAINING = re.compile(rf"(?:{NOT_TRAINING_BARS})", re.IGNORECASE)
 
@@ -213,7 +214,7 @@ def detect(line: str) -> str | None:
 # --- tqdm ------------------------------------------------------------------------------------
 
 _BAR = re.compile(
-    r"(?P<pct>\d{1,3})%\|[^|]*\|\s*(?P<n>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)\s*"
+    r"(?:(?P<pct>\d{1,3})%)?(?:\|[^|]*\|)?\s*(?<![\w/.])(?P<n>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)\s*"
     r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:]+|\?),\s*(?P<rate>[\d.]+[kMGTP]?|\?)\s*"
     r"(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
 )
@@ -251,11 +252,9 @@ def read_bar(line: str) -> Bar | None:
     >>> round(read_bar("Epoch 0: 3%|3| 3/100 [00:09<04:51,  3.00s/it, loss=2.1]").rate, 4)
     0.3333
     """
-    m = _BAR.search(line)
+    m = _last(_BAR, line) or _last(_BAR_NOTOTAL, line)
     if m is None:
-        m = _BAR_NOTOTAL.search(line)
-        if m is None:
-            return None
+        return None
     g = m.groupdict()
     rate_text, unit_text = g["rate"], g["unit"]
     rate: float | None = None
@@ -282,6 +281,14 @@ def read_bar(line: str) -> Bar | None:
         remaining_s=duration_s(remaining) if remaining else None,
         postfix=g["postfix"].lstrip(", "),
     )
+
+
+def _last(rx: re.Pattern[str], text: str) -> re.Match[str] | None:
+    """The last match: a line may hold several updates (bars written without ``\\r``)."""
+    m = None
+    for m in rx.finditer(text):  # noqa: B007 - the loop keeps the last one
+        pass
+    return m
 
 
 def integer_or_float(text: str) -> float | None:
@@ -312,7 +319,7 @@ def is_training_bar(bar: Bar) -> bool:
 
 
 def _field_value(f: Field, text: str) -> float | None:
-    m = _field_rx(f).search(text)
+    m = _last(_field_rx(f), text)
     if m is None:
         return None
     if f.metric == "eta_s":
@@ -356,7 +363,7 @@ def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
     m = _rx(reader.counter).search(text)
     if m is None:
         return
-    g = {k: v for k, v in m.groupdict().items() if v is not None}
+    g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
     if "step" in g:
         out.setdefault("step", integer(g["step"]))
         if "total" in g:
@@ -455,6 +462,7 @@ class ProgressParser:
         self.epochs: int | None = None
         self.reading = Reading()
         self.lines = 0
+        self.readings = 0  # lines that said something (a repeated value counts: the log moved)
 
     @property
     def framework(self) -> str | None:
@@ -475,13 +483,19 @@ class ProgressParser:
         if m is not None:
             self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
             return
-        got = _read(self.reader, text)
+        reader = self.reader
+        for name in reader.also:
+            if _DETECT_BY_NAME[name].search(text):
+                reader = BY_NAME[name]
+                break
+        got = _read(reader, text)
         if got is None:
             return
         bar = got.pop("_bar", None)
         if isinstance(bar, Bar) and not self._train_bar(bar, got):
             return
         self._epochs(got)
+        self.readings += 1
         rd = Reading(**{k: v for k, v in got.items() if not k.startswith("_")})  # type: ignore[arg-type]
         self.reading = self.reading.merged(rd)
 
@@ -504,7 +518,7 @@ class ProgressParser:
             return
         epoch = got.get("_epoch", self.epoch)
         epochs = got.get("_epochs", self.epochs)
-        base = 1 if self.reader.name in ("keras", "mmengine") else 0
+        base = 1 if self.reader.name in _EPOCHS_FROM_1 else 0
         if isinstance(epoch, int) and epoch >= base:
             got["step"] = (epoch - base) * n + i
             if isinstance(epochs, int):
@@ -521,6 +535,8 @@ class ProgressParser:
         return with_eta(self.reading)
 
 
+_EPOCHS_FROM_1 = ("keras", "mmengine")
+"""Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``)."""
 _EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
 
@@ -541,3 +557,32 @@ def with_eta(r: Reading) -> Reading:
     if r.unit == "s/step":
         return replace(r, eta_s=round(left * r.rate, 1))
     return r
+
+
+def summary(framework: str | None, r: Reading) -> dict[str, object]:
+    """The ``progress`` object of ``orch diagnose --json`` and the docs: ``None`` where the
+    log does not say; ``throughput`` is ``{"value", "unit"}`` or ``None``.
+
+    >>> summary("torchtitan", Reading(step=3, loss=2.5, rate=5862.0, unit="tokens/s/device"))
+    {'framework': 'torchtitan', 'step': 3, 'total_steps': None, 'loss': 2.5, 'throughput': {'value': 5862.0, 'unit': 'tokens/s/device'}, 'eta_s': None}
+    """
+    rate = {"value": r.rate, "unit": r.unit} if r.rate is not None else None
+    return {
+        "framework": framework,
+        "step": r.step,
+        "total_steps": r.total_steps,
+        "loss": r.loss,
+        "throughput": rate,
+        "eta_s": r.eta_s,
+    }
+
+
+def read_log(lines: Iterable[str], framework: str | None = None) -> tuple[str | None, Reading]:
+    """(framework detected or given, what a whole log says) — ``orch diagnose``'s reading.
+
+    >>> read_log(["iter 10: loss 2.5000, time 95.00ms, mfu 40.00%"])
+    ('nanogpt', Reading(step=10, total_steps=None, loss=2.5, rate=0.095, unit='s/step', eta_s=None))
+    """
+    p = ProgressParser(framework)
+    r = p.read(lines)
+    return p.framework, r

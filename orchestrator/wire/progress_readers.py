@@ -55,6 +55,9 @@ class Reader:
     fields: tuple[Field, ...]
     skip: tuple[str, ...] = ()
     bars: bool = False
+    also: tuple[str, ...] = ()
+    """Readers whose lines share this log (HF Trainer under DeepSpeed): a line showing one of
+    their signatures is read with that reader."""
     counter: str | None = None
     """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
     ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
@@ -70,6 +73,9 @@ _COMMON_RATE = (
     Field("rate", r"tok/s|tokens/s|tokens_per_s|tok_per_s|tokens_per_sec|tps", "tokens/s"),
     Field("rate", r"tok/s|tokens/s", "tokens/s", value_first=True),
     Field("rate", r"samples/s|samples_per_second|samples/sec|samples_per_sec", "samples/s"),
+    Field("rate", r"tokens/sec|tok/sec", "tokens/s"),
+    Field("rate", r"samples?/sec|samples?/s", "samples/s", value_first=True),
+    Field("rate", r"sec/step|s/step", "s/step", value_first=True),
 )
 
 GENERIC = Reader(
@@ -102,6 +108,7 @@ HF_TRAINER = Reader(
     fields=(*_loss("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
     skip=(r"'train_runtime'", r"'eval_", r"\{'eval"),
     bars=True,
+    also=("deepspeed",),
 )
 
 LLAMA_FACTORY = Reader(
@@ -117,7 +124,6 @@ LLAMA_FACTORY = Reader(
         *_loss("loss"),
         Field("rate", "throughput", "tokens/s"),
     ),
-    skip=(r'"eval_loss"',),
 )
 
 LIGHTNING = Reader(
@@ -145,16 +151,21 @@ DEEPSPEED = Reader(
         "DeepSpeed v0.15 deepspeed/utils/timer.py ThroughputTimer.stop "
         "('epoch={}/micro_step={}/global_step={}, RunningAvgSamplesPerSec={}, "
         "CurrSamplesPerSec={}, ...') and deepspeed/runtime/engine.py _report_progress "
-        "('step={}, skipped={}, lr={}, mom={}')"
+        "('step={}, skipped={}, lr={}, mom={}'); DeepSpeed <= 0.5 timer.py printed "
+        "'{epoch}/{step}, SamplesPerSec={}'; Megatron-DeepSpeed (bigscience) training.py "
+        "training_log (' samples/sec: {:.3f} | iteration {:8d}/{:8d} |', 'lm_loss')"
     ),
-    detect=(r"RunningAvgSamplesPerSec=", r"\bstep=\d+, skipped=\d+, lr="),
+    detect=(r"RunningAvgSamplesPerSec=", r"\bstep=\d+, skipped=\d+, lr=", r"\bSamplesPerSec="),
     fields=(
         Field("step", "global_step"),
         Field("step", "step"),
-        *_loss("loss"),
+        *_loss("lm loss", "lm_loss", "loss"),
         Field("rate", "CurrSamplesPerSec", "samples/s"),
         Field("rate", "RunningAvgSamplesPerSec", "samples/s"),
+        Field("rate", "SamplesPerSec", "samples/s"),
+        Field("rate", "samples/sec", "samples/s"),
     ),
+    counter=r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)",
 )
 
 MEGATRON = Reader(
@@ -199,7 +210,7 @@ NANOGPT = Reader(
         "(f'iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {mfu*100:.2f}%'; "
         "eval: f'step {iter_num}: train loss {:.4f}, val loss {:.4f}')"
     ),
-    detect=(r"^iter \d+: loss [-\d.naif]+, time [\d.]+ms",),
+    detect=(r"(?:^|\s)iter \d+: loss [-\d.naif]+, time [\d.]+ms",),
     fields=(
         Field("step", "iter"),
         Field("step", "step"),
@@ -231,9 +242,10 @@ MMENGINE = Reader(
     source=(
         "mmengine v0.10.4 mmengine/runner/log_processor.py LogProcessor.get_log_after_iter "
         "('Epoch(train) [{epoch}][{iter}/{n}]' or 'Iter(train) [{iter}/{max_iters}]', "
-        "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}')"
+        "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}'); mmcv v1.7 "
+        "mmcv/runner/hooks/logger/text.py TextLoggerHook ('Epoch [{}][{}/{}]\\tlr: ..., eta: ...')"
     ),
-    detect=(r"\b(?:Epoch|Iter)\(train\)\s*\[",),
+    detect=(r"\b(?:Epoch|Iter)\(train\)\s*\[", r"\bEpoch \[\d+\]\[\d+/\d+\]\s+lr: "),
     fields=(
         *_loss("loss"),
         Field("rate", "time", "s/step"),
@@ -243,7 +255,21 @@ MMENGINE = Reader(
     counter=(
         r"\bEpoch\(train\)\s*\[(?P<epoch>\d+)\]\s*\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
         r"|\bIter\(train\)\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
+        r"|\bEpoch \[(?P<epoch2>\d+)\]\[(?P<i2>\d+)/(?P<n2>\d+)\]"
     ),
+)
+
+METRIC_LOGGER = Reader(
+    name="metric-logger",
+    source=(
+        "torchvision v0.19 references/classification/utils.py MetricLogger.log_every "
+        "('Epoch: [{epoch}]  [{i}/{n}]  eta: {}  {name}: {median:.4f} ({global_avg:.4f})  "
+        "time: {}  data: {}  max mem: {}'), copied by DeiT, MAE and LLaMA2-Accessory "
+        "(whose loss meter is closs)"
+    ),
+    detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
+    fields=(*_loss("loss", "closs"), Field("rate", "time", "s/step")),
+    counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
 )
 
 KERAS = Reader(
@@ -251,9 +277,10 @@ KERAS = Reader(
     source=(
         "keras v3.5 keras/src/utils/progbar.py Progbar.update (' {n}/{target} ━━━ "
         "{eta or elapsed} {time}ms/step - {name}: {value:.4f}'); keras 2.15 "
-        "keras/utils/generic_utils.py Progbar ('[====>...] - ETA: {} - loss: {:.4f}')"
+        "keras/utils/generic_utils.py Progbar ('[====>...] - ETA: {} - loss: {:.4f}'; "
+        "verbose=2: '{n}/{target} - {s}s - loss: {} - {s}s/epoch - {t}ms/step')"
     ),
-    detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)",),
+    detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)", r"^\s*\d+/\d+ - \d+s - "),
     fields=(
         *_loss("loss"),
         Field("rate", "ms/step", "s/step", 1e-3, value_first=True),
@@ -261,7 +288,7 @@ KERAS = Reader(
         Field("rate", "s/step", "s/step", value_first=True),
         Field("eta_s", "ETA"),
     ),
-    counter=r"^\s*(?P<i>\d+)/(?P<n>\d+) (?:\[[=>.]*\]|━+)",
+    counter=r"^\s*(?P<i>\d+)/(?P<n>\d+)(?: \[[=>.]*\]| ━+| - \d+s - )",
 )
 
 MAXTEXT = Reader(
@@ -292,6 +319,7 @@ READERS: tuple[Reader, ...] = (
     LIGHTNING,
     HF_TRAINER,
     NANOGPT,
+    METRIC_LOGGER,
     KERAS,
 )
 """Detection order: the most specific signature first (a MaxText or Megatron line is never
