@@ -5,14 +5,13 @@ The one progress parser of orch: the agent's snapshot, the host observer, the de
 :mod:`orchestrator.wire.progress_readers`; this module holds the pure readers.
 
 - :func:`read_line` reads one line with one reader (pure; never raises);
-- :func:`read_bar` reads a tqdm bar (tqdm v4.66 tqdm/std.py ``tqdm.format_meter``);
+- :mod:`~orchestrator.wire.progress_bars` reads tqdm bars, and
+  :mod:`~orchestrator.wire.progress_numbers` numbers, durations and raw lines;
 - :func:`detect` names the framework a line comes from;
 - :class:`ProgressParser` follows a log: it detects the framework, remembers the training
   bar's total and the epoch, and merges the newest value of each metric.
 
-Bad input is parsed or ignored: a line is cut to its last ``MAX_LINE_CHARS`` characters
-after the last carriage return, a step is an int below 2**53 (else ignored), a loss may be
-``nan``/``inf`` (the nan-loss detector's business), a rate must be finite and >= 0.
+Bad input is parsed or ignored (progress_numbers); a rate must be finite and >= 0.
 
 >>> r = read_line("{'loss': '2.345', 'grad_norm': '1.2', 'learning_rate': '5e-05', 'epoch': 0.5}",
 ...               BY_NAME["hf-trainer"])
@@ -29,31 +28,26 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
-from orchestrator.wire.progress_readers import (
-    BY_NAME,
-    GENERIC,
-    NOT_TRAINING_BARS,
-    NOT_TRAINING_UNITS,
-    READERS,
-    Field,
-    Reader,
+from orchestrator.wire.progress_bars import Bar, is_training_bar, read_bar
+from orchestrator.wire.progress_numbers import (
+    MAX_STEP,
+    SCALE,
+    clean,
+    duration_s,
+    integer,
+    last_match,
+    number,
 )
+from orchestrator.wire.progress_readers import BY_NAME, GENERIC, READERS, Field, Reader
 
-MAX_LINE_CHARS = 4096
-"""A longer line is read from its last this many characters (a tqdm stream without newlines
-ends with the newest bar)."""
-MAX_STEP = 2**53
-
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 NUM = (
     r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+|[-+]?(?:nan|inf)"
 )
 _DURATION = r"(?:\d+ days?, )?\d+(?::\d\d){1,2}|\d+(?:\.\d+)?(?:ms|s|m|h)\b"
 _SEP = r"['\"]?\s*(?:[:=]\s*|\s+)['\"]?"
-_SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
 @dataclass(frozen=True, slots=True)
@@ -85,76 +79,6 @@ class Reading:
             unit=unit,
             eta_s=newer.eta_s if newer.eta_s is not None else self.eta_s,
         )
-
-
-def clean(line: str) -> str:
-    """The part of ``line`` a reader looks at: after the last ``\\r``, no ANSI colours, cut.
-
-    >>> clean("\\x1b[31mstep: 1\\x1b[39m")
-    'step: 1'
-    >>> clean("10%|#| 1/10 [00:01<00:09]\\r20%|##| 2/10 [00:02<00:08]")
-    '20%|##| 2/10 [00:02<00:08]'
-    >>> len(clean("x" * 10_000_000))
-    4096
-    """
-    if "\r" in line:
-        parts = [p for p in line[-MAX_LINE_CHARS * 4 :].split("\r") if p.strip()]
-        line = parts[-1] if parts else ""
-    line = line[-MAX_LINE_CHARS * 2 :]
-    if "\x1b" in line:
-        line = _ANSI.sub("", line)
-    return line[-MAX_LINE_CHARS:]
-
-
-def number(text: str) -> float | None:
-    """A printed number: thousands separators dropped, ``nan``/``inf`` kept; else ``None``.
-
-    >>> number("5,862"), number("2.345E+00"), number("-0"), number("1e309"), number("x")
-    (5862.0, 2.345, -0.0, inf, None)
-    """
-    try:
-        return float(text.replace(",", ""))
-    except (ValueError, OverflowError):
-        return None
-
-
-def integer(text: str) -> int | None:
-    """A step or a total: a whole number below 2**53 (``1.23k`` as tqdm scales it), else ``None``.
-
-    >>> integer("1,200"), integer("7" * 400), integer("1.5k"), integer("-3")
-    (1200, None, 1500, None)
-    """
-    text = text.replace(",", "")
-    scale = _SCALE.get(text[-1:], 0.0) if text[-1:].isalpha() else 1.0
-    if scale == 0.0 or len(text) > 20:
-        return None
-    v = number(text[:-1] if text[-1:].isalpha() else text)
-    if v is None or not math.isfinite(v) or v < 0:
-        return None
-    n = int(v * scale)
-    return n if n < MAX_STEP else None
-
-
-def duration_s(text: str) -> float | None:
-    """Seconds of a printed duration: ``1:02:03``, ``06:20``, ``1 day, 2:03:04``, ``30s``.
-
-    >>> duration_s("06:20"), duration_s("1 day, 2:03:04"), duration_s("95ms"), duration_s("?")
-    (380.0, 93784.0, 0.095, None)
-    """
-    text = text.strip()
-    days = 0
-    m = re.match(r"(\d+) days?, (.*)$", text)
-    if m:
-        days, text = int(m.group(1)), m.group(2)
-    if re.fullmatch(r"\d+(?::\d\d){1,2}", text):
-        secs = 0.0
-        for part in text.split(":"):
-            secs = secs * 60 + int(part)
-        return days * 86400 + secs
-    m = re.fullmatch(r"(\d+(?:\.\d+)?)(ms|s|m|h)", text)
-    if m:
-        return float(m.group(1)) * {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}[m.group(2)]
-    return None
 
 
 # --- the compiled tables -----------------------------------------------------------------------
@@ -189,7 +113,6 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 _DETECT = [(r, re.compile("|".join(f"(?:{p})" for p in r.detect))) for r in READERS]
 _DETECT_BY_NAME = {r.name: rx for r, rx in _DETECT}
 _ANY_DETECT = re.compile("|".join(f"(?:{p})" for r in READERS for p in r.detect))
-_NOT_TRAINING = re.compile(rf"(?:{NOT_TRAINING_BARS})", re.IGNORECASE)
 
 
 def detect(line: str) -> str | None:
@@ -211,115 +134,11 @@ def detect(line: str) -> str | None:
     return None
 
 
-# --- tqdm ------------------------------------------------------------------------------------
-
-_BAR = re.compile(
-    r"(?:(?P<pct>\d{1,3})%)?(?:\|[^|]*\|)?\s*(?<![\w/.])(?P<n>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)\s*"
-    r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:]+|\?),\s*(?P<rate>[\d.]+[kMGTP]?|\?)\s*"
-    r"(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
-)
-_BAR_NOTOTAL = re.compile(
-    r"(?<![\w/])(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?P<unitn>[A-Za-z]*) \[(?P<elapsed>[\d:]+),\s*"
-    r"(?P<rate>[\d.]+[kMGTP]?|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
-)
-_BAR_UNITS = {"it": "it/s", "tok": "tokens/s", "tokens": "tokens/s", "samples": "samples/s",
-              "step": "it/s", "steps": "it/s", "batch": "it/s", "batches": "it/s"}  # fmt: skip
-
-
-@dataclass(frozen=True, slots=True)
-class Bar:
-    """A tqdm bar: ``desc`` is the text before it, ``rate`` already in ``unit`` (``s/it``
-    becomes it/s: tqdm inverts a rate below 1 for display only)."""
-
-    desc: str
-    n: int | None
-    total: int | None
-    rate: float | None
-    unit: str | None
-    counts: str
-    remaining_s: float | None
-    postfix: str
-
-
-def read_bar(line: str) -> Bar | None:
-    """A tqdm bar printed by ``format_meter`` (``{desc}: {pct}%|{bar}| {n}/{total}
-    [{elapsed}<{remaining}, {rate}{unit}/s{postfix}]``), else ``None``.
-
-    >>> read_bar(" 45%|####5     | 450/1000 [02:10<02:39,  3.45it/s]")
-    Bar(desc='', n=450, total=1000, rate=3.45, unit='it/s', counts='it', remaining_s=159.0, postfix='')
-    >>> read_bar("Map: 100%|██████████| 5000/5000 [00:01<00:00, 4000.00 examples/s]").counts
-    'examples'
-    >>> round(read_bar("Epoch 0: 3%|3| 3/100 [00:09<04:51,  3.00s/it, loss=2.1]").rate, 4)
-    0.3333
-    """
-    m = _last(_BAR, line) or _last(_BAR_NOTOTAL, line)
-    if m is None:
-        return None
-    g = m.groupdict()
-    rate_text, unit_text = g["rate"], g["unit"]
-    rate: float | None = None
-    unit: str | None = None
-    counts = ""
-    if unit_text.startswith("s/"):
-        counts = unit_text[2:]
-        v = integer_or_float(rate_text)
-        rate = 1.0 / v if v else None
-    elif unit_text.endswith("/s"):
-        counts = unit_text[:-2]
-        rate = integer_or_float(rate_text)
-    unit = _BAR_UNITS.get(counts)
-    if unit is None:
-        rate = None
-    remaining = g.get("remaining")
-    return Bar(
-        desc=line[: m.start()].strip().rstrip(":").strip(),
-        n=integer(g["n"]),
-        total=integer(g["total"]) if g.get("total") else None,
-        rate=rate if rate is None or (math.isfinite(rate) and rate >= 0) else None,
-        unit=unit if rate is not None else None,
-        counts=counts,
-        remaining_s=duration_s(remaining) if remaining else None,
-        postfix=g["postfix"].lstrip(", "),
-    )
-
-
-def _last(rx: re.Pattern[str], text: str) -> re.Match[str] | None:
-    """The last match: a line may hold several updates (bars written without ``\\r``)."""
-    m = None
-    for m in rx.finditer(text):  # noqa: B007 - the loop keeps the last one
-        pass
-    return m
-
-
-def integer_or_float(text: str) -> float | None:
-    """A tqdm-scaled number (``4.00k``), else ``None``.
-
-    >>> integer_or_float("4.00k"), integer_or_float("?")
-    (4000.0, None)
-    """
-    scale = _SCALE.get(text[-1:], 1.0) if text[-1:].isalpha() else 1.0
-    v = number(text[:-1] if text[-1:].isalpha() else text)
-    return v * scale if v is not None else None
-
-
-def is_training_bar(bar: Bar) -> bool:
-    """Whether a bar may be the training loop's (not a dataset map, a download, an eval).
-
-    >>> is_training_bar(read_bar("Loading checkpoint shards: 100%|##| 4/4 [00:03<00:00,  1.2it/s]"))
-    False
-    >>> is_training_bar(read_bar("Epoch 2:  10%|#  | 10/100 [00:03<00:27,  3.3it/s, v_num=1]"))
-    True
-    """
-    if bar.counts in NOT_TRAINING_UNITS:
-        return False
-    return not (bar.desc and _NOT_TRAINING.search(bar.desc))
-
-
 # --- one line --------------------------------------------------------------------------------
 
 
 def _field_value(f: Field, text: str) -> float | None:
-    m = _last(_field_rx(f), text)
+    m = last_match(_field_rx(f), text)
     if m is None:
         return None
     if f.metric == "eta_s":
@@ -329,7 +148,7 @@ def _field_value(f: Field, text: str) -> float | None:
         return None
     suffix = m.group(2) or ""
     if f.value_first:
-        v *= _SCALE.get(suffix, 1.0)
+        v *= SCALE.get(suffix, 1.0)
     elif suffix == "ms" and f.scale == 1.0:
         v *= 1e-3
     return v * f.scale
@@ -526,6 +345,17 @@ class ProgressParser:
         else:
             got["step"] = i
             got.setdefault("total_steps", n)
+
+    def tee(self, lines: Iterable[str]) -> Iterator[str]:
+        """Yield ``lines`` unchanged, feeding each one (``orch diagnose`` reads a log once
+        for its signatures and its progress)."""
+        for line in lines:
+            self.feed(line)
+            yield line
+
+    def result(self) -> Reading:
+        """The reading so far, with an ETA worked out (:func:`with_eta`)."""
+        return with_eta(self.reading)
 
     def read(self, lines: Iterable[str]) -> Reading:
         """Feed ``lines`` (oldest first); the reading so far, an ETA worked out when a total
