@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from orchestrator.wire.model import Metrics
+
 
 def format_rate(value: float, unit: str) -> str:
     """A throughput with its unit, for a person (a time per step in ms when under a second).
@@ -53,3 +55,27 @@ def format_progress(p: dict[str, object]) -> str:
         parts.append(f"ETA {format_eta(eta)}")
     head = f"progress ({p.get('framework') or 'generic'}): "
     return head + (", ".join(parts) if parts else "no step, loss or throughput in this log")
+
+
+def step_text(m: Metrics) -> str:
+    """``step 300/500000 ETA 1h02m`` (the total and the ETA when the log gives them).
+
+    >>> step_text(Metrics(step=300, total_steps=500000, eta_s=3720.0))
+    'step 300/500000 ETA 1h02m'
+    >>> step_text(Metrics(step=7))
+    'step 7'
+    """
+    out = f"step {m.step}" + (f"/{m.total_steps}" if m.total_steps is not None else "")
+    return out + (f" ETA {format_eta(m.eta_s)}" if m.eta_s is not None else "")
+
+
+def rate_text(value: float, unit: str) -> str:
+    """A watch line's rate: tokens/s as before (``21.5k tok/s``), any other unit as printed.
+
+    >>> rate_text(21500.0, "tokens/s"), rate_text(5862.0, "tokens/s/device")
+    ('21.5k tok/s', '5,862 tokens/s/device')
+    """
+    if unit == "tokens/s":
+        short = f"{value / 1e3:.1f}k" if abs(value) >= 1e3 else f"{value:.0f}"
+        return f"{short} tok/s"
+    return format_rate(value, unit)

@@ -31,6 +31,7 @@ import re
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, replace
 
+from orchestrator.wire.model import Metrics
 from orchestrator.wire.progress_bars import Bar, is_training_bar, read_bar
 from orchestrator.wire.progress_numbers import (
     MAX_STEP,
@@ -416,3 +417,18 @@ def read_log(lines: Iterable[str], framework: str | None = None) -> tuple[str | 
     p = ProgressParser(framework)
     r = p.read(lines)
     return p.framework, r
+
+
+def metrics_progress(m: Metrics | None) -> dict[str, object] | None:
+    """:func:`summary` of a snapshot's metrics (``orch status --json``, ``orch check --json``);
+    ``None`` without metrics. An older agent's tokens/s stands as the throughput.
+
+    >>> metrics_progress(Metrics(step=4, tokens_per_s=900.0))["throughput"]
+    {'value': 900.0, 'unit': 'tokens/s'}
+    """
+    if m is None:
+        return None
+    rate, unit = m.throughput, m.throughput_unit
+    if rate is None and m.tokens_per_s is not None:
+        rate, unit = m.tokens_per_s, "tokens/s"
+    return summary(m.framework, Reading(m.step, m.total_steps, m.loss, rate, unit, m.eta_s))
