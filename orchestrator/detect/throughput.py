@@ -112,4 +112,4 @@ def _fmt_rate(v: float) -> str:
     """
     if v >= 100:
         return f"{v:,.0f}"
-    return f"{v:.2f}" if v >= 1 else f"{v:.3g}"
+    return f"{v:.2f}" if v >= 0.1 else f"{v:.3g}"
