@@ -15,7 +15,8 @@ MAX_LINE_CHARS = 4096
 ends with the newest bar)."""
 MAX_STEP = 2**53
 
-_ANSI = re.compile(r"\x1b\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+_ANSI = re.compile(r"[\x1b\ufffd]\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
+"""Colour codes, also as the agent's log reader leaves them (ESC replaced by U+FFFD)."""
 SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
@@ -33,7 +34,7 @@ def clean(line: str) -> str:
         parts = [p for p in line[-MAX_LINE_CHARS * 4 :].split("\r") if p.strip()]
         line = parts[-1] if parts else ""
     line = line[-MAX_LINE_CHARS * 2 :]
-    if "\x1b" in line:
+    if "\x1b" in line or "\ufffd[" in line:
         line = _ANSI.sub("", line)
     return line[-MAX_LINE_CHARS:]
 
