@@ -9,7 +9,7 @@ the same length without its digits); then the whole follow-a-log path the agent 
 
 Usage: ``python bench/progress.py [--repeat 2000] [--json]``; the last line with ``--json``
 is ``{"readers": {name: {"us_per_line", "us_per_silent_line", "lines"}}, "feed_us_per_line",
-"score": {"n", "step", "loss", "throughput"}}``.
+"score": {"corpus"|"heldout": {"n", "step", "loss", "throughput"}}}``.
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ from orchestrator.wire.progress import ProgressParser, read_line  # noqa: E402
 from orchestrator.wire.progress_readers import BY_NAME  # noqa: E402
 from tests.progress.corpus import load, score  # noqa: E402
 
+HELDOUT = ROOT / "tests" / "data" / "progress_heldout"
 TRAINER_LINE = "step=120 loss=2.3410 acc_len=3.21 tok/s=21500 lr=3.0e-04 gpu_mem=41.2"
 
 
@@ -72,10 +73,12 @@ def main() -> None:
     trainer = _median_us(ProgressParser().feed, [TRAINER_LINE], args.repeat)
     print(f"follow a log (ProgressParser.feed), all corpus lines: {feed:.2f} us/line; "
           f"the bundled trainer's line: {trainer:.2f} us/line")  # fmt: skip
-    s = score(cases)
-    right = {k: s[k] for k in ("n", "step", "loss", "throughput")}
-    print(f"corpus: step {s['step']}/{s['n']}, loss {s['loss']}/{s['n']}, "
-          f"throughput {s['throughput']}/{s['n']}")  # fmt: skip
+    right = {}
+    for label, root in (("corpus", None), ("heldout", HELDOUT)):
+        s = score(cases if root is None else load(root))
+        right[label] = {k: s[k] for k in ("n", "step", "loss", "throughput")}
+        print(f"{label}: step {s['step']}/{s['n']}, loss {s['loss']}/{s['n']}, "
+              f"throughput {s['throughput']}/{s['n']}")  # fmt: skip
     if args.json:
         print(json.dumps({"readers": readers, "feed_us_per_line": round(feed, 2),
                           "trainer_feed_us_per_line": round(trainer, 2), "score": right}))  # fmt: skip

@@ -57,6 +57,8 @@ def read_bar(line: str) -> Bar | None:
     >>> round(read_bar("Epoch 0: 3%|3| 3/100 [00:09<04:51,  3.00s/it, loss=2.1]").rate, 4)
     0.3333
     """
+    if "[" not in line or ("/s" not in line and "s/" not in line and "?" not in line):
+        return None  # every bar has "[elapsed..., rate]" and a rate "x/s", "s/x" or "?"
     m = last_match(_BAR, line) or last_match(_BAR_NOTOTAL, line)
     if m is None:
         return None
