@@ -42,6 +42,9 @@ EXTRA_PATTERNS: dict[str, str] = {
 }
 OVERRIDABLE = ("step", "loss", "tokens_per_s", *EXTRA_PATTERNS)
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
+READ_LINES = 16
+"""A longer read (the first one takes the log's last 16 KiB) is read in full from its newest
+this many lines; the older ones give only the framework and the epoch (cost: bench/poll.py)."""
 
 
 def _value(match: re.Match[str]) -> float | None:
@@ -104,7 +107,10 @@ class MetricParser:
         lines = list(lines)
         p = self.progress
         before = p.readings
-        for line in lines:
+        cut = max(0, len(lines) - READ_LINES)
+        for line in lines[:cut]:
+            p.skim(line)
+        for line in lines[cut:]:
             p.feed(line)
         r = with_eta(p.reading) if p.readings != before else Reading()
         found = self._overrides(lines)

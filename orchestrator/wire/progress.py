@@ -113,7 +113,7 @@ def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
 
 _DETECT = [(r, re.compile("|".join(f"(?:{p})" for p in r.detect))) for r in READERS]
 _DETECT_BY_NAME = {r.name: rx for r, rx in _DETECT}
-_ANY_DETECT = re.compile("|".join(f"(?:{p})" for r in READERS for p in r.detect))
+_ANY_HINT = re.compile("|".join(re.escape(h) for r in READERS for h in r.hints))
 
 
 def detect(line: str) -> str | None:
@@ -127,10 +127,10 @@ def detect(line: str) -> str | None:
     True
     """
     text = clean(line)
-    if not _ANY_DETECT.search(text):
+    if _ANY_HINT.search(text) is None:
         return None
     for reader, rx in _DETECT:
-        if rx.search(text):
+        if any(h in text for h in reader.hints) and rx.search(text):
             return reader.name
     return None
 
@@ -138,8 +138,37 @@ def detect(line: str) -> str | None:
 # --- one line --------------------------------------------------------------------------------
 
 
-def _field_value(f: Field, text: str) -> float | None:
-    m = last_match(_field_rx(f), text)
+def field_hints(key: str) -> tuple[str, ...]:
+    r"""Lower-case literal text one of which any match of ``key`` contains; ``()`` when the
+    alternatives are not plain enough to tell (then the regex always runs).
+
+    >>> field_hints(r"global_step|step|iter"), field_hints(r"(?:us|μs)/step")
+    (('global_step', 'step', 'iter'), ())
+    >>> field_hints(r"throughput per GPU \(TFLOP/s/GPU\)")
+    ('throughput per gpu (tflop/s/gpu)',)
+    """
+    alts = key.split("|")
+    if any(not a or re.search(r"[][()?*+{}^$.]", re.sub(r"\\.", "", a)) for a in alts):
+        return ()
+    return tuple(re.sub(r"\\(.)", r"\1", a).lower() for a in alts)
+
+
+def _compiled(reader: Reader) -> list[tuple[Field, re.Pattern[str], tuple[str, ...]]]:
+    """The reader's fields with their regex and hints, built once per reader."""
+    got = _COMPILED.get(reader.name)
+    if got is None:
+        got = _COMPILED[reader.name] = [
+            (f, _field_rx(f), field_hints(f.key)) for f in reader.fields
+        ]
+    return got
+
+
+_COMPILED: dict[str, list[tuple[Field, re.Pattern[str], tuple[str, ...]]]] = {}
+_DIGIT = re.compile(r"\d")
+
+
+def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
+    m = last_match(rx, text)
     if m is None:
         return None
     if f.metric == "eta_s":
@@ -157,10 +186,17 @@ def _field_value(f: Field, text: str) -> float | None:
 
 def _fields(reader: Reader, text: str, skipped: bool) -> dict[str, object]:
     out: dict[str, object] = {}
-    for f in reader.fields:
+    low = text.lower()
+    for f, rx, hints in _compiled(reader):
         if f.metric in out or (skipped and f.metric in ("loss", "rate")):
             continue
-        v = _field_value(f, text)
+        if hints:
+            for h in hints:
+                if h in low:
+                    break
+            else:
+                continue
+        v = _field_value(f, rx, text)
         if v is None:
             continue
         if f.metric in ("step", "total_steps"):
@@ -212,7 +248,7 @@ def read_line(line: str, reader: Reader = GENERIC) -> Reading | None:
     Reading(step=200, total_steps=None, loss=9.1, rate=12345.6, unit='words/s', eta_s=None)
     """
     text = clean(line)
-    if not any(c.isdigit() for c in text):
+    if not _DIGIT.search(text):
         return None
     r = _read(reader, text)
     if r is None:
@@ -289,12 +325,13 @@ class ProgressParser:
         """The reader's name once one is detected or forced, else ``None`` (generic)."""
         return self.reader.name if self.detected else None
 
-    def feed(self, line: str) -> None:
-        """Read one line (oldest first) into :attr:`reading`; never raises."""
+    def skim(self, line: str) -> str | None:
+        """Take only the framework and the epoch from ``line`` (an older line of a long read,
+        where the newest lines carry the values); its clean text when there is more to read."""
         self.lines += 1
         text = clean(line)
-        if not text or not any(c.isdigit() for c in text):
-            return
+        if not text or not _DIGIT.search(text):
+            return None
         if not self.detected:
             name = detect(text)
             if name is not None:
@@ -302,6 +339,13 @@ class ProgressParser:
         m = _EPOCH_LINE.match(text)
         if m is not None:
             self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
+            return None
+        return text
+
+    def feed(self, line: str) -> None:
+        """Read one line (oldest first) into :attr:`reading`; never raises."""
+        text = self.skim(line)
+        if text is None:
             return
         reader = self.reader
         for name in reader.also:

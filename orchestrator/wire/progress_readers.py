@@ -58,6 +58,9 @@ class Reader:
     also: tuple[str, ...] = ()
     """Readers whose lines share this log (HF Trainer under DeepSpeed): a line showing one of
     their signatures is read with that reader."""
+    hints: tuple[str, ...] = ()
+    """Literal text every ``detect`` match contains (one of them): a line without any is not
+    searched (a substring test costs far less than a regex)."""
     counter: str | None = None
     """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
     ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
@@ -99,6 +102,7 @@ HF_TRAINER = Reader(
         "on_train_begin (tqdm(total=state.max_steps)); trainer.py Trainer.log; also TRL, "
         "axolotl and LLaMA-Factory, which print through the same callback"
     ),
+    hints=("'loss': ", "'learning_rate': ", "'train_runtime': ", "Running training"),
     detect=(
         r"\{'loss': ",
         r"'learning_rate': ",
@@ -117,6 +121,7 @@ LLAMA_FACTORY = Reader(
         "LLaMA-Factory v0.9 src/llamafactory/train/callbacks.py LogCallback.on_log "
         "(trainer_log.jsonl: current_steps, total_steps, loss, remaining_time, throughput)"
     ),
+    hints=('"current_steps"', '"total_steps"'),
     detect=(r'"current_steps": \d+', r'"total_steps": \d+'),
     fields=(
         Field("step", "current_steps"),
@@ -133,6 +138,7 @@ LIGHTNING = Reader(
         "(train bar desc 'Epoch {n}', postfix from get_metrics: v_num, train_loss_step...) "
         "and rich_progress.py (Epoch {n}/{max} ... {rate}it/s {metrics})"
     ),
+    hints=("v_num",),
     detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
     fields=(
         *_loss(
@@ -155,6 +161,7 @@ DEEPSPEED = Reader(
         "'{epoch}/{step}, SamplesPerSec={}'; Megatron-DeepSpeed (bigscience) training.py "
         "training_log (' samples/sec: {:.3f} | iteration {:8d}/{:8d} |', 'lm_loss')"
     ),
+    hints=("SamplesPerSec=", ", skipped="),
     detect=(r"RunningAvgSamplesPerSec=", r"\bstep=\d+, skipped=\d+, lr=", r"\bSamplesPerSec="),
     fields=(
         Field("step", "global_step"),
@@ -175,6 +182,7 @@ MEGATRON = Reader(
         "(' iteration {:8d}/{:8d} |', ' elapsed time per iteration (ms): {:.1f} |', "
         "' throughput per GPU (TFLOP/s/GPU): {:.1f} |', ' {key}: {:.6E} |' per loss)"
     ),
+    hints=("iteration ",),
     detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
     fields=(
         *_loss("lm loss", "loss"),
@@ -192,6 +200,7 @@ TORCHTITAN = Reader(
         "('step: {step:2}  loss: {loss:7.4f}  ... tps: {round(tps):,}  tflops: {:,.2f}  "
         "mfu: {:.2f}%'; tps is tokens per second per device; older train.py printed wps)"
     ),
+    hints=("tps:", "wps:"),
     detect=(r"\bstep:\s*\d+\s+loss:\s*\S+\s+.*\b(?:tps|wps):\s*[\d,]+",),
     fields=(
         Field("step", "step"),
@@ -210,6 +219,7 @@ NANOGPT = Reader(
         "(f'iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {mfu*100:.2f}%'; "
         "eval: f'step {iter_num}: train loss {:.4f}, val loss {:.4f}')"
     ),
+    hints=("iter ",),
     detect=(r"(?:^|\s)iter \d+: loss [-\d.naif]+, time [\d.]+ms",),
     fields=(
         Field("step", "iter"),
@@ -228,6 +238,7 @@ FAIRSEQ = Reader(
         "(json.dumps of the stats, values as formatted strings), and "
         "fairseq_cli/train.py's stats (loss, wps, ups, num_updates)"
     ),
+    hints=("num_updates", "wps"),
     detect=(r"\bnum_updates[=\"':]", r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]"),
     fields=(
         Field("step", "num_updates"),
@@ -245,6 +256,7 @@ MMENGINE = Reader(
         "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}'); mmcv v1.7 "
         "mmcv/runner/hooks/logger/text.py TextLoggerHook ('Epoch [{}][{}/{}]\\tlr: ..., eta: ...')"
     ),
+    hints=("(train)", "Epoch ["),
     detect=(r"\b(?:Epoch|Iter)\(train\)\s*\[", r"\bEpoch \[\d+\]\[\d+/\d+\]\s+lr: "),
     fields=(
         *_loss("loss"),
@@ -267,6 +279,7 @@ METRIC_LOGGER = Reader(
         "time: {}  data: {}  max mem: {}'), copied by DeiT, MAE and LLaMA2-Accessory "
         "(whose loss meter is closs)"
     ),
+    hints=("Epoch: [",),
     detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
     fields=(*_loss("loss", "closs"), Field("rate", "time", "s/step")),
     counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
@@ -280,6 +293,7 @@ KERAS = Reader(
         "keras/utils/generic_utils.py Progbar ('[====>...] - ETA: {} - loss: {:.4f}'; "
         "verbose=2: '{n}/{target} - {s}s - loss: {} - {s}s/epoch - {t}ms/step')"
     ),
+    hints=("[=", "[>", "[.", "━", "s - "),
     detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)", r"^\s*\d+/\d+ - \d+s - "),
     fields=(
         *_loss("loss"),
@@ -298,6 +312,7 @@ MAXTEXT = Reader(
         "MetricLogger.log_metrics ('completed step: {}, seconds: {:.3f}, "
         "TFLOP/s/device: {:.3f}, Tokens/s/device: {:.3f}, total_weights: {}, loss: {:.3f}')"
     ),
+    hints=("completed step: ",),
     detect=(r"\bcompleted step: \d+, seconds: ",),
     fields=(
         Field("step", "completed step"),
