@@ -44,7 +44,9 @@ OVERRIDABLE = ("step", "loss", "tokens_per_s", *EXTRA_PATTERNS)
 _SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6}
 READ_LINES = 16
 """A longer read (the first one takes the log's last 16 KiB) is read in full from its newest
-this many lines; the older ones give only the framework and the epoch (cost: bench/poll.py)."""
+this many lines; the ``SKIM_LINES`` before them give only the framework and the epoch, and
+older ones nothing (cost: bench/poll.py's one-shot snapshot reads 16 KiB of tail)."""
+SKIM_LINES = 64
 
 
 def _value(match: re.Match[str]) -> float | None:
@@ -108,7 +110,7 @@ class MetricParser:
         p = self.progress
         before = p.readings
         cut = max(0, len(lines) - READ_LINES)
-        for line in lines[:cut]:
+        for line in lines[max(0, cut - SKIM_LINES) : cut]:
             p.skim(line)
         for line in lines[cut:]:
             p.feed(line)
