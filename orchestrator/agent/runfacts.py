@@ -11,6 +11,7 @@ offset, the manifest (re-read only when its mtime changes) and the newest metric
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from collections.abc import Mapping
@@ -173,6 +174,7 @@ class RunReader:
         if run_id != self.run_id:
             self.run_id, self.offset, self._manifest = run_id, None, None
             self.last_metrics = None
+            self.metrics.reset()
         manifest, merr, n = self._manifest_of(run_dir)
         nbytes += n
         if merr:
@@ -223,16 +225,19 @@ class RunReader:
 def merge_metrics(old: Metrics | None, new: Metrics) -> Metrics:
     """Newest value per metric; a metric not in ``new`` keeps its older value.
 
-    >>> merge_metrics(Metrics(step=1, loss=2.0), Metrics(step=2, seen_at=5.0))
-    Metrics(step=2, loss=2.0, tokens_per_s=None, acc_len=None, tau=None, seen_at=5.0)
+    >>> m = merge_metrics(Metrics(step=1, loss=2.0), Metrics(step=2, seen_at=5.0))
+    >>> (m.step, m.loss, m.seen_at)
+    (2, 2.0, 5.0)
+    >>> m = merge_metrics(Metrics(throughput=3.0, throughput_unit="it/s"), Metrics(step=3))
+    >>> (m.throughput, m.throughput_unit)
+    (3.0, 'it/s')
     """
     if old is None:
         return new
-    return Metrics(
-        step=new.step if new.step is not None else old.step,
-        loss=new.loss if new.loss is not None else old.loss,
-        tokens_per_s=new.tokens_per_s if new.tokens_per_s is not None else old.tokens_per_s,
-        acc_len=new.acc_len if new.acc_len is not None else old.acc_len,
-        tau=new.tau if new.tau is not None else old.tau,
-        seen_at=new.seen_at,
-    )
+    kept = {f: getattr(old, f) for f in _MERGED if getattr(new, f) is None}
+    if new.throughput is not None:  # a rate keeps its own unit
+        kept.pop("throughput_unit", None)
+    return dataclasses.replace(new, **kept)
+
+
+_MERGED = tuple(f.name for f in dataclasses.fields(Metrics) if f.name != "seen_at")

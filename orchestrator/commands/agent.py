@@ -101,8 +101,12 @@ def snapshot_cmd(
         )
     if snap.metrics is not None:
         m = snap.metrics
+        rate = (
+            f", throughput {m.throughput} {m.throughput_unit}" if m.throughput is not None else ""
+        )
         out_console.print(
-            f"metrics: step {m.step}, loss {m.loss}, tokens/s {m.tokens_per_s}", highlight=False
+            f"metrics: step {m.step}, loss {m.loss}, tokens/s {m.tokens_per_s}{rate}",
+            highlight=False,
         )
     if snap.cost is not None:
         out_console.print(

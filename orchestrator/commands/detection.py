@@ -40,16 +40,22 @@ def diagnose(
         load_playbooks,
         match_log,
     )
+    from orchestrator.views.progress import format_progress
+    from orchestrator.wire.progress import ProgressParser, summary
 
     pbs = load_playbooks(playbooks_dir)
+    progress = ProgressParser()
     try:
-        matches = match_log(iter_log_lines(logfile), pbs)
+        matches = match_log(progress.tee(iter_log_lines(logfile)), pbs)
     except OSError as exc:
         raise UsageError(f"{logfile}: cannot read: {exc.strerror or exc}") from None
+    read = summary(progress.framework, progress.result())
     if as_json:
-        print_json({"log": str(logfile), "matches": [m.to_dict() for m in matches]})
+        print_json({"log": str(logfile), "matches": [m.to_dict() for m in matches],
+                    "progress": read})  # fmt: skip
     else:
         print(format_matches(matches, pbs, str(logfile)))
+        print(format_progress(read))
 
 
 @app.command("postmortem")

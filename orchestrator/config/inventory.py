@@ -96,6 +96,8 @@ class ContainerConfig:
     trainer_config: str | None = None
     limits: Limits = field(default_factory=Limits)
     log_patterns: dict[str, str] = field(default_factory=dict)
+    log_format: str | None = None
+    """The progress reader hosts.yaml names (``None``: detected from the log)."""
     poll_interval_s: float = 2.0
     restart: RestartPolicy | None = None
     """``restart:`` from hosts.yaml (``None``: a dead run is never relaunched)."""
@@ -124,6 +126,18 @@ class ContainerConfig:
         for role, ids in self.gpus.items():
             for i in ids:
                 out.setdefault(int(i), role)
+        return out
+
+    def agent_patterns(self) -> dict[str, str]:
+        """What the agent's ``--log-patterns`` carries: ``log_patterns``, and ``log_format``
+        under its own key (``orchestrator.agent.metrics.FORMAT_KEY``).
+
+        >>> ContainerConfig("ct", "h", log_format="torchtitan").agent_patterns()
+        {'log_format': 'torchtitan'}
+        """
+        out = dict(self.log_patterns)
+        if self.log_format:
+            out["log_format"] = self.log_format
         return out
 
 

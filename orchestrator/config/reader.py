@@ -274,6 +274,15 @@ class NodeReader:
             raise self.fail(node, key, "must not be empty")
         return value
 
+    def kind_framework(self, node: yaml.Node, key: str) -> str:
+        from orchestrator.wire.progress_readers import BY_NAME
+
+        value = self.text(node, key, "a framework name")
+        if value not in BY_NAME:
+            known = ", ".join(sorted(BY_NAME))
+            raise self.fail(node, key, f"unknown framework {show(value)!r} (known: {known})")
+        return value
+
     def kind_session(self, node: yaml.Node, key: str) -> str:
         value = self.text(node, key, "a tmux session name")
         problem = check_session_name(value)

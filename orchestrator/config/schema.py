@@ -271,6 +271,17 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
         "Merged key by key with `defaults.log_patterns`.",
     ),
     FieldSpec(
+        "log_format",
+        "log_format",
+        "framework",
+        "a progress reader's name",
+        "detected from the log",
+        "Which framework prints the run's progress lines (docs/progress.md lists the readers: "
+        "`hf-trainer`, `lightning`, `deepspeed`, `megatron`, `torchtitan`, ...); "
+        "`log_patterns` still override single metrics.",
+        nullable=True,
+    ),
+    FieldSpec(
         "poll_interval",
         "poll_interval_s",
         "seconds",

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from orchestrator.config.limits import Limits
-from orchestrator.detect import disk, gpu, host, log, run
+from orchestrator.detect import disk, gpu, host, log, run, throughput
 from orchestrator.detect.base import fmt_time, manifest_of
 from orchestrator.playbooks.loader import Playbook, for_exit_code, load_playbooks
 from orchestrator.wire.model import Finding, HostProbe, Snapshot
@@ -74,7 +74,7 @@ def run_detectors(
         *run.silent_death(history, limits),
         *run.exit_status(history, limits),
         *run.stall(history, limits, roles, now),
-        *run.throughput_drop(history, limits),
+        *throughput.throughput_drop(history, limits),
         *run.log_missing(history, limits),
         *gpu.ghost_utilization(history, limits, probes),
         *gpu.not_allocating(history, limits, roles),

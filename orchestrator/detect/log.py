@@ -5,34 +5,12 @@ Pure: the playbooks are passed in (the engine loads the bundled set once).
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 
 from orchestrator.config.limits import Limits
 from orchestrator.detect.base import History, reachable
 from orchestrator.playbooks.loader import LogMatcher, Playbook
 from orchestrator.wire.model import Finding
-
-_METRIC_RE = re.compile(r"(?P<key>step|loss|acc_len|tau|tok/s|lr)=(?P<val>[-+0-9.eE]+|nan|inf)")
-
-
-def parse_metrics(line: str) -> dict[str, float]:
-    """Numbers from a bundled-trainer log line (``key=value`` pairs); empty when none.
-
-    >>> parse_metrics("step=120 loss=2.3104 acc_len=3.21 tok/s=21500 lr=3.0e-04")
-    {'step': 120.0, 'loss': 2.3104, 'acc_len': 3.21, 'tok/s': 21500.0, 'lr': 0.0003}
-    >>> parse_metrics("step=9 loss=2.5 tau=2.31 tau_tf=2.45 tok/s=900 lr=1.0e-03 gpu_mem=-")
-    {'step': 9.0, 'loss': 2.5, 'tau': 2.31, 'tok/s': 900.0, 'lr': 0.001}
-    >>> parse_metrics("loading shards")
-    {}
-    """
-    out: dict[str, float] = {}
-    for m in _METRIC_RE.finditer(line):
-        try:
-            out[m.group("key")] = float(m.group("val"))
-        except ValueError:
-            continue
-    return out
 
 
 def log_signatures(

@@ -1,4 +1,4 @@
-"""Run and target detectors: death, exit, stall, throughput, reachability, container, protocol.
+"""Run and target detectors: death, exit, stall, reachability, container, protocol.
 
 Silent death, unreachable and container-stopped are kept strictly apart:
 an unreachable target tells nothing about the run; a stopped container explains
@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from statistics import median
 
 from orchestrator.config.limits import Limits
 from orchestrator.detect.base import (
@@ -29,6 +28,7 @@ from orchestrator.detect.base import (
     trailing,
 )
 from orchestrator.wire.model import Finding, Severity, Snapshot
+from orchestrator.wire.progress import read_line
 
 PROTOCOL_PREFIX = "agent protocol error"
 
@@ -177,7 +177,19 @@ TRAINER_FINISHED = "trainer: finished"
 WRAPPER_EXIT = "[orch] command exited with status"
 """The run wrapper's last pane line (orchestrator/agent/runs.py): the pane shows the output's end."""
 _TRAINER_CMD_RE = re.compile(r"(?:^|\s)-m\s+trainer(?:\s|$)")
-_STEP_LINE_RE = re.compile(r"^step=(\d+) ")
+
+
+def _trainer_step(line: str) -> int | None:
+    """The step of a bundled-trainer metrics line (``step=N ...`` first), read by the one
+    progress parser; ``None`` for any other line.
+
+    >>> _trainer_step("step=3 loss=4.1 acc_len=0.00 tok/s=1948"), _trainer_step("x step=3")
+    (3, None)
+    """
+    if not line.startswith("step="):
+        return None
+    r = read_line(line)
+    return r.step if r is not None else None
 
 
 def _runs_bundled_trainer(command: str) -> bool:
@@ -221,7 +233,7 @@ def _ends_without_final_line(lines: Sequence[str]) -> bool | None:
     """
     if any(x.startswith(TRAINER_FINISHED) for x in lines):
         return False
-    return True if any(_STEP_LINE_RE.match(x) for x in lines) else None
+    return True if any(_trainer_step(x) is not None for x in lines) else None
 
 
 def _missing_final_line(snaps: list[Snapshot], last: Snapshot) -> tuple[str, ...] | None:
@@ -250,7 +262,7 @@ def _missing_final_line(snaps: list[Snapshot], last: Snapshot) -> tuple[str, ...
     lines = next(ls for v, ls in verdicts if v)
     step, _ = _last_step(mine)
     if step is None:
-        steps = [int(m.group(1)) for x in lines if (m := _STEP_LINE_RE.match(x))]
+        steps = [n for x in lines if (n := _trainer_step(x)) is not None]
         step = steps[-1] if steps else None
     return (
         f"last step {step if step is not None else '?'}",
@@ -450,75 +462,6 @@ def stall(
             ),
         )
     ]
-
-
-def _throughput_series(history: History) -> list[tuple[float, float]]:
-    """(taken_at, tokens/s) per distinct reading: a snapshot repeating the last reading adds nothing."""
-    out: list[tuple[float, float]] = []
-    last_key: tuple[object, ...] | None = None
-    for s in reachable(history):
-        m = s.metrics
-        if m is None or m.tokens_per_s is None:
-            continue
-        key = (m.step, m.seen_at, m.tokens_per_s)
-        if key == last_key and (m.step is not None or m.seen_at is not None):
-            continue
-        last_key = key
-        out.append((s.taken_at, m.tokens_per_s))
-    return out
-
-
-def throughput_drop(history: History, limits: Limits) -> list[Finding]:
-    """tokens/s below ``throughput_drop_ratio`` x the run's rolling baseline for N readings.
-
-    The baseline is the median of up to ``throughput_baseline_samples`` readings
-    before the low ones. Also fires under the absolute floor ``min_tokens_per_s``.
-    Seed 002: 21.5 Ktok/s fell to 4.3.
-    """
-    series = _throughput_series(history)
-    n = limits.throughput_samples
-    if len(series) < n or not history:
-        return []
-    tail = series[-n:]
-    before = series[:-n][-limits.throughput_baseline_samples :]
-    target = history[-1].target
-    if before:
-        base = median(v for _, v in before)
-        floor = base * limits.throughput_drop_ratio
-        if base > 0 and all(v < floor for _, v in tail):
-            low = [v for _, v in tail]
-            return [
-                Finding(
-                    kind="throughput-drop",
-                    severity=Severity.WARNING,
-                    target=target,
-                    summary=(
-                        f"tokens/s fell to {low[-1]:,.0f} from a baseline of {base:,.0f} "
-                        f"({low[-1] / base:.0%}; threshold {limits.throughput_drop_ratio:.0%}) "
-                        f"for {n} readings"
-                    ),
-                    since=tail[0][0],
-                    evidence=(
-                        f"baseline median of {len(before)} readings: {base:,.0f} tok/s",
-                        *(f"{fmt_time(t)} {v:,.0f} tok/s" for t, v in tail),
-                    ),
-                )
-            ]
-    if limits.min_tokens_per_s is not None and all(v < limits.min_tokens_per_s for _, v in tail):
-        return [
-            Finding(
-                kind="throughput-drop",
-                severity=Severity.WARNING,
-                target=target,
-                summary=(
-                    f"tokens/s at {tail[-1][1]:,.0f}, under the floor of "
-                    f"{limits.min_tokens_per_s:,.0f} for {n} readings"
-                ),
-                since=tail[0][0],
-                evidence=tuple(f"{fmt_time(t)} {v:,.0f} tok/s" for t, v in tail),
-            )
-        ]
-    return []
 
 
 def _shows_output(snap: Snapshot) -> bool:

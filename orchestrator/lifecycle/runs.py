@@ -18,6 +18,7 @@ from orchestrator.lifecycle.preflight import container_status
 from orchestrator.remote.target import Target, agent_argv, parse_document, read_answer
 from orchestrator.wire.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.wire.model import Snapshot
+from orchestrator.wire.progress import metrics_progress
 from orchestrator.wire.quoting import command_line, with_env
 
 
@@ -128,6 +129,7 @@ def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
         "age_s": round(snap.taken_at - started, 1) if started else None,
         "step": snap.metrics.step if snap.metrics else None,
         "tokens_per_s": snap.metrics.tokens_per_s if snap.metrics else None,
+        "progress": metrics_progress(snap.metrics),
         "gpus": len(gpus),
         "gpu_mem_used_gib": round(used / 1024, 1),
         "gpu_mem_total_gib": round(total / 1024, 1),

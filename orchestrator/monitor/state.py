@@ -102,14 +102,14 @@ def stepped(snap: Snapshot) -> bool:
     >>> stepped(Snapshot("ct", 1.0, run=r, session=SessionState("t", True, pane_tail=("loading",))))
     False
     """
-    from orchestrator.detect.log import parse_metrics
+    from orchestrator.wire.progress import read_line
 
     if snap.metrics is not None and snap.metrics.step is not None:
         return True
     if snap.run is not None and snap.run.heartbeat_age_s is not None:
         return True
     tail = snap.session.pane_tail if snap.session is not None else ()
-    return any("step" in parse_metrics(line) for line in tail)
+    return any((r := read_line(line)) is not None and r.step is not None for line in tail)
 
 
 def stopped_on_request(run: RunState, taken_at: float) -> bool:

@@ -81,8 +81,9 @@ class Evidence:
 def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
     """The newest ``metrics.jsonl`` record at or before ``at`` as :class:`Metrics`.
 
-    >>> _metric_at([{"time": 1.0, "step": 5, "tok_s": 100}, {"time": 3.0, "step": 6}], 2.0)
-    Metrics(step=5, loss=None, tokens_per_s=100.0, acc_len=None, tau=None, seen_at=1.0)
+    >>> m = _metric_at([{"time": 1.0, "step": 5, "tok_s": 100}, {"time": 3.0, "step": 6}], 2.0)
+    >>> (m.step, m.tokens_per_s, m.throughput, m.throughput_unit, m.seen_at)
+    (5, 100.0, 100.0, 'tokens/s', 1.0)
     >>> _metric_at([{"time": 3.0, "step": 6}], 2.0) is None
     True
     """
@@ -98,10 +99,13 @@ def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
     if best is None:
         return None
     step = best.get("step")
+    tok_s = num(best.get("tok_s"))
     return Metrics(
         step=step if isinstance(step, int) else None,
         loss=num(best.get("loss")),
-        tokens_per_s=num(best.get("tok_s")),
+        tokens_per_s=tok_s,
+        throughput=tok_s,
+        throughput_unit="tokens/s" if tok_s is not None else None,
         acc_len=num(best.get("acc_len")),
         tau=num(best.get("tau")),
         seen_at=float(best["time"]),

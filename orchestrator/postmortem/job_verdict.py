@@ -33,6 +33,7 @@ from orchestrator.detect.distributed import (
 from orchestrator.postmortem.evidence import Evidence
 from orchestrator.postmortem.verdict import Postmortem
 from orchestrator.wire.model import KernelEvent, Severity
+from orchestrator.wire.progress import read_log
 
 REMEDY = {
     "container-stopped": (
@@ -269,6 +270,14 @@ def _node_events(n: NodeReport) -> list[TimelineEvent]:
     if steps:
         add(float(steps[0]["time"]), "first-step", f"step {steps[0].get('step')}")
         add(float(steps[-1]["time"]), "last-step", f"step {steps[-1].get('step')} (last logged)")
+    elif ev.log_tail and ev.log_mtime is not None:  # the user's own script: no metrics.jsonl
+        framework, r = read_log(ev.log_tail)
+        if r.step is not None:
+            add(
+                ev.log_mtime,
+                "last-step",
+                f"step {r.step} (last in the log, {framework or 'generic'})",
+            )
     if ev.stop_requested_at is not None:
         add(
             ev.stop_requested_at, "stop", f"stop requested by {ev.stop_requested_by or 'orch stop'}"

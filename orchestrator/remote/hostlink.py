@@ -144,8 +144,8 @@ class HostLink:
             c = self.inventory.container(n)
             spec: dict[str, object] = {"name": n, "vmid": c.vmid, "workdir": c.workdir,
                                        "session": c.session}  # fmt: skip
-            if c.log_patterns:
-                spec["log_patterns"] = dict(c.log_patterns)
+            if c.log_patterns or c.log_format:
+                spec["log_patterns"] = c.agent_patterns()
             if n in self.resume:
                 spec["run_id"], spec["offset"] = self.resume[n]
             out.append(spec)

@@ -345,8 +345,8 @@ class Target:
             c.session,
             *self._deadline_args(),
         ]
-        if c.log_patterns:
-            args += ["--log-patterns", json.dumps(dict(c.log_patterns))]
+        if c.log_patterns or c.log_format:
+            args += ["--log-patterns", json.dumps(c.agent_patterns())]
         if self.gpu_source:
             args += ["--gpu-source", self.gpu_source]
         if offset is not None:

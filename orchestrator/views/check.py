@@ -11,6 +11,7 @@ from typing import Any
 from orchestrator.monitor.jobs import finding_dict
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
 from orchestrator.wire.model import Finding, Severity
+from orchestrator.wire.progress import metrics_progress
 
 
 def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[str]:
@@ -77,6 +78,7 @@ def to_json(report: CheckReport) -> dict[str, Any]:
                 "reachable": r.snapshot.reachable,
                 "taken_at": r.snapshot.taken_at,
                 "observed_from": r.snapshot.source,
+                "progress": metrics_progress(r.snapshot.metrics),
                 "findings": [finding_dict(f) for f in r.findings],
             }
             for r in report.targets

@@ -83,6 +83,15 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
     tps = GaugeMetricFamily(
         "orch_run_tokens_per_second", "Last tokens/s seen in the log.", labels=TARGET_LABELS
     )
+    rate = GaugeMetricFamily(
+        "orch_run_throughput",
+        "Last training throughput seen in the log, in its printed unit (tokens/s, "
+        "tokens/s/device, samples/s, words/s, it/s, s/step, TFLOP/s/device).",
+        labels=[*TARGET_LABELS, "unit"],
+    )
+    total_steps = GaugeMetricFamily(
+        "orch_run_total_steps", "Total training steps the log prints.", labels=TARGET_LABELS
+    )
     exit_status = GaugeMetricFamily(
         "orch_run_exit_status",
         "Exit status of the newest run, once it ended.",
@@ -128,6 +137,9 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         if m is not None:
             _add(step, tl, m.step)
             _add(tps, tl, m.tokens_per_s)
+            _add(total_steps, tl, m.total_steps)
+            if m.throughput is not None and m.throughput_unit is not None:
+                _add(rate, [*tl, m.throughput_unit], m.throughput)
     for h in hosts:
         for f in h.findings:
             labels = [h.name, h.host or "", f.kind, str(f.severity), ",".join(map(str, f.gpus))]
@@ -145,6 +157,8 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         run_info,
         step,
         tps,
+        rate,
+        total_steps,
         exit_status,
         finding,
     ]

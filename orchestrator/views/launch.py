@@ -11,6 +11,7 @@ from rich.status import Status
 from rich.table import Table
 from rich.text import Text
 
+from orchestrator.views.progress import format_rate
 from orchestrator.wire.answers import RunsAnswer
 
 _MARK = {"ok": "[green]✓[/]", "fail": "[bold red]✗[/]", "skip": "[dim]–[/]"}
@@ -120,11 +121,26 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         table.add_row(
             name, reach, container, r.get("session") or "-",
             r.get("run_id") or "-", state, _age(r.get("age_s")),
-            str(r["step"]) if r.get("step") is not None else "-",
-            f"{tps:,.0f}" if tps is not None else "-", mem,
+            _step(r), _rate(r, tps), mem,
             *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
         )  # fmt: skip
     return table
+
+
+def _step(row: dict[str, Any]) -> str:
+    """The status table's step: ``300/500000`` when the log prints a total."""
+    if row.get("step") is None:
+        return "-"
+    total = (row.get("progress") or {}).get("total_steps")
+    return f"{row['step']}/{total}" if total is not None else str(row["step"])
+
+
+def _rate(row: dict[str, Any], tps: float | None) -> str:
+    """The tok/s column: tokens/s as a number; any other unit spelt out (never relabelled)."""
+    if tps is not None:
+        return f"{tps:,.0f}"
+    rate = (row.get("progress") or {}).get("throughput")
+    return format_rate(rate["value"], rate["unit"]) if rate else "-"
 
 
 def runs_table(doc: RunsAnswer) -> Table:

@@ -18,6 +18,7 @@ from rich.text import Text
 from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.journal import summary
+from orchestrator.views.progress import format_eta, rate_text, step_text
 from orchestrator.views.watch_model import TargetView, WatchModel
 from orchestrator.wire.model import Finding, GpuSample, Severity
 
@@ -191,10 +192,10 @@ def target_lines(
             head.append(f" {duration(snap.taken_at - started)}", style="dim")
     m = snap.metrics if snap is not None else None
     if m is not None and m.step is not None:
-        head.append(f"  step {m.step}")
-    if v.tokens_per_s:
-        head.append(f"  {human(v.tokens_per_s[-1])} tok/s ")
-        head.append(sparkline(v.tokens_per_s, 12), style="green")
+        head.append(f"  {step_text(m)}")
+    if v.rates and v.rate_unit is not None:
+        head.append(f"  {rate_text(v.rates[-1], v.rate_unit)} ")
+        head.append(sparkline(v.rates, 12), style="green")
     if m is not None and m.tau is not None:  # acceptance length of real draft-and-verify
         head.append(f"  τ {m.tau:.2f}")
     head.no_wrap, head.overflow = True, "ellipsis"
@@ -440,9 +441,13 @@ def plain_line(v: TargetView, *, now: float, titles: Mapping[str, str] | None = 
     snap = v.shown
     m = snap.metrics if snap is not None else None
     if m is not None and m.step is not None:
-        parts.append(f"step={m.step}")
-    if v.tokens_per_s:
-        parts.append(f"tok/s={human(v.tokens_per_s[-1])}")
+        total = f"/{m.total_steps}" if m.total_steps is not None else ""
+        parts.append(f"step={m.step}{total}")
+        if m.eta_s is not None:
+            parts.append(f"eta={format_eta(m.eta_s)}")
+    if v.rates and v.rate_unit is not None:
+        key = "tok/s" if v.rate_unit == "tokens/s" else v.rate_unit
+        parts.append(f"{key}={human(v.rates[-1])}")
     if m is not None and m.tau is not None:
         parts.append(f"tau={m.tau:.2f}")
     for f in _visible_findings(v):

@@ -46,9 +46,9 @@ class TargetView:
     unreachable_since: float | None = None
     findings: tuple[Finding, ...] = ()
     state: str = "connecting"
-    tokens_per_s: collections.deque[float] = field(
-        default_factory=lambda: collections.deque(maxlen=60)
-    )
+    rates: collections.deque[float] = field(default_factory=lambda: collections.deque(maxlen=60))
+    """The run's newest throughput readings, all in ``rate_unit`` (a new unit starts afresh)."""
+    rate_unit: str | None = None
     log_tail: collections.deque[str] = field(default_factory=lambda: collections.deque(maxlen=200))
     run_id: str | None = None
     journal: tuple[JournalEntry, ...] = ()
@@ -137,12 +137,19 @@ class WatchModel:
             v.last_good = snap
             if snap.run is not None:
                 if snap.run.run_id != v.run_id:
-                    v.tokens_per_s.clear()
+                    v.rates.clear()
                     v.log_tail.clear()
                 v.run_id = snap.run.run_id
                 v.log_tail.extend(snap.run.new_log_lines)
-            if snap.metrics is not None and snap.metrics.tokens_per_s is not None:
-                v.tokens_per_s.append(snap.metrics.tokens_per_s)
+            m = snap.metrics
+            if m is not None and m.throughput is not None and m.throughput_unit is not None:
+                if m.throughput_unit != v.rate_unit:
+                    v.rates.clear()
+                v.rate_unit = m.throughput_unit
+                v.rates.append(m.throughput)
+            elif m is not None and m.tokens_per_s is not None:  # an older agent
+                v.rate_unit = "tokens/s"
+                v.rates.append(m.tokens_per_s)
         elif v.unreachable_since is None:
             v.unreachable_since = snap.taken_at
         try:

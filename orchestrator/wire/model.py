@@ -369,7 +369,13 @@ class RunState(Wire):
 
 @dataclass(frozen=True, slots=True)
 class Metrics(Wire):
-    """Training progress parsed from the newest log lines (``None`` when not seen)."""
+    """Training progress parsed from the newest log lines (``None`` when not seen).
+
+    ``tokens_per_s`` is set only when the log prints tokens/s for the whole run (the bundled
+    trainer, HF's ``train_tokens_per_second``); every rate is in ``throughput`` with its
+    ``throughput_unit`` (``orchestrator.wire.progress_readers.UNITS``: ``tokens/s/device``,
+    ``samples/s``, ``it/s``, ``s/step``...), never relabelled.
+    """
 
     step: int | None = None
     loss: float | None = None
@@ -379,6 +385,16 @@ class Metrics(Wire):
     """Speculative-decoding acceptance length measured by real draft-and-verify (the bundled
     trainer's ``tau=``): drafts accepted per block plus the target's bonus token, >= 1."""
     seen_at: float | None = None
+    total_steps: int | None = None
+    """The step count the log prints beside the step (``iteration 300/500000``, tqdm's total)."""
+    throughput: float | None = None
+    """The newest training rate, in ``throughput_unit``."""
+    throughput_unit: str | None = None
+    eta_s: float | None = None
+    """Seconds left, as printed (tqdm, mmengine, Keras) or from the steps left and the rate."""
+    framework: str | None = None
+    """The progress reader that read the log (``hf-trainer``, ``torchtitan``...; ``None``: the
+    generic one)."""
 
 
 @dataclass(frozen=True, slots=True)

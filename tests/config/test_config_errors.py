@@ -24,7 +24,7 @@ CASES = [
         "2: defaults.vmid: unknown key; expected one of: port, user, identity_file, "
         "known_hosts, proxy_jump, connect_timeout_s, keepalive_s, observe, host_python, "
         "agent_dir, workdir, session, env, command, python, requires, trainer_config, "
-        "thresholds, log_patterns, poll_interval, restart",
+        "thresholds, log_patterns, log_format, poll_interval, restart",
     ),
     (
         "wrong-type-int",

@@ -183,13 +183,14 @@ def test_finished_line_keeps_the_last_step(short_run: TrainerRun) -> None:
 def test_nan_loss_line_parses_as_nan_and_matches_the_nan_loss_playbook(
     short_run: TrainerRun,
 ) -> None:
-    from orchestrator.detect.log import parse_metrics
+    from orchestrator.wire.progress import read_line
 
     nan_lines = [x for x in _metric_lines(short_run.stdout) if " loss=nan " in x]
     assert [int(x.split()[0].removeprefix("step=")) for x in nan_lines] == [6]  # then skipped
     m = MetricParser().parse([nan_lines[0]], now=0.0)
     assert m is not None and m.loss is not None and math.isnan(m.loss)
-    assert math.isnan(parse_metrics(nan_lines[0])["loss"])
+    reading = read_line(nan_lines[0])
+    assert reading is not None and reading.loss is not None and math.isnan(reading.loss)
     matches = match_log(short_run.stdout, load_playbooks())
     assert matches and matches[0].id == "nan-loss", [x.id for x in matches]
     assert matches[0].line.strip() == nan_lines[0]

@@ -12,7 +12,7 @@ from prometheus_client.registry import CollectorRegistry
 
 from orchestrator.monitor.judge import Judgement
 from orchestrator.views import export
-from orchestrator.wire.model import Finding, Severity, Snapshot
+from orchestrator.wire.model import Finding, Metrics, Severity, Snapshot
 from tests.views.snapshots import TOTAL_MIB, gpus, running
 
 RULES = Path(__file__).resolve().parents[2] / "playbooks" / "prometheus-rules.yaml"
@@ -74,6 +74,7 @@ def test_run_and_finding_gauges():
         "ct201": 120.0,
     }
     assert got["orch_run_tokens_per_second"][0].value == 21500.0
+    assert got["orch_run_throughput"] == []  # the fixture's Metrics name no unit
     [f] = got["orch_finding"]
     assert f.labels == {
         "target": "ct200",
@@ -116,3 +117,28 @@ def test_textfile_is_written_atomically(tmp_path):
 def test_bad_listen_is_rejected(bad):
     with pytest.raises(ValueError, match="expected HOST:PORT"):
         export.parse_listen(bad)
+
+
+def test_throughput_gauge_keeps_the_printed_unit() -> None:
+    """A torchtitan run's tps is tokens/s per device: ``orch_run_throughput{unit=...}``, never
+    the tokens gauge (a rate is not relabelled)."""
+    import dataclasses
+
+    snap = running("ct200")
+    snap = dataclasses.replace(
+        snap,
+        metrics=Metrics(
+            step=250,
+            loss=5.8,
+            throughput=5862.0,
+            throughput_unit="tokens/s/device",
+            total_steps=1000,
+            framework="torchtitan",
+        ),  # fmt: skip
+    )
+    got = scrape([Judgement("ct200", snap, "running", (), host="pve1")])
+    [rate] = got["orch_run_throughput"]
+    assert rate.labels == {"target": "ct200", "host": "pve1", "unit": "tokens/s/device"}
+    assert rate.value == 5862.0
+    assert got["orch_run_tokens_per_second"] == []
+    assert got["orch_run_total_steps"][0].value == 1000.0

@@ -1,0 +1,478 @@
+"""Training progress read from log lines: step, total, loss, throughput with its unit, ETA.
+
+The one progress parser of orch: the agent's snapshot, the host observer, the detectors and
+``orch diagnose`` all read lines through it. Per-framework tables live in
+:mod:`orchestrator.wire.progress_readers`; this module holds the pure readers.
+
+- :func:`read_line` reads one line with one reader (pure; never raises);
+- :mod:`~orchestrator.wire.progress_bars` reads tqdm bars, and
+  :mod:`~orchestrator.wire.progress_numbers` numbers, durations and raw lines;
+- :func:`detect` names the framework a line comes from;
+- :class:`ProgressParser` follows a log: it detects the framework, remembers the training
+  bar's total and the epoch, and merges the newest value of each metric.
+
+Bad input is parsed or ignored (progress_numbers); a rate must be finite and >= 0.
+
+>>> r = read_line("{'loss': '2.345', 'grad_norm': '1.2', 'learning_rate': '5e-05', 'epoch': 0.5}",
+...               BY_NAME["hf-trainer"])
+>>> (r.loss, r.step)
+(2.345, None)
+>>> read_line("step: 10  loss:  8.1234  memory: 9.1GiB(10%)  tps: 5,862  tflops: 3.2",
+...           BY_NAME["torchtitan"])
+Reading(step=10, total_steps=None, loss=8.1234, rate=5862.0, unit='tokens/s/device', eta_s=None)
+>>> read_line("no digits here", GENERIC) is None
+True
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass, replace
+
+from orchestrator.wire.model import Metrics
+from orchestrator.wire.progress_bars import Bar, is_training_bar, read_bar
+from orchestrator.wire.progress_numbers import (
+    MAX_STEP,
+    SCALE,
+    clean,
+    duration_s,
+    integer,
+    last_match,
+    number,
+)
+from orchestrator.wire.progress_readers import BY_NAME, GENERIC, READERS, Field, Reader
+
+NUM = (
+    r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+|[-+]?(?:nan|inf)"
+)
+_DURATION = r"(?:\d+ days?, )?\d+(?::\d\d){1,2}|\d+(?:\.\d+)?(?:ms|s|m|h)\b"
+_SEP = r"['\"]?\s*(?:[:=]\s*|\s+)['\"]?"
+
+
+@dataclass(frozen=True, slots=True)
+class Reading:
+    """What one line (or a log so far) says; ``None`` where it does not say.
+
+    ``rate`` is in ``unit`` (one of ``progress_readers.UNITS``); ``eta_s`` is seconds left.
+    """
+
+    step: int | None = None
+    total_steps: int | None = None
+    loss: float | None = None
+    rate: float | None = None
+    unit: str | None = None
+    eta_s: float | None = None
+
+    def merged(self, newer: Reading) -> Reading:
+        """``newer``'s values where it has them, else this one's (a rate keeps its unit).
+
+        >>> Reading(step=1, loss=2.0).merged(Reading(step=2))
+        Reading(step=2, total_steps=None, loss=2.0, rate=None, unit=None, eta_s=None)
+        """
+        rate, unit = (newer.rate, newer.unit) if newer.rate is not None else (self.rate, self.unit)
+        return Reading(
+            step=newer.step if newer.step is not None else self.step,
+            total_steps=newer.total_steps if newer.total_steps is not None else self.total_steps,
+            loss=newer.loss if newer.loss is not None else self.loss,
+            rate=rate,
+            unit=unit,
+            eta_s=newer.eta_s if newer.eta_s is not None else self.eta_s,
+        )
+
+
+# --- the compiled tables -----------------------------------------------------------------------
+
+_FIELD_RX: dict[Field, re.Pattern[str]] = {}
+
+
+def _field_rx(f: Field) -> re.Pattern[str]:
+    rx = _FIELD_RX.get(f)
+    if rx is None:
+        if f.value_first:
+            body = rf"(?<![\w.])({NUM})\s?([kKM]?)(?:{f.key})(?![\w/])"
+        elif f.metric == "eta_s":
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({_DURATION})"
+        else:
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})(ms|s)?(?![\w])"
+        flags = 0 if f.metric == "rate" and f.value_first else re.IGNORECASE
+        rx = _FIELD_RX[f] = re.compile(body, flags)
+    return rx
+
+
+_RX: dict[str, re.Pattern[str]] = {}
+
+
+def _rx(pattern: str, flags: int = 0) -> re.Pattern[str]:
+    rx = _RX.get(pattern)
+    if rx is None:
+        rx = _RX[pattern] = re.compile(pattern, flags)
+    return rx
+
+
+_DETECT = [(r, re.compile("|".join(f"(?:{p})" for p in r.detect))) for r in READERS]
+_DETECT_BY_NAME = {r.name: rx for r, rx in _DETECT}
+_ANY_HINT = re.compile("|".join(re.escape(h) for r in READERS for h in r.hints))
+
+
+def detect(line: str) -> str | None:
+    """The framework whose signature ``line`` shows, else ``None``.
+
+    >>> detect(" iteration      100/    5000 | consumed samples:        12800 |")
+    'megatron'
+    >>> detect("{'loss': 1.9, 'grad_norm': 0.5, 'learning_rate': 2e-05, 'epoch': 0.1}")
+    'hf-trainer'
+    >>> detect("step=120 loss=2.3410 tok/s=21500") is None
+    True
+    """
+    text = clean(line)
+    if _ANY_HINT.search(text) is None:
+        return None
+    for reader, rx in _DETECT:
+        if any(h in text for h in reader.hints) and rx.search(text):
+            return reader.name
+    return None
+
+
+# --- one line --------------------------------------------------------------------------------
+
+
+def field_hints(key: str) -> tuple[str, ...]:
+    r"""Lower-case literal text one of which any match of ``key`` contains; ``()`` when the
+    alternatives are not plain enough to tell (then the regex always runs).
+
+    >>> field_hints(r"global_step|step|iter"), field_hints(r"(?:us|μs)/step")
+    (('global_step', 'step', 'iter'), ())
+    >>> field_hints(r"throughput per GPU \(TFLOP/s/GPU\)")
+    ('throughput per gpu (tflop/s/gpu)',)
+    """
+    alts = key.split("|")
+    if any(not a or re.search(r"[][()?*+{}^$.]", re.sub(r"\\.", "", a)) for a in alts):
+        return ()
+    return tuple(re.sub(r"\\(.)", r"\1", a).lower() for a in alts)
+
+
+def _compiled(reader: Reader) -> list[tuple[Field, re.Pattern[str], tuple[str, ...]]]:
+    """The reader's fields with their regex and hints, built once per reader."""
+    got = _COMPILED.get(reader.name)
+    if got is None:
+        got = _COMPILED[reader.name] = [
+            (f, _field_rx(f), field_hints(f.key)) for f in reader.fields
+        ]
+    return got
+
+
+_COMPILED: dict[str, list[tuple[Field, re.Pattern[str], tuple[str, ...]]]] = {}
+_DIGIT = re.compile(r"\d")
+
+
+def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
+    m = last_match(rx, text)
+    if m is None:
+        return None
+    if f.metric == "eta_s":
+        return duration_s(m.group(1))
+    v = number(m.group(1))
+    if v is None:
+        return None
+    suffix = m.group(2) or ""
+    if f.value_first:
+        v *= SCALE.get(suffix, 1.0)
+    elif suffix == "ms" and f.scale == 1.0:
+        v *= 1e-3
+    return v * f.scale
+
+
+def _fields(reader: Reader, text: str, skipped: bool) -> dict[str, object]:
+    out: dict[str, object] = {}
+    low = text.lower()
+    for f, rx, hints in _compiled(reader):
+        if f.metric in out or (skipped and f.metric in ("loss", "rate")):
+            continue
+        if hints:
+            for h in hints:
+                if h in low:
+                    break
+            else:
+                continue
+        v = _field_value(f, rx, text)
+        if v is None:
+            continue
+        if f.metric in ("step", "total_steps"):
+            if not math.isfinite(v) or v < 0 or v >= MAX_STEP or v != int(v):
+                continue
+            out[f.metric] = int(v)
+        elif f.metric == "rate":
+            if math.isfinite(v) and v >= 0:
+                out["rate"], out["unit"] = v, f.unit
+        elif f.metric == "eta_s":
+            out["eta_s"] = v
+        else:
+            out[f.metric] = v
+    return out
+
+
+def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
+    if reader.counter is None:
+        return
+    m = _rx(reader.counter).search(text)
+    if m is None:
+        return
+    g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
+    if "step" in g:
+        out.setdefault("step", integer(g["step"]))
+        if "total" in g:
+            out.setdefault("total_steps", integer(g["total"]))
+        return
+    i, n = integer(g.get("i", "")), integer(g.get("n", ""))
+    epoch = integer(g["epoch"]) if "epoch" in g else None
+    if i is None or n is None:
+        return
+    out["_i"], out["_n"] = i, n
+    if epoch is not None:
+        out["_epoch"] = epoch
+    if "epochs" in g:
+        out["_epochs"] = integer(g["epochs"])
+
+
+def read_line(line: str, reader: Reader = GENERIC) -> Reading | None:
+    """What ``line`` says read with ``reader`` (no state: a bar's ``n`` is the step, a
+    counter's ``i`` within its epoch); ``None`` when it says nothing.
+
+    >>> read_line(" iteration      300/  500000 | elapsed time per iteration (ms): 812.5 |"
+    ...           " lm loss: 7.123456E+00 | loss scale: 65536.0 |", BY_NAME["megatron"])
+    Reading(step=300, total_steps=500000, loss=7.123456, rate=0.8125, unit='s/step', eta_s=None)
+    >>> read_line("epoch 001:    200 / 1000 loss=9.1, wps=12,345.6, ups=2.1, num_updates=200",
+    ...           BY_NAME["fairseq"])
+    Reading(step=200, total_steps=None, loss=9.1, rate=12345.6, unit='words/s', eta_s=None)
+    """
+    text = clean(line)
+    if not _DIGIT.search(text):
+        return None
+    r = _read(reader, text)
+    if r is None:
+        return None
+    return Reading(**{k: v for k, v in r.items() if not k.startswith("_")})  # type: ignore[arg-type]
+
+
+def _read(reader: Reader, text: str) -> dict[str, object] | None:
+    skipped = any(_rx(p, re.IGNORECASE).search(text) for p in reader.skip)
+    out: dict[str, object] = {}
+    _counter(reader, text, out)
+    bar = read_bar(text) if reader.bars else None
+    if bar is not None:
+        if not is_training_bar(bar) or skipped:
+            return None
+        out["_bar"] = bar
+        if bar.n is not None:
+            out.setdefault("step", bar.n)
+        if bar.total is not None:
+            out.setdefault("total_steps", bar.total)
+        if bar.rate is not None:
+            out["rate"], out["unit"] = bar.rate, bar.unit
+        if bar.remaining_s is not None:
+            out["eta_s"] = bar.remaining_s
+        text = bar.postfix
+    for k, v in _fields(reader, text, skipped).items():
+        out.setdefault(k, v)
+    if "_i" in out and "step" not in out:
+        out["step"] = out["_i"]
+    return out if any(not k.startswith("_") for k in out) or "_i" in out else None
+
+
+# --- a log -----------------------------------------------------------------------------------
+
+
+class ProgressParser:
+    """Follows one run's log: detects the framework (or takes ``framework``, hosts.yaml's
+    ``log_format``), keeps the training bar's total and the epoch, merges readings.
+
+    A step counted within an epoch (Lightning's bar, Keras, mmengine's ``[epoch][i/n]``)
+    becomes a run-wide step: ``epoch x n + i`` (epochs from 0), so it only grows.
+
+    Raises:
+        ValueError: ``framework`` is not a known reader's name.
+
+    >>> p = ProgressParser()
+    >>> p.feed("Epoch 2/10")
+    >>> p.feed("  50/100 [==============>...............] - ETA: 15s - loss: 0.7100")
+    >>> p.framework, p.reading.step, p.reading.total_steps, p.reading.loss, p.reading.eta_s
+    ('keras', 150, 1000, 0.71, 15.0)
+    """
+
+    def __init__(self, framework: str | None = None) -> None:
+        if framework is not None and framework not in BY_NAME:
+            raise ValueError(
+                f"log_format: unknown framework {framework!r} (known: {', '.join(sorted(BY_NAME))})"
+            )
+        self.forced = framework
+        self.reset()
+
+    def reset(self) -> None:
+        """Forget the log (a new run started)."""
+        self.reader: Reader = BY_NAME[self.forced] if self.forced else GENERIC
+        self.detected = self.forced is not None
+        self.bar_total: int | None = None
+        self.epoch: int | None = None
+        self.epochs: int | None = None
+        self.reading = Reading()
+        self.lines = 0
+        self.readings = 0  # lines that said something (a repeated value counts: the log moved)
+
+    @property
+    def framework(self) -> str | None:
+        """The reader's name once one is detected or forced, else ``None`` (generic)."""
+        return self.reader.name if self.detected else None
+
+    def skim(self, line: str) -> str | None:
+        """Take only the framework and the epoch from ``line`` (an older line of a long read,
+        where the newest lines carry the values); its clean text when there is more to read."""
+        self.lines += 1
+        text = clean(line)
+        if not text or not _DIGIT.search(text):
+            return None
+        if not self.detected:
+            name = detect(text)
+            if name is not None:
+                self.reader, self.detected = BY_NAME[name], True
+        m = _EPOCH_LINE.match(text)
+        if m is not None:
+            self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
+            return None
+        return text
+
+    def feed(self, line: str) -> None:
+        """Read one line (oldest first) into :attr:`reading`; never raises."""
+        text = self.skim(line)
+        if text is None:
+            return
+        reader = self.reader
+        for name in reader.also:
+            if _DETECT_BY_NAME[name].search(text):
+                reader = BY_NAME[name]
+                break
+        got = _read(reader, text)
+        if got is None:
+            return
+        bar = got.pop("_bar", None)
+        if isinstance(bar, Bar) and not self._train_bar(bar, got):
+            return
+        self._epochs(got)
+        self.readings += 1
+        rd = Reading(**{k: v for k, v in got.items() if not k.startswith("_")})  # type: ignore[arg-type]
+        self.reading = self.reading.merged(rd)
+
+    def _train_bar(self, bar: Bar, got: dict[str, object]) -> bool:
+        """The first bar seen is the training bar; a bar of another total is not (HF's
+        evaluation bar has no description)."""
+        lightning = _LIGHTNING_DESC.match(bar.desc)
+        if lightning is not None:
+            got["_epoch"], got["_i"], got["_n"] = int(lightning.group(1)), bar.n, bar.total
+            got.pop("step", None)
+            got.pop("total_steps", None)
+        if self.bar_total is None:
+            self.bar_total = bar.total
+            return True
+        return bar.total == self.bar_total
+
+    def _epochs(self, got: dict[str, object]) -> None:
+        i, n = got.get("_i"), got.get("_n")
+        if not isinstance(i, int) or not isinstance(n, int):
+            return
+        epoch = got.get("_epoch", self.epoch)
+        epochs = got.get("_epochs", self.epochs)
+        base = 1 if self.reader.name in _EPOCHS_FROM_1 else 0
+        if isinstance(epoch, int) and epoch >= base:
+            got["step"] = (epoch - base) * n + i
+            if isinstance(epochs, int):
+                got["total_steps"] = epochs * n if base else (epochs + 1) * n
+        else:
+            got["step"] = i
+            got.setdefault("total_steps", n)
+
+    def tee(self, lines: Iterable[str]) -> Iterator[str]:
+        """Yield ``lines`` unchanged, feeding each one (``orch diagnose`` reads a log once
+        for its signatures and its progress)."""
+        for line in lines:
+            self.feed(line)
+            yield line
+
+    def result(self) -> Reading:
+        """The reading so far, with an ETA worked out (:func:`with_eta`)."""
+        return with_eta(self.reading)
+
+    def read(self, lines: Iterable[str]) -> Reading:
+        """Feed ``lines`` (oldest first); the reading so far, an ETA worked out when a total
+        and a rate are known and none is printed."""
+        for line in lines:
+            self.feed(line)
+        return with_eta(self.reading)
+
+
+_EPOCHS_FROM_1 = ("keras", "mmengine")
+"""Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``)."""
+_EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
+_LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
+
+
+def with_eta(r: Reading) -> Reading:
+    """``r`` with ``eta_s`` from steps left and the rate when it has none (it/s or s/step).
+
+    >>> with_eta(Reading(step=100, total_steps=1100, rate=2.0, unit="it/s")).eta_s
+    500.0
+    >>> with_eta(Reading(step=100, total_steps=1100, rate=0.5, unit="s/step")).eta_s
+    500.0
+    """
+    if r.eta_s is not None or r.step is None or r.total_steps is None or r.rate is None:
+        return r
+    left = max(r.total_steps - r.step, 0)
+    if r.unit == "it/s" and r.rate > 0:
+        return replace(r, eta_s=round(left / r.rate, 1))
+    if r.unit == "s/step":
+        return replace(r, eta_s=round(left * r.rate, 1))
+    return r
+
+
+def summary(framework: str | None, r: Reading) -> dict[str, object]:
+    """The ``progress`` object of ``orch diagnose --json`` and the docs: ``None`` where the
+    log does not say; ``throughput`` is ``{"value", "unit"}`` or ``None``.
+
+    >>> summary("torchtitan", Reading(step=3, loss=2.5, rate=5862.0, unit="tokens/s/device"))
+    {'framework': 'torchtitan', 'step': 3, 'total_steps': None, 'loss': 2.5, 'throughput': {'value': 5862.0, 'unit': 'tokens/s/device'}, 'eta_s': None}
+    """
+    rate = {"value": r.rate, "unit": r.unit} if r.rate is not None else None
+    return {
+        "framework": framework,
+        "step": r.step,
+        "total_steps": r.total_steps,
+        "loss": r.loss,
+        "throughput": rate,
+        "eta_s": r.eta_s,
+    }
+
+
+def read_log(lines: Iterable[str], framework: str | None = None) -> tuple[str | None, Reading]:
+    """(framework detected or given, what a whole log says) — ``orch diagnose``'s reading.
+
+    >>> read_log(["iter 10: loss 2.5000, time 95.00ms, mfu 40.00%"])
+    ('nanogpt', Reading(step=10, total_steps=None, loss=2.5, rate=0.095, unit='s/step', eta_s=None))
+    """
+    p = ProgressParser(framework)
+    r = p.read(lines)
+    return p.framework, r
+
+
+def metrics_progress(m: Metrics | None) -> dict[str, object] | None:
+    """:func:`summary` of a snapshot's metrics (``orch status --json``, ``orch check --json``);
+    ``None`` without metrics. An older agent's tokens/s stands as the throughput.
+
+    >>> metrics_progress(Metrics(step=4, tokens_per_s=900.0))["throughput"]
+    {'value': 900.0, 'unit': 'tokens/s'}
+    """
+    if m is None:
+        return None
+    rate, unit = m.throughput, m.throughput_unit
+    if rate is None and m.tokens_per_s is not None:
+        rate, unit = m.tokens_per_s, "tokens/s"
+    return summary(m.framework, Reading(m.step, m.total_steps, m.loss, rate, unit, m.eta_s))

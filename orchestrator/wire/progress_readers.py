@@ -1,0 +1,355 @@
+"""Which line says what, per training framework: the progress readers' tables (data only).
+
+Each :class:`Reader` was written from the format string that prints the line, named in its
+``source`` (file and version). ``detect`` patterns name the framework from a line of its log;
+``fields`` map a printed key to a metric of :class:`orchestrator.wire.progress.Reading`:
+
+- ``step``/``total_steps``: integers; ``loss``: the instantaneous value where both it and
+  a running mean are printed (the first field row that matches wins, so order is priority);
+- ``rate``: a throughput kept in the unit printed (``UNITS``), ``scale`` brings it to the
+  unit's base (ms -> s); ``eta_s``: seconds left.
+
+``skip`` lines are not the training loop (evaluation, validation, summaries): they give no
+loss and no rate. ``bars`` says the framework prints tqdm bars (its training bar's ``n/total``
+is the step). Stdlib only: this module ships to the agent inside ``wire/``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+UNITS = (
+    "tokens/s",
+    "tokens/s/device",
+    "samples/s",
+    "samples/s/device",
+    "words/s",
+    "it/s",
+    "s/step",
+    "TFLOP/s/device",
+)
+"""The throughput units a reading may carry. ``s/step`` is a time (higher is slower); the
+others are rates. ``it/s`` is tqdm's iteration: the training bar's iteration is a step."""
+
+
+@dataclass(frozen=True, slots=True)
+class Field:
+    """One printed key: ``key`` is a regex for the key text (matched case-insensitively,
+    not preceded by a word character, ``/`` or ``.``); the value follows after ``=``, ``:``,
+    quotes or a space. ``value_first`` reads ``21.5 Ktok/s`` (the number before the key)."""
+
+    metric: str
+    key: str
+    unit: str = ""
+    scale: float = 1.0
+    value_first: bool = False
+
+
+@dataclass(frozen=True, slots=True)
+class Reader:
+    """A framework's progress lines; see the module docstring."""
+
+    name: str
+    source: str
+    detect: tuple[str, ...]
+    fields: tuple[Field, ...]
+    skip: tuple[str, ...] = ()
+    bars: bool = False
+    also: tuple[str, ...] = ()
+    """Readers whose lines share this log (HF Trainer under DeepSpeed): a line showing one of
+    their signatures is read with that reader."""
+    hints: tuple[str, ...] = ()
+    """Literal text every ``detect`` match contains (one of them): a line without any is not
+    searched (a substring test costs far less than a regex)."""
+    counter: str | None = None
+    """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
+    ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
+
+
+def _loss(*keys: str) -> tuple[Field, ...]:
+    return tuple(Field("loss", k) for k in keys)
+
+
+# The bundled trainer and the common shapes (``step 120``, ``loss: 2.3``, ``tok/s=...``).
+_COMMON_STEP = (Field("step", r"global_step|step|iter|iteration|num_updates"),)
+_COMMON_RATE = (
+    Field("rate", r"tok/s|tokens/s|tokens_per_s|tok_per_s|tokens_per_sec|tps", "tokens/s"),
+    Field("rate", r"tok/s|tokens/s", "tokens/s", value_first=True),
+    Field("rate", r"samples/s|samples_per_second|samples/sec|samples_per_sec", "samples/s"),
+    Field("rate", r"tokens/sec|tok/sec", "tokens/s"),
+    Field("rate", r"samples?/sec|samples?/s", "samples/s", value_first=True),
+    Field("rate", r"sec/step|s/step", "s/step", value_first=True),
+)
+
+GENERIC = Reader(
+    name="generic",
+    source="orch's bundled trainer (trainer/loop.py) and common key=value shapes",
+    detect=(),
+    fields=(
+        *_COMMON_STEP,
+        *_loss("loss", "train_loss", "training_loss", "step_loss", "lm loss"),
+        *_COMMON_RATE,
+    ),
+    skip=(r"\b(?:eval|val|valid|validation|test)[ _](?:loss|on)\b",),
+    bars=True,
+)
+
+HF_TRAINER = Reader(
+    name="hf-trainer",
+    source=(
+        "transformers v4.46 src/transformers/trainer_callback.py ProgressCallback.on_log "
+        "(training_bar.write(str(logs)), floats as f'{v:.4g}' strings since v4.45) and "
+        "on_train_begin (tqdm(total=state.max_steps)); trainer.py Trainer.log; also TRL, "
+        "axolotl and LLaMA-Factory, which print through the same callback"
+    ),
+    hints=("'loss': ", "'learning_rate': ", "'train_runtime': ", "Running training"),
+    detect=(
+        r"\{'loss': ",
+        r"'learning_rate': ",
+        r"'train_runtime': ",
+        r"\*\*\*\*\* Running training \*\*\*\*\*",
+    ),
+    fields=(*_loss("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
+    skip=(r"'train_runtime'", r"'eval_", r"\{'eval"),
+    bars=True,
+    also=("deepspeed",),
+)
+
+LLAMA_FACTORY = Reader(
+    name="llama-factory",
+    source=(
+        "LLaMA-Factory v0.9 src/llamafactory/train/callbacks.py LogCallback.on_log "
+        "(trainer_log.jsonl: current_steps, total_steps, loss, remaining_time, throughput)"
+    ),
+    hints=('"current_steps"', '"total_steps"'),
+    detect=(r'"current_steps": \d+', r'"total_steps": \d+'),
+    fields=(
+        Field("step", "current_steps"),
+        Field("total_steps", "total_steps"),
+        *_loss("loss"),
+        Field("rate", "throughput", "tokens/s"),
+    ),
+)
+
+LIGHTNING = Reader(
+    name="lightning",
+    source=(
+        "lightning v2.4 src/lightning/pytorch/callbacks/progress/tqdm_progress.py "
+        "(train bar desc 'Epoch {n}', postfix from get_metrics: v_num, train_loss_step...) "
+        "and rich_progress.py (Epoch {n}/{max} ... {rate}it/s {metrics})"
+    ),
+    hints=("v_num",),
+    detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
+    fields=(
+        *_loss(
+            "train_loss_step", "loss_step", "train/loss_step", "train_loss", "loss", "train/loss"
+        ),
+        Field("rate", "it/s", "it/s", value_first=True),
+    ),
+    skip=(r"^\s*(?:Validation|Sanity Checking|Testing|Predicting)",),
+    bars=True,
+    counter=r"\bEpoch (?P<epoch>\d+)/(?P<epochs>\d+)\s+\S+\s+(?P<i>\d+)/(?P<n>\d+)\s",
+)
+
+DEEPSPEED = Reader(
+    name="deepspeed",
+    source=(
+        "DeepSpeed v0.15 deepspeed/utils/timer.py ThroughputTimer.stop "
+        "('epoch={}/micro_step={}/global_step={}, RunningAvgSamplesPerSec={}, "
+        "CurrSamplesPerSec={}, ...') and deepspeed/runtime/engine.py _report_progress "
+        "('step={}, skipped={}, lr={}, mom={}'); DeepSpeed <= 0.5 timer.py printed "
+        "'{epoch}/{step}, SamplesPerSec={}'; Megatron-DeepSpeed (bigscience) training.py "
+        "training_log (' samples/sec: {:.3f} | iteration {:8d}/{:8d} |', 'lm_loss')"
+    ),
+    hints=("SamplesPerSec=", ", skipped="),
+    detect=(r"RunningAvgSamplesPerSec=", r"\bstep=\d+, skipped=\d+, lr=", r"\bSamplesPerSec="),
+    fields=(
+        Field("step", "global_step"),
+        Field("step", "step"),
+        *_loss("lm loss", "lm_loss", "loss"),
+        Field("rate", "CurrSamplesPerSec", "samples/s"),
+        Field("rate", "RunningAvgSamplesPerSec", "samples/s"),
+        Field("rate", "SamplesPerSec", "samples/s"),
+        Field("rate", "samples/sec", "samples/s"),
+    ),
+    counter=r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)",
+)
+
+MEGATRON = Reader(
+    name="megatron",
+    source=(
+        "Megatron-LM core_r0.9.0 megatron/training/training.py training_log "
+        "(' iteration {:8d}/{:8d} |', ' elapsed time per iteration (ms): {:.1f} |', "
+        "' throughput per GPU (TFLOP/s/GPU): {:.1f} |', ' {key}: {:.6E} |' per loss)"
+    ),
+    hints=("iteration ",),
+    detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
+    fields=(
+        *_loss("lm loss", "loss"),
+        Field("rate", r"throughput per GPU \(TFLOP/s/GPU\)", "TFLOP/s/device"),
+        Field("rate", r"elapsed time per iteration \(ms\)", "s/step", 1e-3),
+    ),
+    skip=(r"validation loss at", r"\bvalidation\b.*\blm loss value"),
+    counter=r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)",
+)
+
+TORCHTITAN = Reader(
+    name="torchtitan",
+    source=(
+        "torchtitan v0.1.0 torchtitan/components/metrics.py MetricsProcessor.log "
+        "('step: {step:2}  loss: {loss:7.4f}  ... tps: {round(tps):,}  tflops: {:,.2f}  "
+        "mfu: {:.2f}%'; tps is tokens per second per device; older train.py printed wps)"
+    ),
+    hints=("tps:", "wps:"),
+    detect=(r"\bstep:\s*\d+\s+loss:\s*\S+\s+.*\b(?:tps|wps):\s*[\d,]+",),
+    fields=(
+        Field("step", "step"),
+        *_loss("loss"),
+        Field("rate", "tps", "tokens/s/device"),
+        Field("rate", "wps", "tokens/s/device"),
+        Field("rate", "tflops", "TFLOP/s/device"),
+    ),
+    skip=(r"\bvalidate step\b", r"\bValidation\b"),
+)
+
+NANOGPT = Reader(
+    name="nanogpt",
+    source=(
+        "nanoGPT (karpathy, master 2023-06) train.py "
+        "(f'iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {mfu*100:.2f}%'; "
+        "eval: f'step {iter_num}: train loss {:.4f}, val loss {:.4f}')"
+    ),
+    hints=("iter ",),
+    detect=(r"(?:^|\s)iter \d+: loss [-\d.naif]+, time [\d.]+ms",),
+    fields=(
+        Field("step", "iter"),
+        Field("step", "step"),
+        *_loss("loss"),
+        Field("rate", "time", "s/step", 1e-3),
+    ),
+    skip=(r"\bval loss\b",),
+)
+
+FAIRSEQ = Reader(
+    name="fairseq",
+    source=(
+        "fairseq v0.12.2 fairseq/logging/progress_bar.py SimpleProgressBar.log "
+        "('{prefix}:  {i:5d} / {n:d} {k=v, ...}'), JsonProgressBar.log "
+        "(json.dumps of the stats, values as formatted strings), and "
+        "fairseq_cli/train.py's stats (loss, wps, ups, num_updates)"
+    ),
+    hints=("num_updates", "wps"),
+    detect=(r"\bnum_updates[=\"':]", r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]"),
+    fields=(
+        Field("step", "num_updates"),
+        *_loss("loss"),
+        Field("rate", "wps", "words/s"),
+    ),
+    skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b"),
+)
+
+MMENGINE = Reader(
+    name="mmengine",
+    source=(
+        "mmengine v0.10.4 mmengine/runner/log_processor.py LogProcessor.get_log_after_iter "
+        "('Epoch(train) [{epoch}][{iter}/{n}]' or 'Iter(train) [{iter}/{max_iters}]', "
+        "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}'); mmcv v1.7 "
+        "mmcv/runner/hooks/logger/text.py TextLoggerHook ('Epoch [{}][{}/{}]\\tlr: ..., eta: ...')"
+    ),
+    hints=("(train)", "Epoch ["),
+    detect=(r"\b(?:Epoch|Iter)\(train\)\s*\[", r"\bEpoch \[\d+\]\[\d+/\d+\]\s+lr: "),
+    fields=(
+        *_loss("loss"),
+        Field("rate", "time", "s/step"),
+        Field("eta_s", "eta"),
+    ),
+    skip=(r"\b(?:Epoch|Iter)\((?:val|test)\)",),
+    counter=(
+        r"\bEpoch\(train\)\s*\[(?P<epoch>\d+)\]\s*\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
+        r"|\bIter\(train\)\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
+        r"|\bEpoch \[(?P<epoch2>\d+)\]\[(?P<i2>\d+)/(?P<n2>\d+)\]"
+    ),
+)
+
+METRIC_LOGGER = Reader(
+    name="metric-logger",
+    source=(
+        "torchvision v0.19 references/classification/utils.py MetricLogger.log_every "
+        "('Epoch: [{epoch}]  [{i}/{n}]  eta: {}  {name}: {median:.4f} ({global_avg:.4f})  "
+        "time: {}  data: {}  max mem: {}'), copied by DeiT, MAE and LLaMA2-Accessory "
+        "(whose loss meter is closs)"
+    ),
+    hints=("Epoch: [",),
+    detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
+    fields=(*_loss("loss", "closs"), Field("rate", "time", "s/step")),
+    counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
+)
+
+KERAS = Reader(
+    name="keras",
+    source=(
+        "keras v3.5 keras/src/utils/progbar.py Progbar.update (' {n}/{target} ━━━ "
+        "{eta or elapsed} {time}ms/step - {name}: {value:.4f}'); keras 2.15 "
+        "keras/utils/generic_utils.py Progbar ('[====>...] - ETA: {} - loss: {:.4f}'; "
+        "verbose=2: '{n}/{target} - {s}s - loss: {} - {s}s/epoch - {t}ms/step')"
+    ),
+    hints=("[=", "[>", "[.", "━", "s - "),
+    detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)", r"^\s*\d+/\d+ - \d+s - "),
+    fields=(
+        *_loss("loss"),
+        Field("rate", "ms/step", "s/step", 1e-3, value_first=True),
+        Field("rate", "(?:us|μs)/step", "s/step", 1e-6, value_first=True),
+        Field("rate", "s/step", "s/step", value_first=True),
+        Field("eta_s", "ETA"),
+    ),
+    counter=r"^\s*(?P<i>\d+)/(?P<n>\d+)(?: \[[=>.]*\]| ━+| - \d+s - )",
+)
+
+MAXTEXT = Reader(
+    name="maxtext",
+    source=(
+        "MaxText (AI-Hypercomputer/maxtext, 2025-06) MaxText/metric_logger.py "
+        "MetricLogger.log_metrics ('completed step: {}, seconds: {:.3f}, "
+        "TFLOP/s/device: {:.3f}, Tokens/s/device: {:.3f}, total_weights: {}, loss: {:.3f}')"
+    ),
+    hints=("completed step: ",),
+    detect=(r"\bcompleted step: \d+, seconds: ",),
+    fields=(
+        Field("step", "completed step"),
+        *_loss("loss"),
+        Field("rate", "Tokens/s/device", "tokens/s/device"),
+        Field("rate", "TFLOP/s/device", "TFLOP/s/device"),
+        Field("rate", "seconds", "s/step"),
+    ),
+)
+
+READERS: tuple[Reader, ...] = (
+    MAXTEXT,
+    MEGATRON,
+    TORCHTITAN,
+    DEEPSPEED,
+    MMENGINE,
+    FAIRSEQ,
+    LLAMA_FACTORY,
+    LIGHTNING,
+    HF_TRAINER,
+    NANOGPT,
+    METRIC_LOGGER,
+    KERAS,
+)
+"""Detection order: the most specific signature first (a MaxText or Megatron line is never
+taken for a generic ``step``/``loss`` line)."""
+
+BY_NAME: dict[str, Reader] = {r.name: r for r in (*READERS, GENERIC)}
+
+NOT_TRAINING_BARS = (
+    r"map|filter|tokeniz|download|loading|load|checkpoint|shards|preprocess|generating"
+    r"|saving|evaluat|eval|valid|test|predict|sanity|processing|fetching|extract|running"
+    r"|packing|resolving|uploading|merging"
+)
+"""A tqdm bar whose description names one of these is not the training loop (datasets'
+``Map``, transformers' ``Loading checkpoint shards``, an evaluation loop)."""
+
+NOT_TRAINING_UNITS = ("examples", "ba", "B", "kB", "MB", "GB", "shards", "files")
+"""tqdm ``unit`` names that count data, not steps (datasets' ``examples/s``, ``ba/s``,
+huggingface_hub's byte counters)."""
