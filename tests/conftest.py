@@ -2,12 +2,27 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+# ORCH_TEST_LXC_KIND=unprivileged: every sandbox the tests start has unprivileged containers
+if os.environ.get("ORCH_TEST_LXC_KIND") == "unprivileged":
+    os.environ["ORCH_SANDBOX_KIND"] = "unprivileged"
+
 # --- sandbox ---------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _traversable_basetemp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Unprivileged containers: LXC needs uid 100000 to reach each container's directory, and
+    pytest makes ``/tmp/pytest-of-<user>`` 0700; traversal (x) only, nothing is listable."""
+    if os.environ.get("ORCH_SANDBOX_KIND") == "unprivileged":
+        base = tmp_path_factory.getbasetemp()
+        for path in (base.parent, base):
+            path.chmod(path.stat().st_mode | 0o011)
 
 
 @pytest.fixture(scope="session")

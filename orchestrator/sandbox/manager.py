@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.sandbox import hosts, kernel, lxc, network, process
+from orchestrator.sandbox import hosts, kernel, lxc, network, process, unpriv
 from orchestrator.sandbox.control import (
     kill_tmux_server,
     reboot,
@@ -181,9 +181,13 @@ def up(
     scenario: str | Path = "healthy",
     isolation: str = "auto",
     host_count: int = 1,
+    unprivileged: bool | None = None,
 ) -> SandboxInfo:
     """Start a sandbox: fake NVML, stand-ins, ``containers`` running containers (ct200...) on
     ``host_count`` simulated Proxmox hosts (each its own sshd), the job network between them.
+    ``unprivileged`` (LXC mode): root in each container is uid 100000 outside, as Proxmox
+    makes its containers by default (sandbox/unpriv.py); ``None``: unprivileged when
+    ``$ORCH_SANDBOX_KIND`` is ``unprivileged`` (how the tests run against both kinds).
 
     Idempotent: when the sandbox in ``state_dir`` already runs, its info is returned unchanged.
     A failed start stops what it had started (:func:`down`) before raising.
@@ -212,6 +216,15 @@ def up(
             log.info("sandbox in %s already runs (port %s)", state_dir, old.get("port"))
             return _info(state_dir, old)
     mode, fallback = choose_isolation(isolation, previous)
+    if unprivileged is None:
+        unprivileged = os.environ.get("ORCH_SANDBOX_KIND") == "unprivileged"
+    if unprivileged and mode != "lxc":
+        raise SandboxError(f"unprivileged containers need LXC mode ({fallback or mode})")
+    if unprivileged and (shut := unpriv.untraversable(state_dir.parent)) is not None:
+        raise SandboxError(
+            f"unprivileged containers: uid {unpriv.ROOT_ID} may not enter {shut} (no x for "
+            f"others); use a --dir below a directory others may traverse, or chmod o+x {shut}"
+        )
     if previous is not None and previous != mode:
         raise SandboxError(
             f"{state_dir} holds a {previous}-mode sandbox; use another --dir for {mode} mode"
@@ -219,12 +232,14 @@ def up(
     _check_tools()
     load_scenario(scenario)  # fail early on a bad name
     state_dir.mkdir(parents=True, exist_ok=True)
+    if unprivileged:  # the sandbox's own directory: traversal for the mapped root, no listing
+        state_dir.chmod(state_dir.stat().st_mode | 0o011)
     try:
-        return _up(state_dir, containers, gpus, scenario, mode, fallback, host_count)
+        return _up(state_dir, containers, gpus, scenario, mode, fallback, host_count, unprivileged)
     except SandboxError as exc:
         with contextlib.suppress(Exception):
             down(state_dir)
-        if isolation != "auto" or mode != "lxc" or previous is not None:
+        if isolation != "auto" or mode != "lxc" or previous is not None or unprivileged:
             raise
         # LXC is installed but its containers do not start here (e.g. a confined host):
         # a fresh state directory goes on in process mode, saying why
@@ -253,6 +268,7 @@ def _up(
     mode: str,
     fb: str | None,
     host_count: int = 1,
+    unprivileged: bool = False,
 ) -> SandboxInfo:
     from orchestrator.sandbox import sshd
 
@@ -304,7 +320,9 @@ def _up(
             continue
         if mode == "lxc":
             net = network.lxc_lines(state_dir, v, where[v], netns[where[v]]) if netns else []
-            lxc.make_container(state_dir, v, lib_dir, net=net, address=address)
+            lxc.make_container(
+                state_dir, v, lib_dir, net=net, address=address, unprivileged=unprivileged
+            )
         else:
             process.make_container(state_dir, v)
         _pve_conf(state_dir, v, root_of(state_dir, mode, v), where[v])
@@ -408,6 +426,7 @@ def down(state_dir: Path | str | None = None, timeout_s: float = 10.0) -> dict[s
         cgroups_left = lxc.remove_cgroups(state_dir)
         if not any(lxc.init_pid(state_dir, v) for v in lxc.defined(state_dir)):
             lxc.undefine(state_dir)
+            unpriv.unmount_staging(lxc.cgroup_prefix(state_dir))
     else:
         cgroups_left = [
             str(leaf)
