@@ -8,21 +8,33 @@ from pathlib import Path
 
 import pytest
 
+# --- sandbox ---------------------------------------------------------------------------------
+
 # ORCH_TEST_LXC_KIND=unprivileged: every sandbox the tests start has unprivileged containers
-if os.environ.get("ORCH_TEST_LXC_KIND") == "unprivileged":
+# (orchestrator/sandbox/unpriv.py), and the temporary directories live where uid 100000 may
+# enter: LXC refuses a container whose lxcpath it cannot reach ("Could not access
+# /tmp/pytest-of-root. Please grant it x access"), and every pytest session on the machine
+# resets /tmp/pytest-of-<user> to 0700.
+UNPRIVILEGED = os.environ.get("ORCH_TEST_LXC_KIND") == "unprivileged"
+if UNPRIVILEGED:
     os.environ["ORCH_SANDBOX_KIND"] = "unprivileged"
 
-# --- sandbox ---------------------------------------------------------------------------------
+
+@pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    if UNPRIVILEGED and not config.option.basetemp and not hasattr(config, "workerinput"):
+        config.option.basetemp = f"/tmp/orch-unprivileged-{os.getpid()}"
 
 
 @pytest.fixture(scope="session", autouse=True)
 def _traversable_basetemp(tmp_path_factory: pytest.TempPathFactory) -> None:
-    """Unprivileged containers: LXC needs uid 100000 to reach each container's directory, and
-    pytest makes ``/tmp/pytest-of-<user>`` 0700; traversal (x) only, nothing is listable."""
-    if os.environ.get("ORCH_SANDBOX_KIND") == "unprivileged":
+    """Unprivileged containers: traversal (x, not listing) of the base temp directory for
+    the containers' mapped root."""
+    if UNPRIVILEGED:
         base = tmp_path_factory.getbasetemp()
         for path in (base.parent, base):
-            path.chmod(path.stat().st_mode | 0o011)
+            if path.stat().st_uid == os.getuid() and path != Path("/tmp"):
+                path.chmod(path.stat().st_mode | 0o011)
 
 
 @pytest.fixture(scope="session")

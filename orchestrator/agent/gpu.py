@@ -56,8 +56,9 @@ def nvml_error_kind(code: int | None) -> str:
 
 
 def _proc_name(pid: int) -> str | None:
-    """``/proc/<pid>/comm`` in the host's PID namespace; ``None`` inside a container, where
-    NVML's host PID is missing or another process (named from the host instead)."""
+    """``/proc/<pid>/comm`` in the host's PID namespace; ``None`` inside a container, where a
+    host PID is missing or another process (named from the host instead; a driver that
+    gives the container's own PIDs gets its names from :mod:`gpupids`)."""
     if not in_host_pid_namespace():
         return None
     try:

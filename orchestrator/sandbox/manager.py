@@ -105,7 +105,11 @@ def choose_isolation(requested: str, previous: str | None = None) -> tuple[str, 
     return "process", f"LXC containers cannot run here ({reason}): process mode, no namespaces"
 
 
-def _pve_conf(state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME) -> None:
+def _pve_conf(
+    state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME, unprivileged: bool = True
+) -> None:
+    """The container's /etc/pve/lxc/<vmid>.conf; ``unprivileged: 1`` as pct writes it for an
+    unprivileged container (a privileged one has no such line; process mode keeps it)."""
     old = state_dir / "etc" / "pve" / "lxc"  # a sandbox from before several hosts
     if host == HOST_NAME and old.is_dir() and not old.is_symlink():
         conf = old / f"{vmid}.conf"
@@ -121,8 +125,9 @@ def _pve_conf(state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME) ->
             conf,
             f"# orch sandbox container; its / is {where}\n"
             f"arch: amd64\ncores: 16\nhostname: ct{vmid}\nmemory: 65536\nostype: ubuntu\n"
-            f"rootfs: local-lvm:vm-{vmid}-disk-0,size=200G\nswap: 0\nunprivileged: 1\n"
-            f"lxc.cgroup2.devices.allow: c 195:* rwm\n",
+            f"rootfs: local-lvm:vm-{vmid}-disk-0,size=200G\nswap: 0\n"
+            + ("unprivileged: 1\n" if unprivileged else "")
+            + "lxc.cgroup2.devices.allow: c 195:* rwm\n",
         )
 
 
@@ -325,7 +330,9 @@ def _up(
             )
         else:
             process.make_container(state_dir, v)
-        _pve_conf(state_dir, v, root_of(state_dir, mode, v), where[v])
+        _pve_conf(
+            state_dir, v, root_of(state_dir, mode, v), where[v], unprivileged or mode != "lxc"
+        )
         start_container(state_dir, v)
     cgroup_ok = _cgroup_named(state_dir, mode, vmids[0])
     if mode == "lxc" and not cgroup_ok:

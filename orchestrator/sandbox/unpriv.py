@@ -9,7 +9,9 @@ is owned by 100000 and up.
 LXC sets an unprivileged container's mounts up as its mapped root, so two things of the
 privileged layout cannot be done there, and are done on the host instead, by a
 ``pre-start`` hook (as root, in the host's mount namespace), in a staging directory
-``/run/orch-sandbox/<orch-id>/<vmid>/`` (``post-stop`` and ``orch sandbox down`` unmount it):
+``/run/orch-sandbox/<orch-id>/<vmid>/``; the next ``pre-start`` replaces them and ``orch
+sandbox down`` unmounts them. (Not ``post-stop``: LXC runs it after ``lxc-stop`` returned, so a
+``pct stop`` + ``pct start`` raced it, and it unmounted the new start's root file system.)
 
 - every mount source must be reachable by uid 100000, and a state directory below a
   private one (``/root``, pytest's ``/tmp/pytest-of-root``, mode 0700) is not: the root
@@ -36,10 +38,10 @@ STAGING = Path("/run/orch-sandbox")
 HOOK_NAME = "lxc-unpriv"
 
 # The hook: argv = staging dir, then "overlay LOWER UPPER WORK TARGET" and "bind SRC TARGET"
-# records (TARGET below the staging dir). LXC runs it as `hook NAME lxc pre-start|post-stop`.
+# records (TARGET below the staging dir), then "--". LXC runs it as `hook ARGS NAME lxc TYPE`.
 HOOK = r"""#!/bin/sh
 # orch sandbox: mounts of an unprivileged container, made on the host before it starts
-# (lxc.hook.pre-start) and removed after it stops (lxc.hook.post-stop).
+# (lxc.hook.pre-start); the mounts of its previous start are removed first.
 set -eu
 stage=$1; shift
 eval "type=\${$#}"  # LXC appends NAME lxc TYPE
@@ -51,7 +53,7 @@ clear() {  # every mount below the staging dir, stacked ones too, deepest first
   done
 }
 clear
-[ "$type" = post-stop ] && exit 0
+[ "$type" = pre-start ] || exit 0
 mkdir -p "$stage"; chmod 0711 "$stage"
 while [ $# -gt 0 ] && [ "$1" != -- ]; do
   kind=$1
@@ -110,7 +112,7 @@ def hook_lines(
         staged[str(path)] = str(stage / f"py{i}")
         args += ["bind-ro", str(path), staged[str(path)]]
     call = " ".join([str(hook), str(stage), *args, "--"])  # LXC appends: NAME lxc TYPE
-    return [f"lxc.hook.pre-start = {call}", f"lxc.hook.post-stop = {hook} {stage}"], staged
+    return [f"lxc.hook.pre-start = {call}"], staged
 
 
 def chown_tree(top: Path, uid: int = ROOT_ID, gid: int = ROOT_ID) -> None:

@@ -21,7 +21,7 @@ import pytest
 
 from tests.helpers import SANDBOX_ISOLATION, wait_for
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.unprivileged]
 DRIVERS = {"host": "535.104.05", "namespace": "535.113.01"}
 
 
@@ -164,3 +164,7 @@ def test_the_fake_driver_answers_each_namespace_its_own(ct, sleepers) -> None:  
     for vmid, want in (("200", f"0 {sleepers['ct200'][1]}"), ("201", f"{sleepers['ct201'][1]} 0")):
         out = run_pct(ct.state_dir, "exec", vmid, "--", sys.executable, "-c", code)
         assert out.stdout.strip() == want, out.stderr
+        # nvidia-smi asks the same NVML: the same PIDs (the stand-in follows the fake driver)
+        smi = run_pct(ct.state_dir, "exec", vmid, "--", "nvidia-smi",
+                      "--query-compute-apps=pid", "--format=csv,noheader")  # fmt: skip
+        assert smi.stdout.split() == [w for w in want.split() if w != "0"], smi.stderr
