@@ -22,8 +22,18 @@ if UNPRIVILEGED:
 
 @pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
 def pytest_configure(config: pytest.Config) -> None:
-    if UNPRIVILEGED and not config.option.basetemp and not hasattr(config, "workerinput"):
+    if not UNPRIVILEGED:
+        return
+    if not config.option.basetemp and not hasattr(config, "workerinput"):
         config.option.basetemp = f"/tmp/orch-unprivileged-{os.getpid()}"
+    mktemp = pytest.TempPathFactory.mktemp
+
+    def traversable(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = mktemp(self, basename, numbered)  # pytest makes it 0700
+        path.chmod(0o711)
+        return path
+
+    pytest.TempPathFactory.mktemp = traversable  # type: ignore[method-assign]
 
 
 @pytest.fixture(scope="session", autouse=True)

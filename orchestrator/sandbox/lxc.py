@@ -294,7 +294,8 @@ def make_container(
     100000 and up. Nothing is started.
 
     Raises:
-        SandboxError: a path LXC cannot mount (blanks or commas in it).
+        SandboxError: a path LXC cannot mount (blanks or commas in it); unprivileged, a
+            directory above ``state_dir`` that uid 100000 may not enter.
     """
     ct = container_dir(state_dir, vmid)
     root = ct / "rootfs"
@@ -312,6 +313,11 @@ def make_container(
     config = lxcpath(state_dir) / str(vmid) / "config"
     config.parent.mkdir(parents=True, exist_ok=True)
     text = lxc_config(state_dir, vmid, python_mounts(), root_dirs, net, hook)
+    if unprivileged and (shut := unpriv.untraversable(state_dir.parent)) is not None:
+        raise SandboxError(
+            f"unprivileged containers: uid {unpriv.ROOT_ID} may not enter {shut} (no x for "
+            f"others); use a --dir below a directory others may traverse, or chmod o+x {shut}"
+        )
     write_atomic(config, text)
     return root
 
