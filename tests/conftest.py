@@ -2,12 +2,49 @@
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
 # --- sandbox ---------------------------------------------------------------------------------
+
+# ORCH_TEST_LXC_KIND=unprivileged: every sandbox the tests start has unprivileged containers
+# (orchestrator/sandbox/unpriv.py), and the temporary directories live where uid 100000 may
+# enter: LXC refuses a container whose lxcpath it cannot reach ("Could not access
+# /tmp/pytest-of-root. Please grant it x access"), and every pytest session on the machine
+# resets /tmp/pytest-of-<user> to 0700.
+UNPRIVILEGED = os.environ.get("ORCH_TEST_LXC_KIND") == "unprivileged"
+if UNPRIVILEGED:
+    os.environ["ORCH_SANDBOX_KIND"] = "unprivileged"
+
+
+@pytest.hookimpl(tryfirst=True)  # before the tmp_path plugin reads --basetemp
+def pytest_configure(config: pytest.Config) -> None:
+    if not UNPRIVILEGED:
+        return
+    if not config.option.basetemp and not hasattr(config, "workerinput"):
+        config.option.basetemp = f"/tmp/orch-unprivileged-{os.getpid()}"
+    mktemp = pytest.TempPathFactory.mktemp
+
+    def traversable(self: pytest.TempPathFactory, basename: str, numbered: bool = True) -> Path:
+        path = mktemp(self, basename, numbered)  # pytest makes it 0700
+        path.chmod(0o711)
+        return path
+
+    pytest.TempPathFactory.mktemp = traversable  # type: ignore[method-assign]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _traversable_basetemp(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """Unprivileged containers: traversal (x, not listing) of the base temp directory for
+    the containers' mapped root."""
+    if UNPRIVILEGED:
+        base = tmp_path_factory.getbasetemp()
+        for path in (base.parent, base):
+            if path.stat().st_uid == os.getuid() and path != Path("/tmp"):
+                path.chmod(path.stat().st_mode | 0o011)
 
 
 @pytest.fixture(scope="session")

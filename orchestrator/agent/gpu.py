@@ -26,6 +26,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
+from orchestrator.agent import gpupids
 from orchestrator.agent.gpu_smi import SmiReader
 from orchestrator.agent.procs import in_host_pid_namespace
 from orchestrator.wire.model import GpuProcess, GpuSample, NvmlStatus
@@ -55,8 +56,9 @@ def nvml_error_kind(code: int | None) -> str:
 
 
 def _proc_name(pid: int) -> str | None:
-    """``/proc/<pid>/comm`` in the host's PID namespace; ``None`` inside a container, where
-    NVML's host PID is missing or another process (named from the host instead)."""
+    """``/proc/<pid>/comm`` in the host's PID namespace; ``None`` inside a container, where a
+    host PID is missing or another process (named from the host instead; a driver that
+    gives the container's own PIDs gets its names from :mod:`gpupids`)."""
     if not in_host_pid_namespace():
         return None
     try:
@@ -227,13 +229,18 @@ class GpuCollector:
     def collect(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         """Read all GPUs. Never raises for NVML trouble; returns (samples, status)."""
         start = time.monotonic()
+        samples, status = self._collect_any()
+        if not in_host_pid_namespace():
+            samples, status = gpupids.in_container(samples, status)
+        return samples, _with_elapsed(status, start)
+
+    def _collect_any(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         if self.source != "nvidia-smi" and self._fallback_reason is None:
             samples, status = self._collect_nvml()
             if status.error_kind != "library-not-found" or self.source == "nvml":
-                return samples, _with_elapsed(status, start)
+                return samples, status
             self._fallback_reason = status.message
-        samples, status = self._collect_smi()
-        return samples, _with_elapsed(status, start)
+        return self._collect_smi()
 
     def minor(self, index: int) -> int:
         """The minor number of GPU ``index``'s device node (``/dev/nvidia<minor>``); its index
@@ -492,11 +499,4 @@ def _mib(value: Any) -> float | None:
 
 
 def _with_elapsed(status: NvmlStatus, start: float) -> NvmlStatus:
-    return NvmlStatus(
-        ok=status.ok,
-        source=status.source,
-        error_kind=status.error_kind,
-        message=status.message,
-        driver_version=status.driver_version,
-        elapsed_ms=round((time.monotonic() - start) * 1000, 2),
-    )
+    return dataclasses.replace(status, elapsed_ms=round((time.monotonic() - start) * 1000, 2))

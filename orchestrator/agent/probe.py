@@ -9,8 +9,9 @@ It gathers what only the host knows:
   off the bus, the OOM killer with its ``task_memcg``), of this boot and, with
   ``previous_boot``, of the one before (after a host reboot, where an Xid 79 usually ends);
 - the host-side GPU compute processes mapped to their container through
-  ``/proc/<pid>/cgroup`` (``lxc/<vmid>``): inside LXC, NVML reports host PIDs that do not
-  exist in the container (:func:`~orchestrator.agent.host.attribute_processes`).
+  ``/proc/<pid>/cgroup`` (``lxc/<vmid>``) and their PID inside (``NSpid``): inside LXC,
+  NVML reports host PIDs (drivers up to 535.104.05) or the container's own
+  (``detect.gpu.attributed`` joins either; :func:`~orchestrator.agent.host.attribute_processes`).
 
 Every command runs under a timeout; a failure is an entry in ``errors``.
 ``ORCH_PROC_ROOT`` (or ``proc_root``) points the cgroup lookup at another /proc.

@@ -206,6 +206,12 @@ def sandbox_up(
         help="lxc: real LXC containers (root, lxc package); process: directories, no "
         "namespaces; auto: lxc where it can run, else process (says why).",
     ),
+    unprivileged: bool = typer.Option(
+        False,
+        "--unprivileged",
+        help="LXC containers as Proxmox makes them by default: root inside is uid 100000 "
+        "outside (lxc.idmap u/g 0 100000 65536).",
+    ),
     as_json: bool = typer.Option(
         False, "--json", help='Print {"config": ..., "state_dir": ..., ...}.'
     ),
@@ -225,6 +231,7 @@ def sandbox_up(
         scenario=scenario,
         isolation=isolation,
         host_count=host_count,
+        unprivileged=unprivileged,
     )
     if info.fallback:
         sys.stderr.write(f"sandbox: {info.fallback}\n")

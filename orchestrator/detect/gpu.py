@@ -6,6 +6,7 @@ Each is a pure function of a snapshot history (oldest first) and :class:`Limits`
 from __future__ import annotations
 
 from collections.abc import Sequence
+from dataclasses import replace
 
 from orchestrator.config.limits import Limits
 from orchestrator.detect.base import (
@@ -54,21 +55,80 @@ def _holder(p: GpuProcess) -> str:
     return f"{who} (pid {inner} in {where})" if p.name else f"pid {inner} in {where}"
 
 
+def probe_numbering(pids: set[int], vmid: int | None, probe: HostProbe | None) -> str | None:
+    """What the host probe says of a container's NVML PIDs: ``"namespace"`` when each is the
+    PID inside (``NSpid``) of a GPU process in ``vmid``'s cgroup and not all are host PIDs of
+    GPU processes, ``"host"`` the other way round; ``None`` when it cannot tell.
+
+    >>> probe = HostProbe("pve1", 0.0, gpu_processes=(GpuProcess(pid=4242, vmid=200, container_pid=17),))
+    >>> probe_numbering({17}, 200, probe), probe_numbering({4242}, 200, probe), probe_numbering({17}, 201, probe)
+    ('namespace', 'host', None)
+    """
+    if not pids or probe is None:
+        return None
+    host = {p.pid for p in probe.gpu_processes}
+    inside = {
+        p.container_pid
+        for p in probe.gpu_processes
+        if vmid is not None and p.vmid == vmid and p.container_pid is not None
+    }
+    ns, hosts = pids <= inside, pids <= host
+    return "namespace" if ns and not hosts else "host" if hosts and not ns else None
+
+
+def attributed(
+    sample: GpuSample,
+    vmid: int | None,
+    probes: Sequence[HostProbe] = (),
+    numbering: str | None = None,
+    container: str | None = None,
+) -> tuple[GpuProcess, ...] | None:
+    """``sample``'s processes as the host knows them: NVML's PIDs read in the numbering the
+    host probe's evidence gives, else ``numbering`` (the agent's, ``NvmlStatus.pid_numbering``).
+    Host PIDs are looked up by host PID; a container's own PIDs by its PID inside, and without a
+    probe entry they are still this container's (``container`` names it).
+
+    >>> ns = GpuSample(index=0, processes=(GpuProcess(pid=17, container_pid=17, name="python3"),))
+    >>> [(p.pid, p.vmid, p.container_pid) for p in attributed(ns, 200, (), "namespace")]
+    [(17, 200, 17)]
+    """
+    if sample.processes is None:
+        return None
+    probe = probes[-1] if probes else None
+    pids = {p.pid for p in sample.processes}
+    numbering = probe_numbering(pids, vmid, probe) or numbering
+    known = {p.pid: p for p in probe.gpu_processes} if probe else {}
+    if numbering != "namespace":
+        return tuple(known.get(p.pid, p) if p.vmid is None else p for p in sample.processes)
+    inside = {
+        p.container_pid: p
+        for p in (probe.gpu_processes if probe else ())
+        if p.vmid == vmid and vmid is not None
+    }
+    return tuple(
+        inside.get(p.pid)
+        or replace(p, vmid=vmid, container_pid=p.pid, container=p.container or container)
+        for p in sample.processes
+    )
+
+
 def gpu_holders(
-    sample: GpuSample, vmid: int | None, probes: Sequence[HostProbe] = ()
+    sample: GpuSample,
+    vmid: int | None,
+    probes: Sequence[HostProbe] = (),
+    numbering: str | None = None,
 ) -> tuple[list[GpuProcess], list[GpuProcess]] | None:
     """(this container's or the host's processes, other containers') holding ``sample``; the
-    host probe's mapping (``gpu_processes``) fills in what the container could not tell.
-    ``None`` when the process list is unknown.
+    host probe's mapping (``gpu_processes``) fills in what the container could not tell
+    (:func:`attributed`). ``None`` when the process list is unknown.
 
     >>> g = GpuSample(index=3, processes=(GpuProcess(pid=7, vmid=201), GpuProcess(pid=8)))
     >>> [[p.pid for p in side] for side in gpu_holders(g, 200)]
     [[8], [7]]
     """
-    if sample.processes is None:
+    procs = attributed(sample, vmid, probes, numbering)
+    if procs is None:
         return None
-    known = {p.pid: p for probe in probes[-1:] for p in probe.gpu_processes}
-    procs = [known.get(p.pid, p) if p.vmid is None else p for p in sample.processes]
     own = [p for p in procs if vmid is None or p.vmid is None or p.vmid == vmid]
     return own, [p for p in procs if p not in own]
 
@@ -80,7 +140,8 @@ def ghost_utilization(
 
     Cross-checked with power (a latched counter often still draws ~100 W) and with
     whether a process holds the GPU: only this container's processes (or the host's) count,
-    as the host maps them (NVML's host PIDs, each process's cgroup); another container's
+    as the host maps them (NVML's PIDs in the driver's numbering, each process's cgroup: see
+    :func:`attributed`); another container's
     process on it is named, and the GPU still counts as held by none of this run.
     Seed 000: GPU 3 at ``0 MiB, 100 %`` with no run left.
     """
@@ -97,7 +158,8 @@ def ghost_utilization(
             continue
         last = gpu(run[-1], g.index)
         assert last is not None
-        holders = gpu_holders(last, vmid, probes)
+        numbering = snaps[-1].nvml.pid_numbering if snaps[-1].nvml else None
+        holders = gpu_holders(last, vmid, probes, numbering)
         own, others = holders if holders is not None else ([], [])
         if own:
             held = f"held by {len(own)} process(es): {', '.join(_holder(p) for p in own[:3])}"

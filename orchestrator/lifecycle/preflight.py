@@ -7,18 +7,23 @@ bundled trainer's config. :func:`busy_gpus` and :func:`_cuda_problem` are pure.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
 from orchestrator.config.limits import Limits
+from orchestrator.detect.gpu import attributed
 from orchestrator.errors import (
     ContainerNotRunning,
+    OrchError,
     Refused,
 )
 from orchestrator.lifecycle.bundle import DFLASH_CONFIG, DFLASH_CUDA_DEVICES
-from orchestrator.remote.target import Target, parse_document
-from orchestrator.wire.model import Snapshot
+from orchestrator.remote.target import Host, Target, parse_document
+from orchestrator.wire.model import GpuProcess, HostProbe, Snapshot
+
+log = logging.getLogger(__name__)
 
 IMPORT_CHECK_TIMEOUT_S = 180.0
 """Importing torch on a cold container can take a minute; a hung import is reported."""
@@ -56,7 +61,12 @@ class PreflightRefused(Refused):
         super().__init__(f"{target}: launch refused, nothing was started:\n{lines}")
 
 
-def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> list[str]:
+def busy_gpus(
+    snapshot: Snapshot,
+    gpus: Sequence[int],
+    busy_mem_mib: float,
+    probes: Sequence[HostProbe] = (),
+) -> list[str]:
     """One line per assigned GPU that holds memory above ``busy_mem_mib`` or a compute process.
 
     >>> from orchestrator.wire.model import GpuSample, GpuProcess
@@ -67,7 +77,11 @@ def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> l
     ['GPU 3 busy: 117000 MiB used, processes: pid 41 (116900 MiB)']
     >>> busy_gpus(snap, [5], 1024.0)
     ['GPU 5 is assigned but the container does not see it (GPUs seen: 0, 3)']
+
+    Each process is named as :func:`~orchestrator.detect.gpu.attributed` reads it (the
+    driver's PID numbering, the host ``probes``' mapping): ``pid 17 in CT 201``.
     """
+    numbering = snapshot.nvml.pid_numbering if snapshot.nvml else None
     seen = {g.index: g for g in snapshot.gpus}
     out = []
     for index in gpus:
@@ -82,10 +96,10 @@ def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> l
             out.append(f"GPU {index} reports an error: {g.error}")
             continue
         mem = g.memory_used_mib or 0.0
-        procs = g.processes or ()
+        procs = attributed(g, snapshot.vmid, probes, numbering) or ()
         if mem > busy_mem_mib or procs:
             shown = ", ".join(
-                f"pid {p.pid}"
+                _pid_text(p)
                 + (f" ({p.used_memory_mib:.0f} MiB)" if p.used_memory_mib else "")
                 + (f" {p.name}" if p.name else "")
                 for p in procs
@@ -94,6 +108,33 @@ def busy_gpus(snapshot: Snapshot, gpus: Sequence[int], busy_mem_mib: float) -> l
                 f"GPU {index} busy: {mem:.0f} MiB used" + (f", processes: {shown}" if shown else "")
             )
     return out
+
+
+def _pid_text(p: GpuProcess) -> str:
+    """``pid 41`` (not known to be a container's), ``pid 17 in CT 201``."""
+    if p.vmid is None:
+        return f"pid {p.pid}"
+    inner = p.container_pid if p.container_pid is not None else "?"
+    return f"pid {inner} in {p.container or f'CT {p.vmid}'}"
+
+
+def _host_probe(target: Target, snap: Snapshot, gpus: Sequence[int]) -> list[HostProbe]:
+    """The host's probe when a busy assigned GPU has a process only the host can name (host
+    PID numbering inside the container); ``[]`` when none has, or the probe failed."""
+    c = target.container
+    unnamed = any(
+        p.vmid is None and p.container_pid is None
+        for g in snap.gpus
+        if g.index in gpus
+        for p in g.processes or ()
+    )
+    if not unnamed or c.is_local or not c.host:
+        return []
+    try:
+        return [Host(target.inventory, c.host).probe()]
+    except OrchError as exc:
+        log.info("%s: host probe for the GPU holders failed: %s", target.name, exc)
+        return []
 
 
 def holders(snapshot: Snapshot, gpus: Sequence[int], limits: Limits) -> list[str]:
@@ -224,7 +265,7 @@ def preflight(
         # With --force the old run is stopped first and holds the GPUs until then.
         problems += [
             f"{p}; free it (orch stop, or kill the holder) or pick others with --gpus"
-            for p in busy_gpus(snap, gpus, c.limits.busy_mem_mib)
+            for p in busy_gpus(snap, gpus, c.limits.busy_mem_mib, _host_probe(target, snap, gpus))
         ]
     free_mib = (facts.get("disk") or {}).get("free_mib")
     need_mib = c.limits.min_free_disk_gib * 1024

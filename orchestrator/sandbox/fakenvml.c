@@ -16,8 +16,9 @@
  *   - power is in milliwatts; memory in bytes.
  * Scenario keys (all optional): driver_version, nvml_version,
  * cuda_driver_version (e.g. 12080), init_error (name or code), init_hang_ms,
+ * pid_numbering ("host" or "namespace": see visible_pid), host_pidns,
  * devices: [{index, minor, name, uuid, pci_bus_id, util_pct, mem_util_pct, mem_used_mib,
- * mem_total_mib, temp_c, power_w, power_limit_w, processes: [{pid, used_mib}],
+ * mem_total_mib, temp_c, power_w, power_limit_w, processes: [{pid, used_mib, pidns, ns_pid}],
  * lost, hang_ms}].
  */
 #define _GNU_SOURCE
@@ -609,32 +610,58 @@ typedef struct {
     unsigned int gpuInstanceId, computeInstanceId;
 } nvmlProcessInfo_v2_t;
 
+/* Which PID of process ``p`` the caller gets, 0 when the driver leaves it out.
+ * pid_numbering "host" (the default; drivers up to 535.104.05): the host PID, always.
+ * "namespace" (535.113.01 and later, 535.43.24-535.43.28): the PID in the caller's PID
+ * namespace, and a process that namespace cannot see is left out, as the resource manager's
+ * _gpuConvertPid does (open-gpu-kernel-modules 535.113.01,
+ * src/nvidia/src/kernel/gpu/gpu_rmapi.c, through os_find_ns_pid's pid_vnr in
+ * kernel-open/nvidia/os-interface.c; NV_ERR_OBJECT_NOT_FOUND skips it). The host side (the
+ * sandbox's set_scenario) writes each process's "pidns" (readlink /proc/PID/ns/pid) and
+ * "ns_pid" (its PID there, NSpid's last) and the host's own "host_pidns". */
+static unsigned visible_pid(scenario *s, jv *p, const char *me) {
+    unsigned pid = (unsigned)jnum(p, "pid", 0);
+    const char *host_ns = jstr(&s->root, "host_pidns", "");
+    if (strcmp(jstr(&s->root, "pid_numbering", "host"), "namespace") != 0) return pid;
+    if (!me[0] || !strcmp(me, host_ns)) return pid;
+    if (!strcmp(jstr(p, "pidns", ""), me)) return (unsigned)jnum(p, "ns_pid", 0);
+    return 0;
+}
+
 /* The count protocol: infos NULL or *count too small -> *count = needed and
  * INSUFFICIENT_SIZE (SUCCESS when there are none); else fill and set *count. */
 static nvmlReturn_t processes(nvmlDevice_t h, unsigned int *count, void *infos, int version, const char *key) {
     jv *list;
-    unsigned n, i;
+    unsigned n = 0, i, k = 0, all;
+    char me[64] = "";
+    ssize_t len;
     DEVICE_CALL(h, s, dev)
     if (!count) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    len = readlink("/proc/self/ns/pid", me, sizeof me - 1);
+    me[len > 0 ? len : 0] = '\0';
     list = jget(dev, key);
-    n = list && list->type == J_ARR ? (unsigned)list->n : 0;
+    all = list && list->type == J_ARR ? (unsigned)list->n : 0;
+    for (i = 0; i < all; i++)
+        if (visible_pid(&s, &list->items[i], me)) n++;
     if (n == 0) { *count = 0; scenario_free(&s); return NVML_SUCCESS; }
     if (!infos || *count < n) { *count = n; scenario_free(&s); return NVML_ERROR_INSUFFICIENT_SIZE; }
-    for (i = 0; i < n; i++) {
+    for (i = 0; i < all; i++) {
         jv *p = &list->items[i];
-        unsigned pid = (unsigned)jnum(p, "pid", 0);
+        unsigned pid = visible_pid(&s, p, me);
         unsigned long long used = (unsigned long long)jnum(p, "used_mib", 0) * MIB;
+        if (!pid) continue;
         if (version == 1) {
-            nvmlProcessInfo_v1_t *out = (nvmlProcessInfo_v1_t *)infos + i;
+            nvmlProcessInfo_v1_t *out = (nvmlProcessInfo_v1_t *)infos + k;
             out->pid = pid;
             out->usedGpuMemory = used;
         } else {
-            nvmlProcessInfo_v2_t *out = (nvmlProcessInfo_v2_t *)infos + i;
+            nvmlProcessInfo_v2_t *out = (nvmlProcessInfo_v2_t *)infos + k;
             out->pid = pid;
             out->usedGpuMemory = used;
             out->gpuInstanceId = 0xFFFFFFFFu; /* NVML_VALUE_NOT_AVAILABLE: not a MIG device */
             out->computeInstanceId = 0xFFFFFFFFu;
         }
+        k++;
     }
     *count = n;
     scenario_free(&s);

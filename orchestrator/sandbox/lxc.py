@@ -36,6 +36,7 @@ import time
 from collections.abc import Iterable
 from pathlib import Path
 
+from orchestrator.sandbox import unpriv
 from orchestrator.sandbox.files import STANDIN_DIR, rmdir_cgroup, sh_wrapper, write_atomic
 from orchestrator.sandbox.state import SandboxError
 
@@ -133,6 +134,7 @@ def lxc_config(
     binds: Iterable[Path],
     root_dirs: Iterable[str] = (),
     net: Iterable[str] = (),
+    hook: Path | None = None,
 ) -> str:
     """The LXC config of container ``vmid`` (pure).
 
@@ -143,7 +145,12 @@ def lxc_config(
     True
 
     ``net``: the job network's hook lines (network.py); the LXC network stays ``empty``
-    (loopback only) and the hook adds ``eth0``.
+    (loopback only) and the hook adds ``eth0``. ``hook`` (unprivileged.py's mount hook):
+    an unprivileged container, root mapped to 100000, its mounts staged by that hook.
+
+    >>> text = lxc_config(Path("/s"), 200, [Path("/opt/venv")], hook=Path("/s/lib/lxc-unpriv"))
+    >>> [line for line in text.splitlines() if "idmap" in line or "rootfs.path" in line]
+    ['lxc.rootfs.path = dir:/run/orch-sandbox/orch-f9b05e8809/200/rootfs', 'lxc.idmap = u 0 100000 65536', 'lxc.idmap = g 0 100000 65536']
     """
     for path in (state_dir, *binds):
         if any(c.isspace() for c in str(path)) or "," in str(path):
@@ -153,11 +160,27 @@ def lxc_config(
             )
     ct = container_dir(state_dir, vmid)
     prefix = cgroup_prefix(state_dir)
+    binds = list(binds)
+    usr = (
+        f"lxc.mount.entry = overlay usr overlay lowerdir=/usr,upperdir={ct / 'usr'},"
+        f"workdir={ct / '.usr-work'} 0 0"
+    )
+    src = {"rootfs": str(ct / "rootfs"), "driver": str(state_dir / "driver")}
+    src |= {str(p): str(p) for p in binds}
+    mapped: list[str] = []
+    if hook is not None:
+        stage = unpriv.staging_dir(prefix, vmid)
+        hooks, src = unpriv.hook_lines(
+            hook, stage, ct / "rootfs", (ct / "usr", ct / ".usr-work"), state_dir / "driver", binds
+        )
+        usr = f"lxc.mount.entry = {src['usr']} usr none bind 0 0"
+        mapped = [*unpriv.ID_MAP_LINES, *hooks]
     lines = [
         f"# orch sandbox container {vmid} (written by orch sandbox up; Proxmox keeps its own",
         "# at /var/lib/lxc/<vmid>/config, generated from /etc/pve/lxc/<vmid>.conf)",
         f"lxc.uts.name = ct{vmid}",
-        f"lxc.rootfs.path = dir:{ct / 'rootfs'}",
+        f"lxc.rootfs.path = dir:{src['rootfs']}",
+        *mapped,
         "lxc.init.cmd = /sbin/init",
         "lxc.net.0.type = empty",
         *net,
@@ -168,13 +191,15 @@ def lxc_config(
         "lxc.apparmor.profile = unconfined",
         "lxc.cap.drop = sys_module mac_admin mac_override sys_time sys_rawio",
         "lxc.mount.auto = proc:mixed sys:ro cgroup:mixed",
-        f"lxc.mount.entry = overlay usr overlay lowerdir=/usr,upperdir={ct / 'usr'},"
-        f"workdir={ct / '.usr-work'} 0 0",
+        usr,
         *(f"lxc.mount.entry = /{d} {d} none bind,ro 0 0" for d in root_dirs),
         "lxc.mount.entry = tmpfs run tmpfs rw,nosuid,nodev,mode=755,create=dir 0 0",
         "lxc.mount.entry = tmpfs dev/shm tmpfs rw,nosuid,nodev,mode=1777,create=dir 0 0",
-        f"lxc.mount.entry = {state_dir / 'driver'} {DRIVER_MOUNT} none bind,ro,create=dir 0 0",
-        *(f"lxc.mount.entry = {p} {str(p).lstrip('/')} none bind,ro,create=dir 0 0" for p in binds),
+        f"lxc.mount.entry = {src['driver']} {DRIVER_MOUNT} none bind,ro,create=dir 0 0",
+        *(
+            f"lxc.mount.entry = {src[str(p)]} {str(p).lstrip('/')} none bind,ro,create=dir 0 0"
+            for p in binds
+        ),
         f"lxc.cgroup.dir.container = {prefix}/lxc/{vmid}",
         f"lxc.cgroup.dir.monitor = {prefix}/lxc.monitor/{vmid}",
         "lxc.cgroup.dir.container.inner = ns",
@@ -259,24 +284,50 @@ def make_container(
     *,
     net: Iterable[str] = (),
     address: str | None = None,
+    unprivileged: bool = False,
 ) -> Path:
     """Create (or refresh, while stopped) LXC container ``vmid``; returns its root file system.
 
     ``lib_dir`` holds the built ``libnvidia-ml.so.1`` and ``init``; ``net`` the job network's
-    config lines and ``address`` the container's address on it. Nothing is started.
+    config lines and ``address`` the container's address on it. ``unprivileged``: root inside
+    is uid 100000 outside (unpriv.py); its root file system and ``/usr`` layer are owned by
+    100000 and up. Nothing is started.
 
     Raises:
-        SandboxError: a path LXC cannot mount (blanks or commas in it).
+        SandboxError: a path LXC cannot mount (blanks or commas in it); unprivileged, a
+            directory above ``state_dir`` that uid 100000 may not enter.
     """
     ct = container_dir(state_dir, vmid)
     root = ct / "rootfs"
     (ct / ".usr-work").mkdir(parents=True, exist_ok=True)
     root_dirs = _make_rootfs(root, vmid, address)
     _fill_usr(ct / "usr", lib_dir)
+    hook = None
+    if unprivileged:
+        hook = lib_dir / unpriv.HOOK_NAME
+        write_atomic(hook, unpriv.HOOK, 0o755)
+        for sub in ("local/bin", "local/lib", "local/share"):  # the container's own /usr/local
+            (ct / "usr" / sub).mkdir(parents=True, exist_ok=True)
+        unpriv.chown_tree(root)
+        unpriv.chown_tree(ct / "usr")
     config = lxcpath(state_dir) / str(vmid) / "config"
     config.parent.mkdir(parents=True, exist_ok=True)
-    write_atomic(config, lxc_config(state_dir, vmid, python_mounts(), root_dirs, net))
+    text = lxc_config(state_dir, vmid, python_mounts(), root_dirs, net, hook)
+    if unprivileged and (shut := unpriv.untraversable(state_dir.parent)) is not None:
+        raise SandboxError(
+            f"unprivileged containers: uid {unpriv.ROOT_ID} may not enter {shut} (no x for "
+            f"others); use a --dir below a directory others may traverse, or chmod o+x {shut}"
+        )
+    write_atomic(config, text)
     return root
+
+
+def root_uid(state_dir: Path, vmid: int) -> int:
+    """The host uid of container ``vmid``'s root (0, or 100000 when unprivileged)."""
+    try:
+        return unpriv.mapped_root((lxcpath(state_dir) / str(vmid) / "config").read_text())
+    except OSError:
+        return 0
 
 
 def _lxc(state_dir: Path, tool: str, vmid: int, *args: str) -> subprocess.CompletedProcess[str]:

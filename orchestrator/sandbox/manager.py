@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
-from orchestrator.sandbox import hosts, kernel, lxc, network, process
+from orchestrator.sandbox import hosts, kernel, lxc, network, process, unpriv
 from orchestrator.sandbox.control import (
     kill_tmux_server,
     reboot,
@@ -105,7 +105,11 @@ def choose_isolation(requested: str, previous: str | None = None) -> tuple[str, 
     return "process", f"LXC containers cannot run here ({reason}): process mode, no namespaces"
 
 
-def _pve_conf(state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME) -> None:
+def _pve_conf(
+    state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME, unprivileged: bool = True
+) -> None:
+    """The container's /etc/pve/lxc/<vmid>.conf; ``unprivileged: 1`` as pct writes it for an
+    unprivileged container (a privileged one has no such line; process mode keeps it)."""
     old = state_dir / "etc" / "pve" / "lxc"  # a sandbox from before several hosts
     if host == HOST_NAME and old.is_dir() and not old.is_symlink():
         conf = old / f"{vmid}.conf"
@@ -121,8 +125,9 @@ def _pve_conf(state_dir: Path, vmid: int, where: Path, host: str = HOST_NAME) ->
             conf,
             f"# orch sandbox container; its / is {where}\n"
             f"arch: amd64\ncores: 16\nhostname: ct{vmid}\nmemory: 65536\nostype: ubuntu\n"
-            f"rootfs: local-lvm:vm-{vmid}-disk-0,size=200G\nswap: 0\nunprivileged: 1\n"
-            f"lxc.cgroup2.devices.allow: c 195:* rwm\n",
+            f"rootfs: local-lvm:vm-{vmid}-disk-0,size=200G\nswap: 0\n"
+            + ("unprivileged: 1\n" if unprivileged else "")
+            + "lxc.cgroup2.devices.allow: c 195:* rwm\n",
         )
 
 
@@ -181,9 +186,13 @@ def up(
     scenario: str | Path = "healthy",
     isolation: str = "auto",
     host_count: int = 1,
+    unprivileged: bool | None = None,
 ) -> SandboxInfo:
     """Start a sandbox: fake NVML, stand-ins, ``containers`` running containers (ct200...) on
     ``host_count`` simulated Proxmox hosts (each its own sshd), the job network between them.
+    ``unprivileged`` (LXC mode): root in each container is uid 100000 outside, as Proxmox
+    makes its containers by default (sandbox/unpriv.py); ``None``: unprivileged when
+    ``$ORCH_SANDBOX_KIND`` is ``unprivileged`` (how the tests run against both kinds).
 
     Idempotent: when the sandbox in ``state_dir`` already runs, its info is returned unchanged.
     A failed start stops what it had started (:func:`down`) before raising.
@@ -212,6 +221,11 @@ def up(
             log.info("sandbox in %s already runs (port %s)", state_dir, old.get("port"))
             return _info(state_dir, old)
     mode, fallback = choose_isolation(isolation, previous)
+    asked = bool(unprivileged)
+    if unprivileged is None:  # the tests' switch: LXC sandboxes only, auto may still fall back
+        unprivileged = mode == "lxc" and os.environ.get("ORCH_SANDBOX_KIND") == "unprivileged"
+    if unprivileged and mode != "lxc":
+        raise SandboxError(f"unprivileged containers need LXC mode ({fallback or mode})")
     if previous is not None and previous != mode:
         raise SandboxError(
             f"{state_dir} holds a {previous}-mode sandbox; use another --dir for {mode} mode"
@@ -219,12 +233,14 @@ def up(
     _check_tools()
     load_scenario(scenario)  # fail early on a bad name
     state_dir.mkdir(parents=True, exist_ok=True)
+    if unprivileged:  # the sandbox's own directory: traversal for the mapped root, no listing
+        state_dir.chmod(state_dir.stat().st_mode | 0o011)
     try:
-        return _up(state_dir, containers, gpus, scenario, mode, fallback, host_count)
+        return _up(state_dir, containers, gpus, scenario, mode, fallback, host_count, unprivileged)
     except SandboxError as exc:
         with contextlib.suppress(Exception):
             down(state_dir)
-        if isolation != "auto" or mode != "lxc" or previous is not None:
+        if isolation != "auto" or mode != "lxc" or previous is not None or asked:
             raise
         # LXC is installed but its containers do not start here (e.g. a confined host):
         # a fresh state directory goes on in process mode, saying why
@@ -253,6 +269,7 @@ def _up(
     mode: str,
     fb: str | None,
     host_count: int = 1,
+    unprivileged: bool = False,
 ) -> SandboxInfo:
     from orchestrator.sandbox import sshd
 
@@ -304,10 +321,14 @@ def _up(
             continue
         if mode == "lxc":
             net = network.lxc_lines(state_dir, v, where[v], netns[where[v]]) if netns else []
-            lxc.make_container(state_dir, v, lib_dir, net=net, address=address)
+            lxc.make_container(
+                state_dir, v, lib_dir, net=net, address=address, unprivileged=unprivileged
+            )
         else:
             process.make_container(state_dir, v)
-        _pve_conf(state_dir, v, root_of(state_dir, mode, v), where[v])
+        _pve_conf(
+            state_dir, v, root_of(state_dir, mode, v), where[v], unprivileged or mode != "lxc"
+        )
         start_container(state_dir, v)
     cgroup_ok = _cgroup_named(state_dir, mode, vmids[0])
     if mode == "lxc" and not cgroup_ok:
@@ -408,6 +429,7 @@ def down(state_dir: Path | str | None = None, timeout_s: float = 10.0) -> dict[s
         cgroups_left = lxc.remove_cgroups(state_dir)
         if not any(lxc.init_pid(state_dir, v) for v in lxc.defined(state_dir)):
             lxc.undefine(state_dir)
+            unpriv.unmount_staging(lxc.cgroup_prefix(state_dir))
     else:
         cgroups_left = [
             str(leaf)

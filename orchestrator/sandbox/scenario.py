@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -80,13 +82,52 @@ def gpu_roles(gpus: int) -> dict[str, list[int]]:
     return {"target": list(range(gpus - drafter)), "drafter": list(range(gpus - drafter, gpus))}
 
 
+def pid_namespaces(doc: dict[str, Any], proc: str = "/proc") -> dict[str, Any]:
+    """``doc`` with what the fake driver's ``pid_numbering: namespace`` needs (host side):
+    ``host_pidns`` (this process's PID namespace) and, per GPU process still running, its
+    ``pidns`` and ``ns_pid`` (``NSpid``'s last: its PID in its own namespace).
+
+    A process that is gone gets neither, and the fake driver then leaves it out of every
+    container's list, as the real one leaves out a PID its caller cannot see.
+    """
+    out = dict(doc)
+    with contextlib.suppress(OSError):
+        out["host_pidns"] = os.readlink(f"{proc}/self/ns/pid")
+    devices = []
+    for dev in out.get("devices") or []:
+        dev = dict(dev)
+        for key in ("processes", "graphics_processes", "mps_processes"):
+            if isinstance(dev.get(key), list):
+                dev[key] = [_with_ns(p, proc) for p in dev[key]]
+        devices.append(dev)
+    if devices:
+        out["devices"] = devices
+    return out
+
+
+def _with_ns(entry: Any, proc: str) -> Any:
+    if not isinstance(entry, Mapping) or not isinstance(entry.get("pid"), int):
+        return entry
+    pid = entry["pid"]
+    try:
+        pidns = os.readlink(f"{proc}/{pid}/ns/pid")
+        status = Path(f"{proc}/{pid}/status").read_text()
+    except OSError:
+        return entry
+    for line in status.splitlines():
+        if line.startswith("NSpid:"):
+            return {**entry, "pidns": pidns, "ns_pid": int(line.split()[-1])}
+    return entry
+
+
 def set_scenario(state_dir: Path | str | None, scenario: str | Path | Mapping[str, Any]) -> str:
     """Switch the live scenario atomically (temp + rename) while things run; returns its name.
 
     ``scenario`` is a bundled name, a JSON file path, or a document (mapping). The
     devices are fitted to the sandbox's GPU count; the scenario's ``kernel_log``
     lines are appended to the kernel log, stamped now. GPU processes are given by
-    host PID, as the real driver reports them inside a container.
+    host PID; with ``pid_numbering: namespace`` the fake driver answers each caller in its
+    own PID namespace (:func:`pid_namespaces` records them), as drivers since 535.113.01 do.
     """
     state_dir = resolve_state_dir(state_dir)
     state = read_state(state_dir) if (state_dir / "state.json").exists() else {}
@@ -96,6 +137,7 @@ def set_scenario(state_dir: Path | str | None, scenario: str | Path | Mapping[st
         name, doc = load_scenario(scenario)
     doc = resize_scenario(doc, int(state.get("gpus", len(doc.get("devices") or []))))
     doc["name"] = name
+    doc = pid_namespaces(doc)
     path = scenario_path(state_dir)
     path.parent.mkdir(parents=True, exist_ok=True)
     write_atomic(path, json.dumps(doc, indent=1) + "\n")

@@ -1,5 +1,5 @@
 """Text formats both sides read, each parsed in this one place: GPU lists (``0-3,6``), the
-output of ``pct status``, and run ids.
+output of ``pct status``, run ids, and which PIDs a driver's NVML gives a container.
 
 Standard library only: it ships in the agent bundle (the agent parses ``launch --gpus`` and
 ``pct status`` too), so the operator and the agent cannot disagree about a format.
@@ -104,3 +104,45 @@ def new_run_id(name: str | None, now: float | None = None) -> str:
     """
     stamp = time.strftime(RUN_ID_STAMP, time.gmtime(time.time() if now is None else now))
     return f"{stamp}-{name}" if name else stamp
+
+
+# Drivers whose resource manager gives a container NVML's process list in the caller's PID
+# namespace: _gpuConvertPid (src/nvidia/src/kernel/gpu/gpu_rmapi.c) -> os_find_ns_pid, whose
+# pid_vnr (kernel-open/nvidia/os-interface.c) also drops a process the caller cannot see.
+# Read in github:NVIDIA/open-gpu-kernel-modules at every tag 515.43.04-595.45.04: present in
+# 535.43.24-535.43.28 and in every tag from 535.113.01 on (545.23.06, 550, ..., 595); absent
+# from 535.54.03 to 535.104.12 and in every 515, 520, 525 and 530 driver (ProcID, the host's).
+NAMESPACE_PID_DRIVERS: tuple[tuple[tuple[int, ...], tuple[int, ...] | None], ...] = (
+    ((535, 43, 24), (535, 54)),
+    ((535, 113, 1), None),
+)
+
+
+def driver_version_tuple(text: str | None) -> tuple[int, ...] | None:
+    """``"535.113.01"`` -> ``(535, 113, 1)``; ``None`` when it is not dotted numbers.
+
+    >>> driver_version_tuple("535.104.05"), driver_version_tuple("595.45.04 "), driver_version_tuple("n/a")
+    ((535, 104, 5), (595, 45, 4), None)
+    """
+    parts = (text or "").strip().split(".")
+    if not parts or not all(p.isdigit() and len(p) <= 6 for p in parts):
+        return None
+    return tuple(int(p) for p in parts)
+
+
+def nvml_pid_numbering(driver_version: str | None) -> str | None:
+    """Which PIDs this driver's NVML process list gives inside a container: ``"namespace"``
+    (the container's own, others left out) or ``"host"``; ``None``: version unknown.
+
+    >>> [nvml_pid_numbering(v) for v in ("535.104.05", "535.113.01", "545.23.06", "530.41.03")]
+    ['host', 'namespace', 'namespace', 'host']
+    >>> nvml_pid_numbering("535.43.24"), nvml_pid_numbering("535.54.03"), nvml_pid_numbering(None)
+    ('namespace', 'host', None)
+    """
+    version = driver_version_tuple(driver_version)
+    if version is None:
+        return None
+    for first, before in NAMESPACE_PID_DRIVERS:
+        if version >= first and (before is None or version < before):
+            return "namespace"
+    return "host"

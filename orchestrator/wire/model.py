@@ -192,7 +192,8 @@ def check_schema(data: Any) -> None:
 
 @dataclass(frozen=True, slots=True)
 class GpuProcess(Wire):
-    """A compute process holding a GPU, as NVML reports it (a host PID inside LXC).
+    """A compute process holding a GPU, as NVML reports it: a host PID, or inside a container
+    whose driver numbers by namespace (``NvmlStatus.pid_numbering``) its PID there.
 
     Read on the Proxmox host (or attributed with its probe), ``vmid`` is the container whose
     cgroup holds the process (``None``: a host process, or not known), ``container_pid`` its
@@ -240,6 +241,9 @@ class NvmlStatus(Wire):
     ``source``: ``"nvml"`` (pynvml), ``"nvidia-smi"`` (fallback) or ``None``.
     ``error_kind``: ``library-not-found``, ``driver-not-loaded``, ``driver-mismatch``,
     ``gpu-lost``, ``timeout`` or ``other``; ``None`` when all went well.
+    ``pid_numbering`` (read inside a container): ``"namespace"`` when the processes' PIDs are
+    the container's own (drivers since 535.113.01; ``container_pid`` is then set), ``"host"``
+    when they are host PIDs; ``None`` on the host (host PIDs) or when nothing told.
     """
 
     ok: bool
@@ -248,6 +252,7 @@ class NvmlStatus(Wire):
     message: str | None = None
     driver_version: str | None = None
     elapsed_ms: float | None = None
+    pid_numbering: str | None = None
 
 
 @dataclass(frozen=True, slots=True)

@@ -23,7 +23,7 @@ import pytest
 
 from tests.helpers import SANDBOX_ISOLATION, wait_for
 
-pytestmark = [pytest.mark.e2e]
+pytestmark = [pytest.mark.e2e, pytest.mark.unprivileged]
 ROOT = Path(__file__).resolve().parents[2]
 LOOP = 'i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0 tok/s=21500"; sleep 0.5; done'
 

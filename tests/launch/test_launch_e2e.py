@@ -127,6 +127,7 @@ def test_live_session_refused_then_force_keeps_old_run(orch, idle, sandbox) -> N
     assert (sandbox.host_path("ct202", second["run_dir"]) / "train.log").exists()
 
 
+@pytest.mark.unprivileged
 def test_busy_gpus_refused_before_anything_starts(orch, sandbox, sandbox_scenario) -> None:  # type: ignore[no-untyped-def]
     sandbox_scenario("healthy")
     before = _runs(sandbox.workdir("ct201"))

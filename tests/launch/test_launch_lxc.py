@@ -16,7 +16,7 @@ from orchestrator.sandbox.info import vmid_of
 from orchestrator.transport.pct import BASE_ENV
 from tests.helpers import wait_for
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.unprivileged]
 
 SESSION = "lxc-e2e"
 TOOL = "/usr/local/bin/orch-lxc-e2e-tool"  # where `pip install` puts torchrun & co.

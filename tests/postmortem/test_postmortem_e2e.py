@@ -134,6 +134,7 @@ def _check_bundle(out: Path) -> None:
     assert "running" in (out / "pct-status.txt").read_text()
 
 
+@pytest.mark.unprivileged
 def test_sigkill_is_crashed_137(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_dir = _launch(orch, sandbox, "ct200", TICKER, "pmkill")
     pid, _ = _command_pid(sandbox, "ct200", run_dir)
@@ -257,6 +258,7 @@ def test_fx_race_of_the_real_trainer_is_fx_tracing_race(orch, sandbox, tmp_path)
     _screenshot(out / "report.html", tmp_path)
 
 
+@pytest.mark.unprivileged
 def test_orch_stop_is_stopped_and_pages_nobody(orch, sandbox, tmp_path) -> None:  # type: ignore[no-untyped-def]
     run_dir = _launch(orch, sandbox, "ct202", TICKER, "pmstop")
     wait_for(lambda: "tick 3" in (run_dir / "train.log").read_text(), 20, what="ticks")

@@ -231,3 +231,25 @@ def test_hang_does_not_block_other_threads(lib_dir: Path, tmp_path: Path) -> Non
     start = time.monotonic()
     assert float(run_py(code, lib_dir, tmp_path / "s.json").stdout) < 0.5
     assert time.monotonic() - start < 4.5
+
+
+@pytest.mark.parametrize(("numbering", "caller_is_host", "want"), [
+    ("host", False, [[4242, 100], [5151, 200]]),       # 535.104.05: every host PID
+    ("namespace", False, [[17, 100]]),                 # 535.113.01: the caller's own, the rest left out
+    ("namespace", True, [[4242, 100], [5151, 200]]),   # on the host: host PIDs
+])  # fmt: skip
+def test_pid_numbering_follows_the_callers_namespace(
+    lib_dir: Path, tmp_path: Path, numbering: str, caller_is_host: bool, want: list
+) -> None:
+    """No container needed: the caller's own PID namespace stands for a container's, and
+    ``host_pidns`` says whether it is the host's (kernel-open os_find_ns_pid's pid_vnr)."""
+    mine = os.readlink("/proc/self/ns/pid")
+    doc = resize_scenario(json.loads((SCENARIO_DIR / "idle.json").read_text()), 1)
+    doc["devices"][0]["processes"] = [
+        {"pid": 4242, "used_mib": 100, "pidns": mine, "ns_pid": 17},
+        {"pid": 5151, "used_mib": 200, "pidns": "pid:[1]", "ns_pid": 17},
+    ]
+    doc.update(pid_numbering=numbering, host_pidns=mine if caller_is_host else "pid:[2]")
+    scenario = tmp_path / "s.json"
+    scenario.write_text(json.dumps(doc))
+    assert read(lib_dir, scenario)["devices"][0]["procs"] == want

@@ -98,8 +98,9 @@ def test_non_root_gets_please_run_as_root(ct) -> None:  # type: ignore[no-untype
 
 
 def test_nvml_in_a_container_reports_host_pids(ct, sandbox_scenario) -> None:  # type: ignore[no-untyped-def]
-    """The driver has no PID-namespace support: inside CT 200 a GPU process shows its host PID,
-    which is not the PID the container knows it by."""
+    """Host numbering (the bundled scenarios; drivers up to 535.104.05): inside CT 200 a GPU
+    process shows its host PID, which is not the PID the container knows it by (the other
+    numbering: tests/agent/test_nvml_pid_numbering.py)."""
     start = run_pct(
         ct.state_dir, "exec", "200", "--", "tmux", "new-session", "-d", "-s", "gpu", "sleep 303"
     )

@@ -208,8 +208,9 @@ class Backend(Protocol):
 
     def exec(self, vmid: int, keep_env: bool, argv: list[str], env: dict[str, str]) -> int: ...
 
-    def enter(self, vmid: int) -> None:
-        """In a worker: make container paths mean the container's files (setns, chdir /)."""
+    def enter(self, vmid: int, unprivileged: bool = False) -> None:
+        """In a worker: make container paths mean the container's files (setns, chdir /);
+        ``unprivileged``: its user namespace too, as uid/gid 0 there (pct.pm push/pull)."""
 
     def path(self, vmid: int, path: str) -> str:
         """A container path as this process (after :meth:`enter`) opens it."""
@@ -300,14 +301,14 @@ class Pct:
         with self.config_lock(vmid):
             if not self.backend.running(vmid):
                 die("can only push files to a running CT\n")
-            self.load_config(vmid)
+            unprivileged = self.load_config(vmid).get("unprivileged") == "1"
 
             def task() -> None:
                 try:
                     src = os.open(pos[1], os.O_RDONLY)
                 except OSError:
                     raise Die(f"failed to open {pos[1]} for reading\n") from None
-                self.backend.enter(vmid)
+                self.backend.enter(vmid, unprivileged)
                 dst = self.backend.path(vmid, pos[2])
                 fd = create_file(dst, perms, opts.get("user"), opts.get("group"), pos[2])
                 copy_fd(src, fd)

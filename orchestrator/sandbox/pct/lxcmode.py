@@ -22,6 +22,7 @@ import tempfile
 from orchestrator.sandbox.pct.die import Die
 
 CLONE_NEWNS = 0x00020000
+CLONE_NEWUSER = 0x10000000
 
 
 class LxcBackend:
@@ -65,19 +66,30 @@ class LxcBackend:
         except OSError as exc:
             raise Die(f"exec failed: {exc.strerror}\n") from None
 
-    def enter(self, vmid: int) -> None:
-        fd = os.open(f"/proc/{self.init_pid(vmid)}/ns/mnt", os.O_RDONLY)
+    def enter(self, vmid: int, unprivileged: bool = False) -> None:
+        """pct.pm push's realcmd: both namespaces opened first (the host's /proc is gone once
+        inside), setns into the mount namespace, chdir /; for an unprivileged container then
+        its user namespace, setgid(0), setuid(0): what it creates is the container root's."""
+        init = self.init_pid(vmid)
+        mnt = _open_ns(f"/proc/{init}/ns/mnt", "failed to open the container's mount namespace\n")
+        user = None
         try:
-            setns = getattr(os, "setns", None)  # Python >= 3.12
-            if setns is not None:
-                setns(fd, CLONE_NEWNS)
-            elif ctypes.CDLL(None, use_errno=True).setns(fd, CLONE_NEWNS) != 0:
-                raise OSError(ctypes.get_errno(), "setns")
-        except OSError:
-            raise Die("failed to enter the container's mount namespace\n") from None
+            if unprivileged:
+                user = _open_ns(f"/proc/{init}/ns/user",
+                                "failed to open the container's user namespace\n")  # fmt: skip
+            _setns(mnt, CLONE_NEWNS, "failed to enter the container's mount namespace\n")
+            os.chdir("/")
+            if user is not None:
+                _setns(user, CLONE_NEWUSER, "failed to enter the container's user namespace\n")
+                try:
+                    os.setgid(0)
+                    os.setuid(0)
+                except OSError as exc:
+                    raise Die(f"setuid failed: {exc.strerror}\n") from None
         finally:
-            os.close(fd)
-        os.chdir("/")
+            for fd in (mnt, user):
+                if fd is not None:
+                    os.close(fd)
 
     def path(self, vmid: int, path: str) -> str:
         return path
@@ -112,3 +124,22 @@ class LxcBackend:
         proc = self._run("lxc-stop", vmid, "--kill")
         if proc.returncode != 0 and self.running(vmid):
             raise Die(f"{proc.stderr.strip()}\nstopping container '{vmid}' failed\n")
+
+
+def _open_ns(path: str, failure: str) -> int:
+    try:
+        return os.open(path, os.O_RDONLY)
+    except OSError:
+        raise Die(failure) from None
+
+
+def _setns(fd: int, kind: int, failure: str) -> None:
+    """setns(2) into the namespace open at ``fd``; pct's message ``failure`` when it fails."""
+    try:
+        setns = getattr(os, "setns", None)  # Python >= 3.12
+        if setns is not None:
+            setns(fd, kind)
+        elif ctypes.CDLL(None, use_errno=True).setns(fd, kind) != 0:
+            raise OSError(ctypes.get_errno(), "setns")
+    except OSError:
+        raise Die(failure) from None

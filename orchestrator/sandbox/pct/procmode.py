@@ -102,7 +102,7 @@ class ProcessBackend:
             return 128 + os.WTERMSIG(status)
         return os.WEXITSTATUS(status)
 
-    def enter(self, vmid: int) -> None:
+    def enter(self, vmid: int, unprivileged: bool = False) -> None:
         """Nothing to enter: :meth:`path` maps container paths into the container's directory."""
 
     def path(self, vmid: int, path: str) -> str:
