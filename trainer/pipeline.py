@@ -354,11 +354,11 @@ class Trainer:
             return None
         self.pending_tau = None
         self.last_eval = result
-        if self.reporter.enabled:
+        if self.reporter.enabled:  # never a metric line: no step=, tau=, loss words
             self.reporter.out.write(
-                f"trainer: tau eval step={step} tau={result.tau:.2f} rows={result.rows} "
-                f"chunks={result.chunks} eval_s={result.seconds:.2f} "
-                f"peak_mib={result.peak_bytes / 2**20:.1f}\n"
+                f"trainer: tau eval after_step={step} value {result.tau:.2f} rows {result.rows} "
+                f"chunks {result.chunks} eval_s {result.seconds:.2f} "
+                f"peak_mib {result.peak_bytes / 2**20:.1f}\n"
             )
         return result.tau
 

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import io
+from pathlib import Path
+
 import torch
 
-from tests.trainer.procs import TINY
+from tests.trainer.procs import TINY, read_metrics
 from trainer.config import load_config
 from trainer.data import sample_anchors
 from trainer.model import Drafter, TargetLM
+from trainer.pipeline import RunOptions, Trainer
 from trainer.verify import drafter_drafts, evaluate
 
 
@@ -34,3 +38,23 @@ def test_the_peak_is_flat_in_the_number_of_rows() -> None:
     assert small > 0
     assert large <= small * 1.1, (small, large)
     assert whole > 8 * small, (small, whole)
+
+
+def test_a_budgeted_evaluation_spreads_over_the_next_steps(tmp_path: Path) -> None:
+    """One chunk per step (a budget any chunk exceeds): the evaluation due after step 5 runs
+    on over steps 6..9 and is finished by the one due after step 10 (on the drafter as it was
+    after step 5), which is itself still pending when step 12 ends."""
+    cfg = load_config(
+        TINY,
+        ["train.eval_every=5", "train.log_every=1", "train.eval_seqs=8",
+         "train.eval_chunk_rows=4", "train.eval_budget_s=1.0e-9", "data.pool=16"],
+    )  # fmt: skip
+    out = io.StringIO()
+    trainer = Trainer(cfg, RunOptions(tmp_path, log_out=out))
+    trainer.run_plain(12)
+    taus = {r["step"]: r["tau"] for r in read_metrics(tmp_path)}
+    assert [s for s, t in taus.items() if t is not None] == [10]
+    assert trainer.pending_tau is not None and trainer.pending_tau[0] == 10
+    evals = [x for x in out.getvalue().splitlines() if x.startswith("trainer: tau eval ")]
+    assert len(evals) == 1 and evals[0].startswith("trainer: tau eval after_step=5 value ")
+    assert " rows 32 chunks 8 " in evals[0]
