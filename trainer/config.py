@@ -49,6 +49,13 @@ class TargetConfig:
     device_map: str | None = None
     dtype: str = "auto"
     """``float32``, ``bfloat16``, ``float16``; ``auto``: float32 built in, the checkpoint's for HF."""
+    kind: str = "lm"
+    """``lm``: the random causal transformer; ``copy``: greedy next token = the token
+    ``copy_period`` positions back (:mod:`trainer.copytarget`), a task only context solves."""
+    copy_period: int = 16
+    micro_batches: int = 1
+    """Built-in target: rows per forward split into this many micro-batches, pipelined over the
+    target devices (GPipe order) so they work at once; 1 = one batch, one device at a time."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -88,7 +95,10 @@ class TrainSection:
     On a small CPU box 1 avoids oversubscribing cores with worker threads x OpenMP threads.
     ``loss_decay_gamma``: block slot ``k`` (1..B-1) weighs ``exp(-(k-1)/gamma)`` (DFlash); 0 = flat.
     ``eval_every``: measure ``tau`` (real draft-and-verify) every N steps on ``eval_seqs`` held-out
-    sequences x ``blocks_per_seq`` anchors; 0 = never. ``max_nonfinite_steps``: stop after this
+    sequences x ``blocks_per_seq`` anchors; 0 = never; ``eval_chunk_rows`` verification rows per
+    target pass (bounds its memory); ``eval_budget_s``: seconds of evaluation per step, the rest
+    continues after the next steps on a snapshot of the drafter (0 = all at the due step).
+    ``max_nonfinite_steps``: stop after this
     many steps in a row whose gradient was not finite (each one is skipped).
     """
 
@@ -109,6 +119,8 @@ class TrainSection:
     loss_decay_gamma: float = 0.0
     eval_every: int = 10
     eval_seqs: int = 16
+    eval_chunk_rows: int = 64
+    eval_budget_s: float = 0.0
     max_nonfinite_steps: int = 10
 
 
@@ -261,6 +273,7 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         "target.n_layers": cfg.target.n_layers,
         "target.n_heads": cfg.target.n_heads,
         "target.d_ff": cfg.target.d_ff,
+        "target.micro_batches": cfg.target.micro_batches,
         "drafter.d_model": cfg.drafter.d_model,
         "drafter.n_layers": cfg.drafter.n_layers,
         "drafter.n_heads": cfg.drafter.n_heads,
@@ -277,6 +290,7 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         "train.queue_depth": cfg.train.queue_depth,
         "train.lr": cfg.train.lr,
         "train.eval_seqs": cfg.train.eval_seqs,
+        "train.eval_chunk_rows": cfg.train.eval_chunk_rows,
         "train.max_nonfinite_steps": cfg.train.max_nonfinite_steps,
         "data.prompt_len": cfg.data.prompt_len,
         "data.pool": cfg.data.pool,
@@ -291,6 +305,7 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         "train.torch_threads": cfg.train.torch_threads,
         "train.loss_decay_gamma": cfg.train.loss_decay_gamma,
         "train.eval_every": cfg.train.eval_every,
+        "train.eval_budget_s": cfg.train.eval_budget_s,
         "data.temperature": cfg.data.temperature,
     }.items():
         if value < 0:
@@ -313,6 +328,17 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         bad = [i for i in cfg.drafter.target_layers if not 0 <= i < cfg.target.n_layers]
         if bad:
             fail("drafter.target_layers", f"{bad} outside 0..{cfg.target.n_layers - 1}")
+    if cfg.target.kind not in TARGET_KINDS:
+        fail("target.kind", f"must be one of {', '.join(TARGET_KINDS)}, got {cfg.target.kind!r}")
+    if cfg.target.kind == "copy":
+        if cfg.target.d_model < cfg.target.vocab_size:
+            fail("target.d_model", f"must be >= target.vocab_size={cfg.target.vocab_size} (copy)")
+        if not cfg.drafter.block_size <= cfg.target.copy_period < cfg.data.seq_len:
+            fail(
+                "target.copy_period",
+                f"must be in drafter.block_size..data.seq_len-1 = "
+                f"{cfg.drafter.block_size}..{cfg.data.seq_len - 1}, got {cfg.target.copy_period}",
+            )
     if cfg.target.dtype not in DTYPES:
         fail("target.dtype", f"must be one of {', '.join(DTYPES)}, got {cfg.target.dtype!r}")
     if cfg.data.kind not in DATA_KINDS:
@@ -365,6 +391,7 @@ def _check(cfg: TrainConfig, file: str, lines: dict[str, int]) -> None:
         )
 
 
+TARGET_KINDS = ("lm", "copy")
 DTYPES = ("auto", "float32", "bfloat16", "float16")
 DATA_KINDS = ("synthetic", "text", "target")
 

@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from trainer.config import DependencyError, TrainConfig
+from trainer.placement import hf_device_map
 
 
 def check_dependencies(cfg: TrainConfig) -> None:
@@ -26,10 +27,16 @@ def check_dependencies(cfg: TrainConfig) -> None:
     if not cfg.target.hf_path:
         return
     where = f"{cfg.source}: target.hf_path"
-    if cfg.target.device_map and importlib.util.find_spec("accelerate") is None:
+    placed = cfg.target.device_map or len(cfg.devices.target) > 1
+    if placed and importlib.util.find_spec("accelerate") is None:
+        why = (
+            f"target.device_map={cfg.target.device_map!r}"
+            if cfg.target.device_map
+            else f"a target split over {len(cfg.devices.target)} devices.target"
+        )
         raise DependencyError(
-            f"{cfg.source}: target.device_map={cfg.target.device_map!r} needs the 'accelerate' "
-            "package; pip install accelerate (or remove target.device_map)"
+            f"{cfg.source}: {why} needs the 'accelerate' package; pip install accelerate "
+            "(or name one target device)"
         )
     if importlib.util.find_spec("transformers") is None:
         raise DependencyError(f"{where} needs the 'transformers' package; pip install transformers")
@@ -78,6 +85,36 @@ class HFTarget(nn.Module):
         return out.logits[:, -1], out.past_key_values
 
 
+def device_map_for(cfg: TrainConfig, n_layers: int) -> dict[str, object]:
+    """The ``from_pretrained`` placement arguments: the checkpoint split over exactly
+    ``devices.target``, never onto a drafter GPU.
+
+    ``device_map`` unset with one target device: none (the model is moved there whole); unset
+    with several, or ``target``: :func:`trainer.placement.hf_device_map`, the layers balanced over
+    them; ``auto`` (or another accelerate strategy): accelerate's own plan, with ``max_memory``
+    listing only the target GPUs (accelerate places nothing on a device missing from it).
+
+    >>> from dataclasses import replace
+    >>> from trainer.config import DevicesConfig, TargetConfig
+    >>> c = replace(TrainConfig(), target=TargetConfig(hf_path="m"),
+    ...             devices=DevicesConfig(target=["cuda:0", "cuda:1"], drafter=["cuda:2"]))
+    >>> m = device_map_for(c, 4)["device_map"]
+    >>> sorted(set(m.values())), m["model.layers.0"], m["lm_head"]
+    (['cuda:0', 'cuda:1'], 'cuda:0', 'cuda:1')
+    >>> c = replace(c, target=TargetConfig(hf_path="m", device_map="auto"))
+    >>> device_map_for(c, 4)
+    {'device_map': 'auto', 'max_memory': {0: '1000GiB', 1: '1000GiB'}}
+    """
+    devices = cfg.devices.target
+    chosen = cfg.target.device_map
+    if chosen is None and len(devices) == 1:
+        return {}
+    if chosen in (None, "target"):
+        return {"device_map": hf_device_map(n_layers, devices)}
+    gpus = [int(d[5:]) for d in devices if d.startswith("cuda:")]
+    return {"device_map": chosen, "max_memory": dict.fromkeys(gpus, "1000GiB")}
+
+
 def load_hf_target(cfg: TrainConfig) -> HFTarget:
     """Load ``cfg.target.hf_path`` with ``local_files_only=True``.
 
@@ -92,7 +129,10 @@ def load_hf_target(cfg: TrainConfig) -> HFTarget:
         "local_files_only": True,
         "torch_dtype": "auto" if dtype == "auto" else getattr(torch, dtype),
     }
-    if cfg.target.device_map:
-        kwargs["device_map"] = cfg.target.device_map
+    if cfg.target.device_map or len(cfg.devices.target) > 1:
+        from transformers import AutoConfig
+
+        layers = AutoConfig.from_pretrained(cfg.target.hf_path, local_files_only=True)
+        kwargs.update(device_map_for(cfg, int(layers.num_hidden_layers)))
     model = AutoModelForCausalLM.from_pretrained(cfg.target.hf_path, **kwargs)
     return HFTarget(model)

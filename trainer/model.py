@@ -10,6 +10,7 @@ forward pass, bidirectionally inside the block.
 from __future__ import annotations
 
 import logging
+import threading
 from collections.abc import Callable, Sequence
 
 import torch
@@ -18,6 +19,7 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from trainer.config import DrafterConfig, TargetConfig
+from trainer.placement import balanced_split, pipeline_schedule
 
 log = logging.getLogger(__name__)
 
@@ -45,26 +47,55 @@ def make_attention(compile_: bool, backend: str = "inductor") -> tuple[Attention
     tag = "" if backend == "inductor" else f"({backend})"
     compiled_sdpa = torch.compile(sdpa_attention, dynamic=False, backend=backend)
     try:
-        from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+        from torch.nn.attention.flex_attention import flex_attention
     except ImportError:
         return compiled_sdpa, f"sdpa+compile{tag}"
     flex = torch.compile(flex_attention, dynamic=False, backend=backend)
+    masks = BlockMaskCache(flex_block_mask)
 
     def flex_attend(
         q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor
     ) -> torch.Tensor:
         if q.device.type == "cpu":  # flex_attention has no CPU backward (torch 2.13)
             return compiled_sdpa(q, k, v, mask)
-
-        def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202  (flex's index tensors)
-            return mask[b, q_idx, kv_idx]
-
-        block_mask = create_block_mask(
-            mask_mod, mask.shape[0], None, mask.shape[1], mask.shape[2], device=str(q.device)
-        )
-        return flex(q, k, v, block_mask=block_mask)
+        return flex(q, k, v, block_mask=masks.get(mask))
 
     return flex_attend, f"flex_attention+compile{tag}|cpu:sdpa+compile{tag}"
+
+
+def flex_block_mask(mask: torch.Tensor) -> object:
+    """flex_attention's BlockMask for a bool ``(b, q_len, k_len)`` mask (True: may look)."""
+    from torch.nn.attention.flex_attention import create_block_mask
+
+    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202  (flex's index tensors)
+        return mask[b, q_idx, kv_idx]
+
+    b, q_len, k_len = mask.shape
+    return create_block_mask(mask_mod, b, None, q_len, k_len, device=str(mask.device))
+
+
+class BlockMaskCache:
+    """The last mask's BlockMask, built once: every drafter layer of a forward passes the same
+    mask tensor, so the block mask is built once per forward (per step and shape), not once per
+    layer. Keyed by the tensor's identity, storage, version counter and shape; thread-safe
+    (replicas on several devices share one cache, each keeps its own entry)."""
+
+    def __init__(self, build: Callable[[torch.Tensor], object]) -> None:
+        self.build = build
+        self._last: dict[str, tuple[tuple[object, ...], object]] = {}
+        self._lock = threading.Lock()
+
+    def get(self, mask: torch.Tensor) -> object:
+        key = (id(mask), mask.data_ptr(), mask._version, tuple(mask.shape))
+        dev = str(mask.device)
+        with self._lock:
+            hit = self._last.get(dev)
+        if hit is not None and hit[0] == key:
+            return hit[1]
+        value = self.build(mask)
+        with self._lock:
+            self._last[dev] = (key, value)
+        return value
 
 
 def rotary(x: torch.Tensor, positions: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
@@ -150,22 +181,36 @@ class TargetLM(nn.Module):
         self.requires_grad_(False)
         self.eval()
         self.devices: list[torch.device] = [torch.device("cpu")] * (cfg.n_layers + 2)
+        self.micro_batches = cfg.micro_batches
 
     @property
     def n_layers(self) -> int:
         return len(self.blocks)
 
     def place(self, devices: Sequence[str]) -> None:
-        """Split the layers contiguously across ``devices`` (embedding on the first, head on the last)."""
+        """Split the layers contiguously across ``devices`` (embedding on the first, head on the
+        last), balanced by parameter count (:func:`trainer.placement.balanced_split`; the
+        embedding, a lookup, costs nothing, the head as a layer of its size)."""
         devs = [torch.device(d) for d in devices]
-        n = self.n_layers
-        per = [devs[min(i * len(devs) // n, len(devs) - 1)] for i in range(n)]
-        self.devices = [devs[0], *per, devs[-1]]
-        self.embed.to(devs[0])
-        for block, dev in zip(self.blocks, per, strict=True):
-            block.to(dev)
-        self.norm.to(devs[-1])
-        self.head.to(devs[-1])
+        block = sum(p.numel() for p in self.blocks[0].parameters())
+        costs = [0.0, *([float(block)] * self.n_layers), float(self.head.weight.numel())]
+        part = balanced_split(costs, len(devs)) if len(devs) > 1 else [0] * len(costs)
+        self.devices = [devs[i] for i in part]
+        self.embed.to(self.devices[0])
+        for blk, dev in zip(self.blocks, self.devices[1:-1], strict=True):
+            blk.to(dev)
+        self.norm.to(self.devices[-1])
+        self.head.to(self.devices[-1])
+
+    def stages(self) -> list[range]:
+        """Block index ranges that share a device, in order (one pipeline stage each)."""
+        out: list[range] = []
+        for i, dev in enumerate(self.devices[1:-1]):
+            if out and self.devices[out[-1].start + 1] == dev:
+                out[-1] = range(out[-1].start, i + 1)
+            else:
+                out.append(range(i, i + 1))
+        return out
 
     def embedding_weight(self) -> torch.Tensor:
         return self.embed.weight
@@ -176,14 +221,25 @@ class TargetLM(nn.Module):
 
     @torch.no_grad()
     def forward(self, tokens: torch.Tensor) -> tuple[torch.Tensor, list[torch.Tensor]]:
-        x = self.embed(tokens.to(self.devices[0]))
+        """``micro_batches`` > 1 splits the rows and runs the stages in GPipe order
+        (:func:`trainer.placement.pipeline_schedule`): CUDA kernels launch asynchronously, so
+        while stage ``s`` works on micro-batch ``m`` its neighbour works on ``m - 1`` on another
+        GPU. The result equals the one-batch forward (rows are independent)."""
         positions = torch.arange(tokens.shape[1])
-        hidden = []
-        for block, dev in zip(self.blocks, self.devices[1:-1], strict=True):
-            x = block(x.to(dev, non_blocking=True), positions)
-            hidden.append(x)
-        x = x.to(self.devices[-1], non_blocking=True)
-        return self.head(self.norm(x)), hidden
+        micro = list(tokens.chunk(max(1, min(self.micro_batches, tokens.shape[0]))))
+        xs = [self.embed(m.to(self.devices[0])) for m in micro]
+        hidden: list[list[torch.Tensor]] = [[] for _ in micro]
+        stages = self.stages()
+        for tick in pipeline_schedule(len(micro), len(stages)):
+            for stage, m in tick:
+                for i in stages[stage]:
+                    xs[m] = self.blocks[i](
+                        xs[m].to(self.devices[i + 1], non_blocking=True), positions
+                    )
+                    hidden[m].append(xs[m])
+        x = torch.cat([x.to(self.devices[-1], non_blocking=True) for x in xs])
+        layers = [torch.cat([h[i] for h in hidden]) for i in range(self.n_layers)]
+        return self.head(self.norm(x)), layers
 
     @torch.no_grad()
     def decode(

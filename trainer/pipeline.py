@@ -27,16 +27,17 @@ import torch
 import torch.distributed as dist
 
 from trainer import checkpoint
+from trainer.build import build_target, check_cuda, enable_tf32
 from trainer.checkpoint import NonFiniteError
 from trainer.config import TrainConfig, anchor_range, for_local_rank
 from trainer.data import TokenSource, sample_anchors
 from trainer.faults import Fault, FaultInjector
 from trainer.fxrace import FxRace
 from trainer.metrics import Reporter, StepMetrics
-from trainer.model import Drafter, TargetLM, make_attention
+from trainer.model import Drafter, make_attention
 from trainer.objective import Shard, drafter_loss, run_target
 from trainer.threads import Reducer, release
-from trainer.verify import measure_tau
+from trainer.verify import TauEval, TauResult, drafter_drafts
 
 _POLL_S = 0.1
 
@@ -108,7 +109,7 @@ class Trainer:
     def __init__(self, cfg: TrainConfig, opts: RunOptions, target: Any = None) -> None:
         self.local_rank = int(os.environ.get("LOCAL_RANK", "0"))
         cfg = for_local_rank(cfg, self.local_rank)
-        _check_cuda(cfg, self.local_rank)
+        check_cuda(cfg, self.local_rank)
         self.cfg = cfg
         self.opts = opts
         opts.run_dir.mkdir(parents=True, exist_ok=True)
@@ -132,6 +133,7 @@ class Trainer:
             )
         if cfg.train.torch_threads:
             torch.set_num_threads(cfg.train.torch_threads)
+        enable_tf32(cfg)
         self.faults = FaultInjector(opts.faults, rank=self.rank)
         self.target = target if target is not None else build_target(cfg)
         self.target.place(cfg.devices.target)
@@ -188,6 +190,8 @@ class Trainer:
             n = cfg.train.eval_seqs
             anchors = sample_anchors(cfg.train.seed, -1, n, cfg.train.blocks_per_seq, lo, hi)
             self.heldout = (self.source.heldout(n), anchors)
+        self.pending_tau: tuple[int, TauEval] | None = None  # (step of the snapshot, evaluation)
+        self.last_eval: TauResult | None = None
         self.nonfinite_run = 0  # steps in a row skipped for a non-finite gradient
         self.nonfinite_total = 0
         # each node's local rank 0 reports (its own log, heartbeat and metrics.jsonl) the tokens
@@ -292,10 +296,7 @@ class Trainer:
         else:
             self.nonfinite_run = 0
         self.done_step = step
-        tau = None
-        every = self.cfg.train.eval_every
-        if every and step % every == 0:
-            tau = self.evaluate()
+        tau = self._advance_tau(step)
         self.reporter.on_step(
             step, float(total[-2]), float(total[-1]), lr, tau=tau,
             nonfinite_steps=self.nonfinite_total,
@@ -323,19 +324,51 @@ class Trainer:
                 f"checkpoint in {checkpoint.checkpoint_dir(self.opts.run_dir)} is finite"
             )
 
-    def evaluate(self) -> float | None:
-        """``tau`` of replica 0 on the held-out anchors (None where not measured: rank > 0)."""
+    def _advance_tau(self, step: int) -> float | None:
+        """Run the pending ``tau`` evaluation for up to ``train.eval_budget_s`` and start the one
+        due after ``step``; returns the newest ``tau`` finished now (None: none finished)."""
+        t = self.cfg.train
+        tau = None
+        if self.pending_tau is not None:  # a due evaluation finishes the pending one first
+            due = bool(t.eval_every) and step % t.eval_every == 0
+            tau = self._finish_tau(self.pending_tau, 0.0 if due else t.eval_budget_s)
+        if self.heldout is not None and t.eval_every and step % t.eval_every == 0:
+            drafter = self.replicas[0]
+            if t.eval_budget_s > 0:  # later chunks run after later steps: freeze these weights
+                drafter = copy.deepcopy(drafter, memo={id(drafter.attend): drafter.attend})
+            tau = self._finish_tau((step, self._tau_eval(drafter)), t.eval_budget_s) or tau
+        return tau
+
+    def _tau_eval(self, drafter: Drafter, context: bool = True) -> TauEval:
+        tokens, anchors = self.heldout  # type: ignore[misc]  (callers check it)
+        dev = self.cfg.devices.drafter[0]
+        drafts = drafter_drafts(self.target, drafter, self.cfg.drafter.target_layers, dev, context)
+        rows = self.cfg.train.eval_chunk_rows
+        return TauEval(self.target, drafts, tokens, anchors, drafter.block_size, rows)
+
+    def _finish_tau(self, pending: tuple[int, TauEval], budget_s: float) -> float | None:
+        step, ev = pending
+        result = ev.advance(budget_s)
+        if result is None:
+            self.pending_tau = pending
+            return None
+        self.pending_tau = None
+        self.last_eval = result
+        if self.reporter.enabled:  # never a metric line: no step=, tau=, loss words
+            self.reporter.out.write(
+                f"trainer: tau eval after_step={step} value {result.tau:.2f} rows {result.rows} "
+                f"chunks {result.chunks} eval_s {result.seconds:.2f} "
+                f"peak_mib {result.peak_bytes / 2**20:.1f}\n"
+            )
+        return result.tau
+
+    def evaluate(self, context: bool = True) -> float | None:
+        """``tau`` of replica 0 on the held-out anchors now, all chunks at once (None where not
+        measured: rank > 0); ``context`` False zeroes the context features (a baseline)."""
         if self.heldout is None:
             return None
-        tokens, anchors = self.heldout
-        return measure_tau(
-            self.target,
-            self.replicas[0],
-            tokens,
-            anchors,
-            self.cfg.drafter.target_layers,
-            self.cfg.devices.drafter[0],
-        )
+        result = self._tau_eval(self.replicas[0], context).advance()
+        return None if result is None else result.tau
 
     def state(self) -> dict[str, Any]:
         """Checkpoint payload from replica 0 (all replicas are identical)."""
@@ -534,32 +567,3 @@ class Trainer:
 def _sync(dev: str) -> None:
     if dev.startswith("cuda"):
         torch.cuda.synchronize(dev)
-
-
-def _check_cuda(cfg: TrainConfig, local_rank: int) -> None:
-    """Refuse CUDA devices this torch cannot see, naming the torchrun shift when there is one."""
-    cuda = sorted(
-        {int(d[5:]) for d in (*cfg.devices.target, *cfg.devices.drafter) if d.startswith("cuda:")}
-    )
-    if not cuda:
-        return
-    seen = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if cuda[-1] < seen:
-        return
-    shifted = f" (LOCAL_RANK={local_rank}: each local rank gets its own set)" if local_rank else ""
-    raise ValueError(
-        f"devices: the run needs cuda:{cuda[0]}..cuda:{cuda[-1]}{shifted}, "
-        f"but torch sees {seen} CUDA device(s)"
-    )
-
-
-def build_target(cfg: TrainConfig) -> TargetLM:
-    """The frozen target: the package's own LM, or a local HF checkpoint when ``hf_path`` is set."""
-    if cfg.target.hf_path:
-        from trainer.hf import load_hf_target
-
-        return load_hf_target(cfg)  # type: ignore[return-value]
-    target = TargetLM(cfg.target)
-    if cfg.target.dtype not in ("auto", "float32"):
-        target.to(getattr(torch, cfg.target.dtype))
-    return target

@@ -34,7 +34,11 @@ def test_bench_json_last(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1])
-    assert set(result) == {"pipelined_tok_s", "plain_tok_s", "ratio", "tau"}
+    assert set(result) == {
+        "pipelined_tok_s", "plain_tok_s", "ratio", "tau", "tau_no_context", "tau_bigram",
+        "tau_eval_s", "tau_eval_peak_mib",
+    }  # fmt: skip
+    assert result["tau_eval_s"] > 0 and result["tau_eval_peak_mib"] > 0
     assert 1.0 <= result["tau"] <= 4.0  # tiny-cpu: block_size 4, measured at step 10
     assert result["pipelined_tok_s"] > 0 and result["plain_tok_s"] > 0
     assert result["ratio"] == pytest.approx(

@@ -11,11 +11,16 @@ MODULES = [
     "trainer.checkpoint",
     "trainer.cli",
     "trainer.config",
+    "trainer.copytarget",
     "trainer.data",
     "trainer.faults",
+    "trainer.hf",
+    "trainer.memwatch",
     "trainer.metrics",
     "trainer.objective",
     "trainer.pipeline",
+    "trainer.placement",
+    "trainer.verify",
 ]
 
 
