@@ -3,7 +3,8 @@
 ``<workdir>/runs/<run-id>/`` (docs/ARCHITECTURE.md, "Run layout in the container") holds
 ``manifest.json``, ``command``, ``wrapper.sh``, ``train.log`` (tee -a), ``exit_status``
 (written by the wrapper, also on signals), ``wrapper.pid`` (the pane's PID and start time),
-``pgid`` (the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
+``tmux.pid`` (the run's own tmux server: the pane's parent's PID and start time), ``pgid``
+(the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
 reserved at launch, so a full disk can still take tee's complaint and the exit status),
 ``tee_status``, ``env`` (the run's environment, 0600: :data:`ENV`), ``stop_requested`` (JSON
 ``{"at", "signal", "by", "grace_s"}``, written by ``stop`` before its first signal), ``heartbeat``
@@ -32,6 +33,9 @@ RUNS, CURRENT = "runs", "current"
 """``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""
 MANIFEST, LOG, EXIT_STATUS, HEARTBEAT = "manifest.json", "train.log", "exit_status", "heartbeat"
 STOP_REQUEST = "stop_requested"
+TMUX_PID = "tmux.pid"
+"""The run's own tmux server, ``PID START`` (inside the container; start in clock ticks),
+written at launch: the one server the host counts for the run, not any process named like one."""
 """File in the run directory that says an operator asked the run to stop (JSON)."""
 
 

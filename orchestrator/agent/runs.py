@@ -64,6 +64,7 @@ from orchestrator.agent.rundir import (
     STATUS_RESERVE,
     STOP_REQUEST,
     TEE_ERR,
+    TMUX_PID,
     carry_checkpoints,
     current_run_id,
     git_rev,
@@ -403,6 +404,9 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
             run_dir=str(run_dir),
         )
     atomic_write(run_dir / "wrapper.pid", f"{pane_pid} {st[3]}\n")
+    server = proc_stat(st[1])  # the pane's parent: this run's own tmux server
+    if server is not None:
+        atomic_write(run_dir / TMUX_PID, f"{st[1]} {server[3]}\n")
     atomic_write(run_dir / "go", f"{time.time():.3f}\n")
 
     state = run_state(run_dir, tail=20, session=args.session)

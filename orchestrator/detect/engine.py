@@ -33,6 +33,7 @@ KIND_ORDER = (
     "throughput-drop",
     "log-missing",
     "agent-protocol-error",
+    "bad-metrics",
     "unreachable",
     "finished",
 )
@@ -70,6 +71,7 @@ def run_detectors(
     findings: list[Finding] = [
         *run.unreachable(history, limits),
         *run.agent_protocol_error(history, limits),
+        *run.bad_metrics(history, limits),
         *run.container_stopped(history, limits),
         *run.silent_death(history, limits),
         *run.exit_status(history, limits),
