@@ -30,6 +30,7 @@ _TABLE.update({c: f"\\x{c:02x}" for c in range(0x80, 0xA0)})
 _TABLE.update({c: f"\\u{c:04x}" for c in _BIDI})
 _MULTI = dict(_TABLE)
 del _MULTI[0x0A], _MULTI[0x09]
+_SAME = {**_TABLE, **{c: "\ufffd" for c in (*range(0x80, 0xA0), *_BIDI)}}
 
 MAX_STEP = 2**53
 """A step is an int in ``[0, 2**53)`` (the largest a float, and so JSON, holds exactly)."""
@@ -49,7 +50,7 @@ class BadDocument(ValueError):
     """A document from a container that is too big, too deep or not JSON (message says which)."""
 
 
-def visible(text: str, *, multiline: bool = False) -> str:
+def visible(text: str, *, multiline: bool = False, same_length: bool = False) -> str:
     """``text`` with every control character and bidi override shown, never interpreted.
 
     ``multiline`` keeps newlines and tabs (a log excerpt, ``tee.err``); a one-line field
@@ -63,12 +64,14 @@ def visible(text: str, *, multiline: bool = False) -> str:
     'two\\nlines\\ttab'
     >>> visible("two\\nlines")
     'two␊lines'
+    >>> visible("a\x9bb\x1b", same_length=True)
+    'a\ufffdb␛'
     >>> visible("plain step=1 loss=2.0 [a,b]")
     'plain step=1 loss=2.0 [a,b]'
     """
     if text.isprintable() and not any(ord(c) in _BIDI for c in text):
         return text
-    return text.translate(_MULTI if multiline else _TABLE)
+    return text.translate(_SAME if same_length else _MULTI if multiline else _TABLE)
 
 
 def fence(text: str) -> str:
@@ -133,6 +136,22 @@ def finite(value: object) -> float | None:
     except OverflowError:
         return None
     return f if math.isfinite(f) else None
+
+
+def json_safe(doc: Any) -> Any:
+    """``doc`` with every NaN and infinity replaced by ``None``, so ``json.dumps(...,
+    allow_nan=False)`` writes valid JSON (bare ``NaN`` is not JSON, RFC 8259 section 6).
+
+    >>> json_safe({"loss": float("nan"), "xs": [1.0, float("inf")], "t": (2, "a")})
+    {'loss': None, 'xs': [1.0, None], 't': [2, 'a']}
+    """
+    if isinstance(doc, float):
+        return doc if math.isfinite(doc) else None
+    if isinstance(doc, dict):
+        return {k: json_safe(v) for k, v in doc.items()}
+    if isinstance(doc, (list, tuple)):
+        return [json_safe(v) for v in doc]
+    return doc
 
 
 def _depth(doc: Any, limit: int) -> bool:
