@@ -183,6 +183,7 @@ def launch(
     target: Target | None = None,
     trainer_args: Sequence[str] = (),
     carry_from: str | None = None,
+    env_from: str | None = None,
 ) -> LaunchResult:
     """Preflight, deploy, start and verify a run in container ``name`` (see the module doc).
 
@@ -190,6 +191,8 @@ def launch(
     with a command (``--cmd`` or hosts.yaml's ``command``) they are a ``UsageError``.
     ``carry_from``: a run id of the same workdir whose ``checkpoints/`` are hard-linked into the
     new run directory before it starts (a relaunch that resumes; the old run is not changed).
+    ``env_from``: a run id whose variables (hosts.yaml ``env``, ``--env``: its 0600 env file,
+    read by the agent in the container, never on a command line) the new run gets too.
 
     Raises:
         PreflightRefused: nothing was started (exit 4).
@@ -261,6 +264,8 @@ def launch(
         args.append("--force")
     if carry_from:
         args += ["--carry-from", carry_from]
+    if env_from:
+        args += ["--env-from", env_from]
     # the values go over stdin into the run's 0600 env file: argv shows in ps, host and container
     env_doc = json.dumps({"env": user_env}).encode()
     doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
