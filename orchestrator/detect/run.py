@@ -29,7 +29,6 @@ from orchestrator.detect.base import (
     trailing,
 )
 from orchestrator.wire.model import Finding, Severity, Snapshot
-from orchestrator.wire.text import BAD_DATA_PREFIX
 
 PROTOCOL_PREFIX = "agent protocol error"
 
@@ -98,37 +97,6 @@ def agent_protocol_error(history: History, limits: Limits) -> list[Finding]:
             summary=f"the agent's answer could not be read: {errors[0]}",
             since=run[0].taken_at,
             evidence=tuple(errors[:5]),
-        )
-    ]
-
-
-def bad_metrics(history: History, limits: Limits) -> list[Finding]:
-    """The newest snapshot dropped a value or document the container wrote (a 400-digit
-    step, a ``time`` in milliseconds, ``"[" * 5000`` in manifest.json): said, on that target,
-    so a number out of range never silently changes a state.
-
-    >>> from orchestrator.config.limits import Limits
-    >>> s = Snapshot("ct", 1.0, errors=("bad data: train.log metrics: step out of range",))
-    >>> [f.summary for f in bad_metrics([s], Limits())]
-    ['a value the container wrote was dropped: train.log metrics: step out of range']
-    """
-    del limits
-    if not history:
-        return []
-    last = history[-1]
-    bad = [e for e in last.errors if e.startswith(BAD_DATA_PREFIX)]
-    if not bad:
-        return []
-    run = trailing(history, lambda s: any(e.startswith(BAD_DATA_PREFIX) for e in s.errors))
-    return [
-        Finding(
-            kind="bad-metrics",
-            severity=Severity.WARNING,
-            target=last.target,
-            summary="a value the container wrote was dropped: "
-            + bad[0][len(BAD_DATA_PREFIX) :].lstrip(": "),
-            since=run[0].taken_at,
-            evidence=tuple(bad[:5]),
         )
     ]
 
