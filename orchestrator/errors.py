@@ -118,6 +118,27 @@ class HostKeyChanged(TransportError):
         )
 
 
+class HostKeyRevoked(TransportError):
+    """The host presented a key known_hosts marks ``@revoked``: refused, as OpenSSH does.
+
+    >>> str(HostKeyRevoked("pve1", "10.1.2.6", 22, "SHA256:k", "/root/.ssh/known_hosts", 4))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    'pve1 (10.1.2.6:22): HOST KEY REVOKED (SHA256:k is marked @revoked on line 4 of
+    /root/.ssh/known_hosts). Refusing to connect: the host must get a new key; then run: orch trust pve1'
+    """
+
+    def __init__(
+        self, host: str, address: str, port: int, fingerprint: str, known_hosts: str, line: int
+    ) -> None:
+        self.host, self.address, self.port = host, address, port
+        self.fingerprint, self.known_hosts, self.line = fingerprint, known_hosts, line
+        super().__init__(
+            f"{host} ({address}:{port}): HOST KEY REVOKED ({fingerprint} is marked @revoked on "
+            f"line {line} of {known_hosts}). Refusing to connect: the host must get a new key; "
+            f"then run: orch trust {host}"
+        )
+
+
 class AuthFailed(TransportError):
     """SSH authentication failed. Names the key file, never a secret."""
 

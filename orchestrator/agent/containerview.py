@@ -10,8 +10,10 @@
   :class:`~orchestrator.agent.runfacts.RunReader` the in-container agent uses.
 - The run's processes: the tree under its wrapper (``wrapper.pid``: PID inside and start
   time) plus its process group (``pgid``), so a command that outlived its wrapper counts.
-- tmux: the server is the wrapper's parent (``tmux: server``), else any tmux server of the
-  container. The pane's screen is not read from here (that takes ``pct exec``): a live
+- tmux: the server that counts is the run's own: the wrapper's parent (``tmux: server``),
+  else the one ``tmux.pid`` names (PID inside and start time, written at launch), never any
+  process whose ``comm`` is ``tmux: server`` (a root ``tmux -L other`` session, a non-root
+  user's renamed binary). The pane's screen is not read from here (that takes ``pct exec``): a live
   wrapper means a live pane; a dead one with the server up means a dead pane kept by
   ``remain-on-exit``, whose status is the run's ``exit_status``.
 """
@@ -32,6 +34,7 @@ from orchestrator.agent.hostprocs import (
 )
 from orchestrator.agent.procs import _CLK_TCK
 from orchestrator.agent.rootfs import ContainerRoot
+from orchestrator.agent.rundir import TMUX_PID
 from orchestrator.agent.runfacts import RunReader, vfs_mib
 from orchestrator.wire.model import ProcessInfo, RunState, SessionState, Snapshot
 
@@ -117,25 +120,36 @@ def session_state(
     table: Mapping[int, HostProcess],
     wrapper: HostProcess | None,
     run: RunState | None,
+    own: tuple[int, int | None] | None = None,
 ) -> SessionState:
     """What the host can tell of the run's tmux session (see the module's docstring).
+    ``own``: the run's server from ``tmux.pid`` (PID inside, start ticks).
 
     >>> w = HostProcess(50, "bash", "S", 40, 50, 1, 0, 1, 0.0, inner=7)
     >>> s = HostProcess(40, TMUX_SERVER, "S", 1, 40, 1, 0, 1, 0.0, inner=3)
     >>> st = session_state("train", {40: s, 50: w}, w, None)
     >>> (st.exists, st.server_running, st.pane_dead, st.pane_pid)
     (True, True, False, 7)
-    >>> st = session_state("train", {40: s}, None, RunState("r", "/r", exit_status=1))
+    >>> st = session_state("train", {40: s}, None, RunState("r", "/r", exit_status=1), (3, 1))
     >>> (st.exists, st.pane_dead, st.pane_dead_status)
     (True, True, 1)
     >>> session_state("train", {}, None, None).server_running
+    False
+
+    Another server (a root ``tmux -L other``, a renamed binary) is not the run's:
+
+    >>> session_state("train", {40: s}, None, RunState("r", "/r"), (9, 1)).server_running
+    False
+    >>> session_state("train", {40: s}, None, RunState("r", "/r")).server_running
     False
     """
     server = None
     if wrapper is not None and wrapper.ppid in table and table[wrapper.ppid].comm == TMUX_SERVER:
         server = table[wrapper.ppid]
-    if server is None:
-        server = next((p for p in table.values() if p.comm == TMUX_SERVER and p.state != "Z"), None)
+    if server is None and own is not None:
+        server = find_inner(table, own[0], own[1])
+        if server is not None and (server.comm != TMUX_SERVER or server.state == "Z"):
+            server = None
     running = server is not None
     if wrapper is not None and wrapper.state != "Z":
         return SessionState(name, True, server_running=running, pane_dead=False,
@@ -250,14 +264,15 @@ class ContainerView:
                             vmid=self.vmid, source="host")  # fmt: skip
         table = self.read_table()
         run, nbytes = self.runs.read(now, errors)
-        wrapper = pgid = None
+        wrapper = pgid = own = None
         if run is not None:
             rec = parse_pid_file(self.runs.small(run.run_dir, "wrapper.pid")[0])
             wrapper = find_inner(table, rec[0], rec[1]) if rec else None
+            own = parse_pid_file(self.runs.small(run.run_dir, TMUX_PID)[0])
             group = parse_pid_file(self.runs.small(run.run_dir, "pgid")[0])
             pgid = group[0] if group and run.exit_status is None else None
         name = run.manifest.session if run is not None and run.manifest else self.session
-        session = session_state(name, table, wrapper, run)
+        session = session_state(name, table, wrapper, run, own)
         tree = run_tree(table, wrapper, pgid) if run is not None else []
         return Snapshot(
             target=self.name,

@@ -47,6 +47,7 @@ from orchestrator.agent.rundir import (
 )
 from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
 from orchestrator.wire.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
+from orchestrator.wire.text import BadDocument, loads_bounded
 
 DEFAULT_LOG_LINES = 200
 DEFAULT_PANE_LINES = 200
@@ -68,8 +69,8 @@ def _jsonl_tail(path: Path, n: int, max_bytes: int = METRICS_MAX_BYTES) -> list[
     out = []
     for line in lines:
         try:
-            doc = json.loads(line)
-        except ValueError:
+            doc = loads_bounded(line, max_bytes=JSONL_MAX_LINE_BYTES, max_depth=16)
+        except BadDocument:
             continue
         if isinstance(doc, dict):
             out.append(doc)
@@ -106,7 +107,7 @@ def collect(args: argparse.Namespace) -> EvidenceAnswer:
     manifest: dict[str, Any] | None = None
     manifest_error = None
     try:
-        loaded = json.loads((run_dir / "manifest.json").read_text())
+        loaded = loads_bounded((run_dir / "manifest.json").read_text())
         manifest = loaded if isinstance(loaded, dict) else None
     except FileNotFoundError:
         manifest_error = "manifest.json missing"

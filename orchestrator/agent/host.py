@@ -344,9 +344,10 @@ class HostObserver:
             try:
                 snaps[v.name] = v.observe(now)
             except Exception as exc:  # noqa: BLE001 - one container's trouble is its own
-                snaps[v.name] = Snapshot(target=v.name, taken_at=now, vmid=v.vmid, source="host",
-                                         container_status=v.status,
-                                         errors=(f"host observer: {type(exc).__name__}: {exc}"[:300],))  # fmt: skip
+                # never "idle": a snapshot without its run would read as no run at all
+                why = f"not observable from the host: {type(exc).__name__}: {exc}"[:300]
+                snaps[v.name] = replace(Snapshot.unreachable(v.name, now, why), vmid=v.vmid,
+                                        source="host", container_status=v.status)  # fmt: skip
             for p in v.table.values():
                 self.pid_vmid[p.pid] = v.vmid
         samples, nvml = self.gpus.collect()

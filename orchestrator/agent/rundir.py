@@ -3,7 +3,8 @@
 ``<workdir>/runs/<run-id>/`` (docs/ARCHITECTURE.md, "Run layout in the container") holds
 ``manifest.json``, ``command``, ``wrapper.sh``, ``train.log`` (tee -a), ``exit_status``
 (written by the wrapper, also on signals), ``wrapper.pid`` (the pane's PID and start time),
-``pgid`` (the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
+``tmux.pid`` (the run's own tmux server: the pane's parent's PID and start time), ``pgid``
+(the command's process group), ``tee.err`` and ``.exit_status.reserve`` (blanks
 reserved at launch, so a full disk can still take tee's complaint and the exit status),
 ``tee_status``, ``env`` (the run's environment, 0600: :data:`ENV`), ``stop_requested`` (JSON
 ``{"at", "signal", "by", "grace_s"}``, written by ``stop`` before its first signal), ``heartbeat``
@@ -15,7 +16,6 @@ Runs inside the container (standard library and the agent package only).
 
 from __future__ import annotations
 
-import json
 import os
 import re
 import subprocess
@@ -27,11 +27,15 @@ from orchestrator.agent.procs import group_members, proc_stat
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.wire.answers import RunStatus, StopRequest, run_phase
 from orchestrator.wire.model import SchemaError
+from orchestrator.wire.text import BadDocument, finite, loads_bounded
 
 RUNS, CURRENT = "runs", "current"
 """``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""
 MANIFEST, LOG, EXIT_STATUS, HEARTBEAT = "manifest.json", "train.log", "exit_status", "heartbeat"
 STOP_REQUEST = "stop_requested"
+TMUX_PID = "tmux.pid"
+"""The run's own tmux server, ``PID START`` (inside the container; start in clock ticks),
+written at launch: the one server the host counts for the run, not any process named like one."""
 """File in the run directory that says an operator asked the run to stop (JSON)."""
 
 
@@ -106,15 +110,16 @@ def parse_stop_request(text: str | None) -> StopRequest | None:
     if not text:
         return None
     try:
-        doc = json.loads(text)
-    except ValueError:
+        doc = loads_bounded(text, max_bytes=1 << 16)
+    except BadDocument:
         return None
-    if not isinstance(doc, dict) or not isinstance(doc.get("at"), (int, float)):
+    at = finite(doc.get("at")) if isinstance(doc, dict) else None
+    if at is None:
         return None
     try:
         return StopRequest.from_dict(doc)
     except SchemaError:
-        return StopRequest(at=float(doc["at"]))
+        return StopRequest(at=at)
 
 
 def read_stop_request(run_dir: Path) -> StopRequest | None:
@@ -173,10 +178,17 @@ def parse_exit_status(text: str) -> int | None:
 
     >>> parse_exit_status("137\\n"), parse_exit_status("exit=2 signal=none"), parse_exit_status("")
     (137, 2, None)
+
+    A number no process exits with (the file was written by someone else) reads as 255:
+    the run did end, with a failure (never a 400-digit status on the wire).
+
+    >>> parse_exit_status("9" * 400), parse_exit_status("-4294967296")
+    (255, 255)
     """
     for token in text.replace("=", " ").split():
-        if token.lstrip("-").isdigit():
-            return int(token)
+        digits = token.lstrip("-")
+        if digits.isascii() and digits.isdigit():
+            return int(token) if len(digits) <= 10 and -(2**31) <= int(token) < 2**31 else 255
     return None
 
 
@@ -200,7 +212,7 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> Ru
         except FileNotFoundError:
             size = None
     try:
-        manifest = json.loads((run_dir / MANIFEST).read_text())
+        manifest = loads_bounded((run_dir / MANIFEST).read_text(), max_bytes=1 << 20)
     except (OSError, ValueError):
         manifest = None
     if not isinstance(manifest, dict):
@@ -227,7 +239,7 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> Ru
         stop_requested=read_stop_request(run_dir),
         tee_error=read_tee_error(run_dir),
         tee_status=read_int(run_dir / "tee_status"),
-        started_at=float(started_at) if isinstance(started_at, (int, float)) else None,
+        started_at=finite(started_at),
         command=_text(manifest.get("command")),
         session=_text(manifest.get("session")),
         tmux=tmux_state,

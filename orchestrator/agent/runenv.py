@@ -106,6 +106,38 @@ def env_records(env: Mapping[str, str]) -> bytes:
     return b"".join(f"{k}={v}".encode("utf-8", "surrogateescape") + b"\0" for k, v in env.items())
 
 
+def parse_env_records(data: bytes) -> dict[str, str]:
+    """The :data:`~orchestrator.agent.rundir.ENV` file back: ``NAME=VALUE\\0`` records (a
+    record without ``=`` or with a bad name is skipped).
+
+    >>> parse_env_records(b"A=1\\x00B=x\\ny=z\\x00junk\\x00")
+    {'A': '1', 'B': 'x\\ny=z'}
+    """
+    env: dict[str, str] = {}
+    for rec in data.split(b"\0"):
+        key, sep, value = rec.decode("utf-8", "surrogateescape").partition("=")
+        if sep and _ENV_KEY_RE.match(key):
+            env[key] = value
+    return env
+
+
+RELAUNCH_OWN = ("CUDA_DEVICE_ORDER", "CUDA_VISIBLE_DEVICES", "PYTHONUNBUFFERED")
+"""Variables a relaunch sets itself (:func:`run_env`), never carried from the run it replaces."""
+
+
+def carried_env(previous: Mapping[str, str], names: Sequence[str]) -> dict[str, str]:
+    """The variables of the run a relaunch replaces that it keeps: those the old run was given
+    (its manifest's ``env`` names: hosts.yaml ``env``, ``--env``), with their values from its
+    0600 ``env`` file; not the GPU assignment nor ``ORCH_*`` (the relaunch sets its own).
+
+    >>> carried_env({"HF_TOKEN": "s", "CUDA_VISIBLE_DEVICES": "0", "PATH": "/b", "ORCH_RESUME": "auto"},
+    ...             ["HF_TOKEN", "CUDA_VISIBLE_DEVICES", "ORCH_RESUME", "GONE"])
+    {'HF_TOKEN': 's'}
+    """
+    return {k: previous[k] for k in names
+            if k in previous and k not in RELAUNCH_OWN and not k.startswith("ORCH_")}  # fmt: skip
+
+
 def run_env(user_env: Mapping[str, str], gpus: Sequence[int]) -> dict[str, str]:
     """The variables a run gets: the GPU assignment, unbuffered Python, then the user's.
 

@@ -12,7 +12,6 @@ offset, the manifest (re-read only when its mtime changes) and the newest metric
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from typing import BinaryIO, Protocol
@@ -33,6 +32,7 @@ from orchestrator.agent.rundir import (
     read_small,
 )
 from orchestrator.wire.model import Metrics, RunManifest, RunState, SchemaError
+from orchestrator.wire.text import BAD_DATA_PREFIX, bounded_int, finite, loads_bounded
 
 
 class Files(Protocol):
@@ -157,10 +157,10 @@ class RunReader:
         if raw is None:
             return None, None, 0
         try:
-            manifest: RunManifest | None = RunManifest.from_dict(json.loads(raw))
+            manifest: RunManifest | None = RunManifest.from_dict(loads_bounded(raw))
             error = None
-        except (ValueError, SchemaError) as exc:
-            manifest, error = None, f"manifest.json unreadable: {str(exc)[:200]}"
+        except (ValueError, SchemaError, TypeError, AttributeError, OverflowError) as exc:
+            manifest, error = None, f"{BAD_DATA_PREFIX}: manifest.json unreadable: {str(exc)[:200]}"
         self._manifest = (mtime, manifest, error)
         return manifest, error, len(raw)
 
@@ -198,7 +198,7 @@ class RunReader:
         heartbeat_age = now - beat if beat is not None else None
         disk_free, disk_total = self.files.disk(run_dir, self.workdir)
         if chunk.lines:
-            m = self.metrics.parse(chunk.lines, now)
+            m = self._parse_metrics(chunk.lines, now, errors)
             if m is not None:
                 self.last_metrics = merge_metrics(self.last_metrics, m)
         return RunState(
@@ -220,6 +220,62 @@ class RunReader:
             disk_free_mib=disk_free,
             disk_total_mib=disk_total,
         ), nbytes
+
+    def _parse_metrics(
+        self, lines: tuple[str, ...], now: float, errors: list[str]
+    ) -> Metrics | None:
+        """The log's newest metrics, each range-checked (:func:`checked_metrics`); a value
+        out of range, or a parser that fails on a line, is a ``bad data:`` error of this
+        snapshot (the ``bad-metrics`` finding), never the end of the observation."""
+        try:
+            m = self.metrics.parse(lines, now)
+        except (ValueError, OverflowError, ArithmeticError) as exc:
+            errors.append(
+                f"{BAD_DATA_PREFIX}: train.log metrics: {type(exc).__name__}: {exc}"[:300]
+            )
+            return None
+        if m is None:
+            return None
+        m, why = checked_metrics(m)
+        if why:
+            errors.append(f"{BAD_DATA_PREFIX}: train.log metrics: {why}")
+        return m
+
+
+def checked_metrics(m: Metrics) -> tuple[Metrics | None, str | None]:
+    """``m`` with every value range-checked: a step an int in ``[0, 2**53)``, the others
+    finite (loss may be NaN: a diverged run says so); (metrics or ``None``, what was dropped).
+
+    >>> checked_metrics(Metrics(step=10**400, loss=2.0))
+    (Metrics(step=None, loss=2.0, tokens_per_s=None, acc_len=None, tau=None, seen_at=None, total_steps=None, throughput=None, throughput_unit=None, eta_s=None, framework=None), 'step out of range (401 digits)')
+    >>> checked_metrics(Metrics(step=3, loss=float("nan")))[1] is None
+    True
+    """
+    step = m.step if m.step is None else bounded_int(m.step)
+    bad = []
+    if m.step is not None and step is None:
+        shown = f"{len(str(m.step))} digits" if isinstance(m.step, int) and abs(m.step) > 10**18 else repr(m.step)[:40]  # fmt: skip
+        bad.append(f"step out of range ({shown})")
+    rest: dict[str, float | None] = {}
+    for key in ("tokens_per_s", "acc_len", "tau", "throughput", "eta_s"):
+        v = getattr(m, key)
+        rest[key] = None if v is None else finite(v)
+        if v is not None and rest[key] is None:
+            bad.append(f"{key} not a finite number ({repr(v)[:40]})")
+    total = m.total_steps if m.total_steps is None else bounded_int(m.total_steps)
+    if m.total_steps is not None and total is None:
+        bad.append("total_steps out of range")
+    loss = m.loss if m.loss is None or isinstance(m.loss, float) else finite(m.loss)
+    out = dataclasses.replace(m, step=step, loss=loss, total_steps=total)
+    out = dataclasses.replace(out, **rest)  # type: ignore[arg-type]  # every key a float field
+    if rest["throughput"] is None:
+        out = dataclasses.replace(out, throughput_unit=None)
+    if all(
+        getattr(out, k) is None
+        for k in ("step", "loss", "tokens_per_s", "acc_len", "tau", "throughput")
+    ):
+        return None, "; ".join(bad) or None
+    return out, "; ".join(bad) or None
 
 
 def merge_metrics(old: Metrics | None, new: Metrics) -> Metrics:

@@ -64,6 +64,7 @@ from orchestrator.agent.rundir import (
     STATUS_RESERVE,
     STOP_REQUEST,
     TEE_ERR,
+    TMUX_PID,
     carry_checkpoints,
     current_run_id,
     git_rev,
@@ -78,8 +79,10 @@ from orchestrator.agent.rundir import (
 )
 from orchestrator.agent.runenv import (
     MAX_ENV_DOC_BYTES,
+    carried_env,
     env_records,
     parse_env_document,
+    parse_env_records,
     run_env,
     run_environment,
 )
@@ -278,6 +281,21 @@ def _archive_session(session: str, run_dir: Path | None) -> None:
 # --- launch ----------------------------------------------------------------------------------
 
 
+def _previous_env(root: Path, run_id: str) -> dict[str, str]:
+    """The variables run ``run_id`` was given, from its 0600 ``env`` file (a relaunch keeps
+    them: never through argv). ``ValueError`` when that run is not there."""
+    old = root / run_id
+    if not NAME_RE.match(run_id) or not old.is_dir():
+        raise ValueError(f"--env-from: no run {run_id!r}")
+    try:
+        names = list(json.loads((old / "manifest.json").read_text()).get("env") or {})
+        wanted = carried_env(dict.fromkeys(names, ""), names)
+        data = (old / ENV).read_bytes() if wanted else b""
+    except (OSError, ValueError, AttributeError) as exc:
+        raise ValueError(f"--env-from {run_id}: cannot read its environment: {exc}"[:300]) from None
+    return carried_env(parse_env_records(data), names)
+
+
 def launch(args: argparse.Namespace) -> LaunchAnswer:
     """Create the run directory, start the session, say go, watch it for ``--settle`` s."""
     workdir = Path(args.workdir)
@@ -293,6 +311,8 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
             if args.env_stdin
             else {}
         )
+        if args.env_from:
+            given = {**_previous_env(runs_root(workdir), args.env_from), **given}
         env = run_env(given, gpus)
     except ValueError as exc:
         raise RunError(EXIT_USAGE, "bad-argument", str(exc)) from None
@@ -403,6 +423,9 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
             run_dir=str(run_dir),
         )
     atomic_write(run_dir / "wrapper.pid", f"{pane_pid} {st[3]}\n")
+    server = proc_stat(st[1])  # the pane's parent: this run's own tmux server
+    if server is not None:
+        atomic_write(run_dir / TMUX_PID, f"{st[1]} {server[3]}\n")
     atomic_write(run_dir / "go", f"{time.time():.3f}\n")
 
     state = run_state(run_dir, tail=20, session=args.session)
@@ -505,6 +528,9 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
+    p.add_argument("--env-from", default=None, metavar="RUN_ID",
+                   help="the variables that run was given (its 0600 env file) carry over; "
+                   "stdin's win (a relaunch)")  # fmt: skip
     p.add_argument("--carry-from", default=None, metavar="RUN_ID",
                    help="hard-link that run's checkpoints/ into the new run (a resuming relaunch)")  # fmt: skip
     p.set_defaults(func=guard(_cmd_launch))

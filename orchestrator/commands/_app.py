@@ -81,13 +81,18 @@ def report_error(exc: OrchError) -> None:
     """
     from rich.text import Text
 
-    line = Text.assemble(("error:", "bold red"), " ", str(exc))
+    from orchestrator.wire.text import visible
+
+    line = Text.assemble(("error:", "bold red"), " ", visible(str(exc), multiline=True))
     err_console.print(line, highlight=False, soft_wrap=True)
 
 
 def print_json(data: Any) -> None:
     """Machine output: one JSON document on stdout."""
-    sys.stdout.write(json.dumps(data, indent=2, sort_keys=False, default=str) + "\n")
+    from orchestrator.wire.text import json_safe
+
+    text = json.dumps(json_safe(data), indent=2, sort_keys=False, default=str, allow_nan=False)
+    sys.stdout.write(text + "\n")
     sys.stdout.flush()
 
 

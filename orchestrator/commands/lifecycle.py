@@ -16,6 +16,14 @@ from orchestrator.commands._app import (
     out_console,
     print_json,
 )
+from orchestrator.wire.text import visible
+
+
+def _remote(text: str) -> Any:
+    """A line holding a container's text: controls shown, never rich markup."""
+    from orchestrator.views.launch import remote_text
+
+    return remote_text(text)
 
 
 @app.command("launch")
@@ -176,15 +184,15 @@ def stop_cmd(
         print_json(doc.to_dict())
     elif doc.stopped:
         out_console.print(
-            f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
-            f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}",
+            _remote(f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
+                    f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}"),
             highlight=False,
-        )
+        )  # fmt: skip
     else:
         code = doc.exit_status
         state = f"exited {code}" if code is not None else doc.state
         out_console.print(
-            f"run {doc.run_id} is not running ({state}); nothing to stop", highlight=False
+            _remote(f"run {doc.run_id} is not running ({state}); nothing to stop"), highlight=False
         )
 
 
@@ -206,7 +214,7 @@ def _stop_job(inventory: Any, job_name: str, grace: float, run_id: str | None,
             else:
                 state = f"exited {a.exit_status}" if a.exit_status is not None else a.state
                 line = f"{r.node.label}: run {a.run_id} is not running ({state}); nothing to stop"
-            out_console.print(line, highlight=False)
+            out_console.print(_remote(line), highlight=False)
     if any(r.error for r in results):
         raise typer.Exit(3)
 
@@ -247,10 +255,10 @@ def logs_cmd(
             )
         if node is None:
             for n, doc in jobs.job_logs(inventory, job, lines=lines, run_id=run_id):
-                sys.stdout.write(f"==> {n.label} <==\n")
+                sys.stdout.write(visible(f"==> {n.label} <==") + "\n")
                 text = doc if isinstance(doc, str) else None
                 for line in [f"(no log: {text})"] if text is not None else doc.lines:  # type: ignore[union-attr]
-                    sys.stdout.write(line + "\n")
+                    sys.stdout.write(visible(line) + "\n")
             return
         target = jobs.pick_node(job, node).container
     elif node is not None:
@@ -258,13 +266,13 @@ def logs_cmd(
     if not follow:
         doc = runs.logs(inventory, target, lines=lines, run_id=run_id)
         for line in doc.lines:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(visible(line) + "\n")
         return
     for chunk in runs.follow_logs(inventory, target, lines=lines, run_id=run_id):
         if chunk.truncated:
             err_console.print("[yellow]log truncated; reading from the start[/]")
         for line in chunk.lines:
-            sys.stdout.write(line + "\n")
+            sys.stdout.write(visible(line) + "\n")
         sys.stdout.flush()
         if chunk.end:
             code = chunk.state.exit_status if chunk.state is not None else None

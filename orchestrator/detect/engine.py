@@ -12,7 +12,7 @@ from collections.abc import Sequence
 from dataclasses import replace
 
 from orchestrator.config.limits import Limits
-from orchestrator.detect import disk, gpu, host, log, run, throughput
+from orchestrator.detect import data, disk, gpu, host, log, run, throughput
 from orchestrator.detect.base import fmt_time, manifest_of
 from orchestrator.playbooks.loader import Playbook, for_exit_code, load_playbooks
 from orchestrator.wire.model import Finding, HostProbe, Snapshot
@@ -33,6 +33,7 @@ KIND_ORDER = (
     "throughput-drop",
     "log-missing",
     "agent-protocol-error",
+    "bad-metrics",
     "unreachable",
     "finished",
 )
@@ -70,6 +71,7 @@ def run_detectors(
     findings: list[Finding] = [
         *run.unreachable(history, limits),
         *run.agent_protocol_error(history, limits),
+        *data.bad_metrics(history, limits),
         *run.container_stopped(history, limits),
         *run.silent_death(history, limits),
         *run.exit_status(history, limits),

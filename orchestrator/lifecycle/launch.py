@@ -28,9 +28,11 @@ from typing import Any
 from orchestrator import __version__
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
+    AgentProtocolError,
     LaunchFailed,
     OrchError,
     Refused,
+    TransportError,
     UsageError,
 )
 from orchestrator.lifecycle.bundle import (
@@ -110,6 +112,27 @@ class LaunchResult:
         }
 
 
+class LaunchUncertain(TransportError):
+    """The connection was lost after the agent was asked to start the run: it may have
+    started. Says how to find out, never the agent's boot script.
+
+    >>> str(LaunchUncertain("ct200", "20260101-000000-a", OSError("Socket is closed")))
+    ... # doctest: +NORMALIZE_WHITESPACE
+    'ct200: the connection was lost after the launch of run 20260101-000000-a was sent
+    (Socket is closed): the run may have started. Check with: orch status ct200; orch runs
+    ct200; orch logs ct200 --run 20260101-000000-a (a second launch is refused while it lives)'
+    """
+
+    def __init__(self, name: str, run_id: str, exc: BaseException) -> None:
+        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        super().__init__(
+            f"{name}: the connection was lost after the launch of run {run_id} was sent "
+            f"({reason}): the run may have started. Check with: orch status {name}; "
+            f"orch runs {name}; orch logs {name} --run {run_id} (a second launch is refused "
+            "while it lives)"
+        )
+
+
 def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...]:
     """``--gpus`` (``0-3,6``) or the container's assignment.
 
@@ -183,6 +206,7 @@ def launch(
     target: Target | None = None,
     trainer_args: Sequence[str] = (),
     carry_from: str | None = None,
+    env_from: str | None = None,
 ) -> LaunchResult:
     """Preflight, deploy, start and verify a run in container ``name`` (see the module doc).
 
@@ -190,6 +214,8 @@ def launch(
     with a command (``--cmd`` or hosts.yaml's ``command``) they are a ``UsageError``.
     ``carry_from``: a run id of the same workdir whose ``checkpoints/`` are hard-linked into the
     new run directory before it starts (a relaunch that resumes; the old run is not changed).
+    ``env_from``: a run id whose variables (hosts.yaml ``env``, ``--env``: its 0600 env file,
+    read by the agent in the container, never on a command line) the new run gets too.
 
     Raises:
         PreflightRefused: nothing was started (exit 4).
@@ -261,9 +287,15 @@ def launch(
         args.append("--force")
     if carry_from:
         args += ["--carry-from", carry_from]
+    if env_from:
+        args += ["--env-from", env_from]
     # the values go over stdin into the run's 0600 env file: argv shows in ps, host and container
     env_doc = json.dumps({"env": user_env}).encode()
-    doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
+    try:
+        doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
+    except (TransportError, AgentProtocolError) as exc:
+        phase("start", "fail", "connection lost after the launch was sent")
+        raise LaunchUncertain(name, run_id, exc) from None
     secrets = secret_values(user_env)
     if not doc.get("ok"):
         msg = redact(str(doc.get("message") or doc), secrets)

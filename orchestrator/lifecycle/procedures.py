@@ -376,6 +376,7 @@ class _Runner:
             verify=False,
             target=self.tgt,
             carry_from=self.previous_run if resume else None,
+            env_from=self.previous_run,  # its --env variables, from its 0600 env file
         )
         self.launched_run = res.run_id  # known before verifying: a restart journals it either way
         assert res.state is not None

@@ -29,6 +29,7 @@ import time
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.errors import OrchError
 from orchestrator.monitor.journal import JournalEntry
@@ -85,9 +86,75 @@ class HistoryError(OrchError):
 
     exit_code = 3
 
-    def __init__(self, path: str, problem: str) -> None:
-        self.path, self.problem = path, problem
-        super().__init__(f"{path}: {problem}; is a check hung? (see docs/cron.md)")
+    def __init__(
+        self, path: str, problem: str, hint: str = "is a check hung? (see docs/cron.md)"
+    ) -> None:
+        self.path, self.problem, self.hint = path, problem, hint
+        super().__init__(f"{path}: {problem}; {hint}")
+
+
+class _LockedOrBusy(HistoryError, sqlite3.OperationalError):
+    """An ``OperationalError`` of SQLite as a :class:`HistoryError` (code that tells an
+    operational error apart, such as a build without JSON functions, still can)."""
+
+
+BUSY_TIMEOUT_S = 5.0
+"""How long a statement waits for a lock another process holds (``BEGIN EXCLUSIVE``
+elsewhere) before it is a :class:`HistoryError` (a check then says UNKNOWN, exit 3)."""
+
+
+def db_error(path: Path | str, exc: sqlite3.Error) -> HistoryError:
+    """``exc`` as a :class:`HistoryError` that names ``path`` and says what to do.
+
+    >>> str(db_error("/h.db", sqlite3.DatabaseError("file is not a database")))
+    '/h.db: not a usable SQLite database (file is not a database); move it aside: orch starts a new one'
+    >>> str(db_error("/h.db", sqlite3.OperationalError("database is locked")))[:60]
+    '/h.db: locked by another process for 5 s (database is locked'
+    """
+    text = str(exc)
+    cls = _LockedOrBusy if isinstance(exc, sqlite3.OperationalError) else HistoryError
+    if "locked" in text or "busy" in text:
+        return cls(str(path), f"locked by another process for {BUSY_TIMEOUT_S:g} s ({text})",
+                   "is another orch, or an sqlite3 shell, holding it?")  # fmt: skip
+    if "readonly" in text or "read-only" in text:
+        return cls(str(path), f"read-only ({text})",
+                   "orch writes its history here: check the file's and directory's permissions, "
+                   "or choose another with --db / $ORCH_DB")  # fmt: skip
+    if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
+        return cls(str(path), f"not a usable SQLite database ({text})",
+                   "move it aside: orch starts a new one")  # fmt: skip
+    return cls(str(path), f"history database error ({text})", "see docs/cron.md")
+
+
+class _Connection:
+    """A ``sqlite3.Connection`` whose every failure is a :class:`HistoryError` naming the
+    database (corrupt, locked, read-only, a full disk): never a traceback."""
+
+    __slots__ = ("_conn", "_path")
+
+    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+        self._path, self._conn = path, conn
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        try:
+            return self._conn.execute(sql, params)
+        except sqlite3.Error as exc:
+            raise db_error(self._path, exc) from None
+
+    def executemany(self, sql: str, rows: Iterable[Any]) -> sqlite3.Cursor:
+        try:
+            return self._conn.executemany(sql, rows)
+        except sqlite3.Error as exc:
+            raise db_error(self._path, exc) from None
+
+    def executescript(self, sql: str) -> sqlite3.Cursor:
+        try:
+            return self._conn.executescript(sql)
+        except sqlite3.Error as exc:
+            raise db_error(self._path, exc) from None
+
+    def close(self) -> None:
+        self._conn.close()
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,7 +211,7 @@ class History:
     the main thread records them.
     """
 
-    def __init__(self, path: Path, conn: sqlite3.Connection, keep: int) -> None:
+    def __init__(self, path: Path, conn: _Connection, keep: int) -> None:
         self.path = path
         self._conn = conn
         self.keep = keep
@@ -163,13 +230,19 @@ class History:
             if not path.exists():
                 fd = os.open(path, os.O_CREAT | os.O_WRONLY, 0o600)
                 os.close(fd)
-            conn = sqlite3.connect(str(path), timeout=30.0, isolation_level=None)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=NORMAL")
-            conn.executescript(_SCHEMA)
+            raw = sqlite3.connect(str(path), timeout=BUSY_TIMEOUT_S, isolation_level=None)
         except (OSError, sqlite3.Error) as exc:
             raise HistoryError(str(path), f"cannot open history database: {exc}") from None
-        return cls(path, conn, keep)
+        try:
+            raw.execute("PRAGMA journal_mode=WAL")
+            raw.execute("PRAGMA synchronous=NORMAL")
+            raw.executescript(_SCHEMA)
+        except sqlite3.Error as exc:
+            raw.close()
+            err = db_error(path, exc)
+            raise HistoryError(str(path), f"cannot open history database: {err.problem}",
+                               err.hint) from None  # fmt: skip
+        return cls(path, _Connection(path, raw), keep)
 
     def close(self) -> None:
         self._conn.close()
@@ -191,7 +264,11 @@ class History:
         The lock dies with the process, so a killed check never wedges the next.
         """
         lock_path = self.path.with_name(self.path.name + ".lock")
-        fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+        try:
+            fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
+        except OSError as exc:
+            raise HistoryError(str(lock_path), f"cannot open the check lock: {exc.strerror}",
+                               "check the directory's permissions, or choose --db / $ORCH_DB") from None  # fmt: skip
         try:
             deadline = time.monotonic() + timeout_s
             while True:
@@ -209,12 +286,13 @@ class History:
             os.close(fd)  # closing the descriptor releases the flock
 
     @contextlib.contextmanager
-    def _write(self) -> Iterator[sqlite3.Connection]:
+    def _write(self) -> Iterator[_Connection]:
         self._conn.execute("BEGIN IMMEDIATE")
         try:
             yield self._conn
         except BaseException:
-            self._conn.execute("ROLLBACK")
+            with contextlib.suppress(HistoryError):  # the failure that got here is the one to say
+                self._conn.execute("ROLLBACK")
             raise
         self._conn.execute("COMMIT")
 

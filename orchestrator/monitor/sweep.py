@@ -134,6 +134,22 @@ Fetch = Callable[[str, "tuple[str, int] | None"], Snapshot]
 ``resume`` (run id, byte offset) when given."""
 
 
+def stored(snaps: Iterable[Snapshot], secrets: set[str]) -> list[Snapshot]:
+    """``snaps`` as orch.db keeps them: every known secret value redacted from their text
+    (log lines, the pane, errors), as in every other artefact orch writes.
+
+    >>> from orchestrator.wire.model import RunState
+    >>> s = Snapshot("ct", 1.0, run=RunState("r", "/r", new_log_lines=("login hf_s3cret ok",)))
+    >>> stored([s], {"hf_s3cret"})[0].run.new_log_lines
+    ('login *** ok',)
+    """
+    from orchestrator.wire.secrets import redact_tree
+
+    if not secrets:
+        return list(snaps)
+    return [Snapshot.from_dict(redact_tree(s.to_dict(), secrets)) for s in snaps]
+
+
 def run_check(
     inventory: Inventory, opts: CheckOptions, *, fetch: Fetch | None = None
 ) -> CheckReport:
@@ -248,7 +264,8 @@ def run_check(
             # the hosts' own events belong to a check of the whole fleet, not of named targets
             host_results = [] if opts.names else _host_results(hosted, recent, all_findings, now)
             all_findings.extend(f for j in host_results for f in j.findings)
-            history.record(snaps.values())
+            secrets = alerts.environment_secrets([c.env for c in containers.values()])
+            history.record(stored(snaps.values(), secrets | opts.extra_secrets))
             for h, p in probes.items():
                 history.set_meta(f"probe-since:{h}", repr(p.taken_at))
             for h, (cursor, at) in hosted.cursors.items():
@@ -287,7 +304,6 @@ def run_check(
                 )
                 delivered = True
                 if notes:
-                    secrets = alerts.environment_secrets([c.env for c in containers.values()])
                     body = alerts.payload(
                         notes,
                         status=STATUS_NAMES[status],

@@ -30,7 +30,12 @@ from typing import Any
 from orchestrator.agent.kernel import VOLATILE_NOTE, is_volatile
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import AgentError, Refused, UsageError
-from orchestrator.postmortem.evidence import Evidence, final_snapshot, reconstruct_history
+from orchestrator.postmortem.evidence import (
+    Evidence,
+    checked_records,
+    final_snapshot,
+    reconstruct_history,
+)
 from orchestrator.postmortem.verdict import (
     HEALTHY,
     OOM_WINDOW_S,
@@ -224,6 +229,9 @@ def _evidence(
     pids = {*state.command_pids, *(p for p in (answer.pgid, answer.wrapper_pid) if p is not None)}
     tee_error = answer.tee.error
     doc = answer.to_dict()
+    metrics, bad = checked_records(answer.metrics)
+    if bad:
+        errors = [*errors, bad]
     return Evidence(
         target=name,
         collected_at=answer.now,
@@ -241,7 +249,7 @@ def _evidence(
         log_size_bytes=log_tail.size_bytes,
         pane=tuple(redact(x, secrets) for x in answer.pane.lines),
         gpu_history=answer.gpu_history,
-        metrics=answer.metrics,
+        metrics=metrics,
         kernel_log=tuple(redact(x, secrets) for x in kernel),
         kernel_log_source=source,
         probe=probe,

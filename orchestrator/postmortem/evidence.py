@@ -25,6 +25,7 @@ from orchestrator.wire.model import (
     SessionState,
     Snapshot,
 )
+from orchestrator.wire.text import BAD_DATA_PREFIX, bounded_int, plausible_time
 
 
 @dataclass(frozen=True, slots=True)
@@ -78,6 +79,37 @@ class Evidence:
 # --- reconstruct (pure) ----------------------------------------------------------------------
 
 
+def checked_records(records: Sequence[Any]) -> tuple[tuple[dict[str, Any], ...], str | None]:
+    """``metrics.jsonl`` records fit to draw: a mapping whose ``time`` is a Unix time in seconds
+    (2000-2100: not milliseconds, not nanoseconds) and whose ``step``, when there, is an int
+    below 2**53; (the records kept, a ``bad data:`` error saying what was dropped, or ``None``).
+
+    >>> kept, why = checked_records([{"time": 1.7e9, "step": 1}, {"time": 1.7e12, "step": 2},
+    ...                              {"time": 1.7e9, "step": 10**400}])
+    >>> len(kept), why
+    (1, 'bad data: metrics.jsonl: 2 of 3 records dropped (time 1700000000000.0 is not a Unix time in seconds)')
+    """
+    kept, first, dropped = [], None, 0
+    for r in records:
+        why = None
+        if not isinstance(r, dict):
+            why = "not a mapping"
+        elif plausible_time(r.get("time")) is None:
+            why = f"time {r.get('time')!r:.40} is not a Unix time in seconds"
+        elif r.get("step") is not None and bounded_int(r.get("step")) is None:
+            why = "step out of range"
+        if why is None:
+            kept.append(r)
+        else:
+            dropped += 1
+            first = first or why
+    if not dropped:
+        return tuple(kept), None
+    return tuple(
+        kept
+    ), f"{BAD_DATA_PREFIX}: metrics.jsonl: {dropped} of {len(records)} records dropped ({first})"
+
+
 def _metric_at(records: Sequence[dict[str, Any]], at: float) -> Metrics | None:
     """The newest ``metrics.jsonl`` record at or before ``at`` as :class:`Metrics`.
 
@@ -117,7 +149,9 @@ def _sample(
 ) -> Snapshot | None:
     """One flight-recorder line as a snapshot (``None`` when unreadable)."""
     try:
-        at = float(record["t"])
+        at = plausible_time(record["t"])
+        if at is None:
+            return None
         gpus = tuple(GpuSample.from_dict(g) for g in record.get("gpus") or ())
         procs = tuple(ProcessInfo.from_dict(p) for p in record.get("procs") or ())
         nvml = NvmlStatus.from_dict(record["nvml"]) if record.get("nvml") else None
@@ -219,7 +253,10 @@ def final_snapshot(ev: Evidence) -> Snapshot:
         metrics=_reread(snap.metrics if same and snap is not None else None, ev.log_mtime)
         or _metric_at(ev.metrics, ev.collected_at),
         container_status=ev.container_status,
-        errors=snap.errors if snap is not None else (),
+        errors=(
+            *(snap.errors if snap is not None else ()),
+            *(e for e in ev.errors if e.startswith(BAD_DATA_PREFIX)),
+        ),  # fmt: skip
     )
 
 

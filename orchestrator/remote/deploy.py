@@ -65,32 +65,40 @@ parent = os.path.dirname(dest)
 os.makedirs(parent, exist_ok=True)
 tmp = '%s.tmp-%d' % (dest, os.getpid())
 data = sys.stdin.buffer.read()
-with tarfile.open(fileobj=io.BytesIO(data), mode='r:gz') as tar:
-    names = []
-    for m in tar.getmembers():
-        if not m.isfile() or m.name.startswith('/') or '..' in m.name.split('/'):
-            sys.stderr.write('refusing bundle member %r\n' % m.name)
-            sys.exit(3)
-        names.append(m.name)
-    tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
-h = hashlib.sha256()
-for name in sorted(names):
-    with open(os.path.join(tmp, name), 'rb') as fh:
-        body = fh.read()
-    h.update(name.encode() + b'\0' + str(len(body)).encode() + b'\0' + body)
-got = h.hexdigest()[:16]
-if got != want:
-    shutil.rmtree(tmp, ignore_errors=True)
-    sys.stderr.write('bundle hash mismatch: got %s, want %s\n' % (got, want))
-    sys.exit(4)
-with open(os.path.join(tmp, '__MARKER__'), 'w') as fh:
-    fh.write(want + '\n')
 try:
-    os.rename(tmp, dest)
-except OSError:
-    if not os.path.isfile(os.path.join(dest, '__MARKER__')):
-        raise
+    with tarfile.open(fileobj=io.BytesIO(data), mode='r:gz') as tar:
+        names = []
+        for m in tar.getmembers():
+            if not m.isfile() or m.name.startswith('/') or '..' in m.name.split('/'):
+                sys.stderr.write('refusing bundle member %r\n' % m.name)
+                sys.exit(3)
+            names.append(m.name)
+        tar.extractall(tmp, **({'filter': 'data'} if hasattr(tarfile, 'data_filter') else {}))
+    h = hashlib.sha256()
+    for name in sorted(names):
+        with open(os.path.join(tmp, name), 'rb') as fh:
+            body = fh.read()
+        h.update(name.encode() + b'\0' + str(len(body)).encode() + b'\0' + body)
+    got = h.hexdigest()[:16]
+    if got != want:
+        shutil.rmtree(tmp, ignore_errors=True)
+        sys.stderr.write('bundle hash mismatch: got %s, want %s\n' % (got, want))
+        sys.exit(4)
+    with open(os.path.join(tmp, '__MARKER__'), 'w') as fh:
+        fh.write(want + '\n')
+    try:
+        os.rename(tmp, dest)
+    except OSError:
+        if not os.path.isfile(os.path.join(dest, '__MARKER__')):
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+except OSError as exc:  # a full disk, a read-only workdir: no tmp-PID directory is left
     shutil.rmtree(tmp, ignore_errors=True)
+    sys.stderr.write('cannot unpack the bundle into %s: %s\n' % (parent, exc))
+    sys.exit(5)
+except BaseException:
+    shutil.rmtree(tmp, ignore_errors=True)
+    raise
 sys.stdout.write('ok %s\n' % want)
 """.replace("__MARKER__", MARKER)
 

@@ -12,6 +12,7 @@ from orchestrator.monitor.jobs import finding_dict
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
 from orchestrator.wire.model import Finding, Severity
 from orchestrator.wire.progress import metrics_progress
+from orchestrator.wire.text import visible
 
 
 def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[str]:
@@ -48,7 +49,7 @@ def lines(report: CheckReport, titles: Mapping[str, str] | None = None) -> list[
     for r in judged:
         out.extend(_finding_lines(shown_as.get(r.name, r.name), r.findings, titles))
     out.extend(f"UNKNOWN check: {p}" for p in report.problems)
-    return out
+    return [visible(line) for line in out]  # names, summaries: from the containers
 
 
 def _finding_lines(name: str, findings: Iterable[Finding], titles: Mapping[str, str]) -> list[str]:

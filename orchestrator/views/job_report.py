@@ -13,8 +13,14 @@ from rich.text import Text
 
 from orchestrator.detect.base import fmt_time
 from orchestrator.views.timeline import Marker, Series, chart, lanes, span_of
+from orchestrator.wire.text import fence, visible
 
 _STYLE = {"consequence": "yellow", "cause": "bold red", "unknown": "magenta"}
+
+
+def _safe(text: str) -> Text:
+    """Remote text for the terminal: controls shown (:func:`visible`), never markup."""
+    return Text(visible(text, multiline=True))
 
 
 def print_job_verdict(console: Console, pm: Any) -> None:
@@ -23,44 +29,47 @@ def print_job_verdict(console: Console, pm: Any) -> None:
     v = pm.verdict
     console.print(Text.assemble((v.kind, "bold red" if v.first else "green"), "  ",
                                 f"[{v.playbook}]" if v.playbook else ""), highlight=False)  # fmt: skip
-    console.print(Text(v.summary), highlight=False)
+    console.print(_safe(v.summary), highlight=False)
     f = v.first
     if f is not None:
         console.print(
-            Text(f"first failure: {f.label} on {f.host} at {fmt_time(f.at)}"), highlight=False
+            _safe(f"first failure: {f.label} on {f.host} at {fmt_time(f.at)}"), highlight=False
         )
         for e in f.evidence[:4]:
-            console.print(Text(f"  | {e}"), highlight=False)
+            console.print(_safe(f"  | {e}"), highlight=False)
     if v.consequences:
         console.print("consequences:")
         for c in v.consequences:
-            line = Text(f"  {c.label} at {fmt_time(c.at)}: {c.what}")
+            line = _safe(f"  {c.label} at {fmt_time(c.at)}: {c.what}")
             line.stylize(_STYLE.get(c.role, ""))
             console.print(line, highlight=False)
             for e in c.evidence[:1]:
-                console.print(Text(f"    | {e}"), highlight=False)
+                console.print(_safe(f"    | {e}"), highlight=False)
     console.print("nodes:")
     for n in pm.nodes:
         ev = n.evidence
         role = f", {n.failure.role}" if n.failure else ""
-        console.print(Text(f"  rank {n.node.rank} {n.node.container} on {n.host}: "
+        console.print(_safe(f"  rank {n.node.rank} {n.node.container} on {n.host}: "
                            f"{n.postmortem.verdict.kind}, exit status {ev.exit_status}, container "
                            f"{ev.container_status}{role}"), highlight=False)  # fmt: skip
     offs = ", ".join(f"{o.host} {o.offset_s * 1000:+.1f} ms (±{o.uncertainty_s * 1000:.1f})"
                      + (f" [{o.error}]" if o.error else "") for o in pm.offsets)  # fmt: skip
     console.print(
-        Text(f"clock offsets (host - orch): {offs or 'none (all local)'}"), highlight=False
+        _safe(f"clock offsets (host - orch): {offs or 'none (all local)'}"), highlight=False
     )
     if v.remedy:
         console.print("remedy:")
         for r in v.remedy:
-            console.print(Text(f"  - {r}"), highlight=False)
+            console.print(_safe(f"  - {r}"), highlight=False)
     if pm.bundle:
-        console.print(Text(f"bundle: {pm.bundle}"), highlight=False)
+        console.print(_safe(f"bundle: {pm.bundle}"), highlight=False)
 
 
 def _fence(lines: Sequence[str]) -> str:
-    return "```\n" + "\n".join(lines) + "\n```\n" if lines else "_none_\n"
+    if not lines:
+        return "_none_\n"
+    body = "\n".join(lines)
+    return f"{fence(body)}\n{body}\n{fence(body)}\n"  # a log line of ``` cannot close it
 
 
 def markdown(pm: Any) -> str:
@@ -93,7 +102,7 @@ def markdown(pm: Any) -> str:
     if v.remedy:
         out += ["\n## Remedy\n\n", *(f"- {r}\n" for r in v.remedy)]
     out.append("\nEach node's own bundle is in its sub-directory (`<rank>-<node>/`).\n")
-    return "".join(out)
+    return visible("".join(out), multiline=True)
 
 
 def _markers(pm: Any) -> list[Marker]:
@@ -141,7 +150,7 @@ def html(pm: Any) -> str:
     events = "\n".join(
         f"{fmt_time(e.at)}  {e.node} (rank {e.rank})  {e.kind}: {e.text}" for e in pm.timeline
     )
-    return (
+    return visible(
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>postmortem job {esc(pm.job)} {esc(pm.run_id)}</title>"
         "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;"
@@ -159,5 +168,6 @@ def html(pm: Any) -> str:
         + "<h2>Remedy</h2><ul>"
         + "".join(f"<li>{esc(r)}</li>" for r in v.remedy)
         + "</ul>"
-        + f"<h2>Events</h2><pre>{esc(events)}</pre></body></html>\n"
+        + f"<h2>Events</h2><pre>{esc(events)}</pre></body></html>\n",
+        multiline=True,
     )

@@ -13,6 +13,7 @@ from rich.text import Text
 
 from orchestrator.views.progress import format_rate
 from orchestrator.wire.answers import RunsAnswer
+from orchestrator.wire.text import visible
 
 _MARK = {"ok": "[green]✓[/]", "fail": "[bold red]✗[/]", "skip": "[dim]–[/]"}
 
@@ -35,7 +36,7 @@ class PhaseProgress:
             return
         self._stop()
         line = Text.from_markup(f"{_MARK.get(status, '?')} [bold]{phase:<9}[/] ")
-        line.append(detail)
+        line.append(visible(detail))
         line.append(f"  ({at:.1f} s)", style="dim")
         self.console.print(line, highlight=False, soft_wrap=True)
 
@@ -57,7 +58,7 @@ def launch_summary(console: Console, result: dict[str, Any]) -> None:
         f"in {result['elapsed_s']:.1f} s",
         highlight=False,
     )
-    console.print(f"  log:    {result['log_path']}", highlight=False, soft_wrap=True)
+    console.print(remote_text(f"  log:    {result['log_path']}"), highlight=False, soft_wrap=True)
     console.print(f"  follow: orch logs -f {target}   |   orch watch {target}   |   orch attach {target}",
                   highlight=False)  # fmt: skip
 
@@ -73,8 +74,8 @@ def job_summary(console: Console, result: dict[str, Any]) -> None:
         highlight=False,
     )
     for n in result["nodes"]:
-        console.print(f"  rank {n['rank']}: {n['node']} on {n['host']} ({n['address']})  "
-                      f"log {n['log_path']}", highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(remote_text(f"  rank {n['rank']}: {n['node']} on {n['host']} ({n['address']})  "
+                              f"log {n['log_path']}"), highlight=False, soft_wrap=True)  # fmt: skip
     first = result["nodes"][0]["node"] if result["nodes"] else job
     console.print(f"  follow: orch watch {job}   |   orch logs -f {job} --node {first}   |   "
                   f"orch check {job}", highlight=False)  # fmt: skip
@@ -112,15 +113,16 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         state = r.get("state") or r.get("run_state") or "-"
         if r.get("run_state") and r["run_state"] != state:
             state = f"{state} ({r['run_state']})"  # e.g. "stopped (exited 130)"
+        shown: Text = remote_text(state)
         if r.get("error"):
-            state = f"[red]{r['error']}[/]"
+            shown = remote_text(r["error"], "red")
         name = f"  {r['target']} (rank {r['rank']})" if "rank" in r else r["target"]
         container = r.get("container") or "-"
         if r.get("lock"):
             container = f"{container}, locked ({r['lock']})"  # pct list's Lock column
         table.add_row(
-            name, reach, container, r.get("session") or "-",
-            r.get("run_id") or "-", state, _age(r.get("age_s")),
+            remote_text(name), reach, remote_text(container), remote_text(r.get("session") or "-"),
+            remote_text(r.get("run_id") or "-"), shown, _age(r.get("age_s")),
             _step(r), _rate(r, tps), mem,
             *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
         )  # fmt: skip
@@ -155,11 +157,17 @@ def runs_table(doc: RunsAnswer) -> Table:
         started = r.started_at
         table.add_row(
             "*" if r.run_id == doc.current else "",
-            r.run_id, Text(shown, style=style),
+            remote_text(r.run_id), remote_text(shown, style),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "-",
-            _size(r.log_size_bytes), (r.command or "")[:80],
+            _size(r.log_size_bytes), remote_text((r.command or "")[:80]),
         )  # fmt: skip
     return table
+
+
+def remote_text(text: object, style: str = "") -> Text:
+    """A cell of text from a container: controls shown, never parsed as rich markup (a
+    Hydra-style ``[a,b]`` in a command is text, not a tag)."""
+    return Text(visible(str(text)), style=style)
 
 
 def _size(n: int | None) -> str:

@@ -17,6 +17,7 @@ from rich.text import Text
 
 from orchestrator.detect.base import fmt_time
 from orchestrator.views.timeline import Marker, Series, chart, span_of
+from orchestrator.wire.text import fence, visible
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
 
@@ -25,46 +26,61 @@ def print_verdict(console: Console, pm: Any) -> None:
     """The verdict block: what died and when, the cause, evidence, remedy, the bundle path."""
     v = pm.verdict
     style = _STYLE.get(str(v.severity), "")
-    head = Text.assemble((f"{v.kind}", style), "  ", (f"[{v.playbook}]" if v.playbook else ""))
+    head = Text.assemble(
+        (f"{v.kind}", style), "  ", (visible(f"[{v.playbook}]") if v.playbook else "")
+    )
     console.print(head, highlight=False)
-    console.print(Text(v.summary), highlight=False)
+    console.print(_safe(v.summary), highlight=False)
     if v.died_at:
-        console.print(Text(f"died at: {fmt_time(v.died_at)}"), highlight=False)
+        console.print(_safe(f"died at: {fmt_time(v.died_at)}"), highlight=False)
     if v.cause and v.cause != v.summary:
-        console.print(Text(f"cause: {v.cause}"), highlight=False)
-    console.print(Text(f"confidence: {v.confidence}"), highlight=False)
+        console.print(_safe(f"cause: {v.cause}"), highlight=False)
+    console.print(_safe(f"confidence: {v.confidence}"), highlight=False)
     if v.confirm:
-        console.print(Text(f"confirm: {v.confirm}"), highlight=False)
+        console.print(_safe(f"confirm: {v.confirm}"), highlight=False)
     if pm.evidence.tee_error:
-        console.print(Text(f"tee failed: {pm.evidence.tee_error}"), highlight=False)
+        console.print(_safe(f"tee failed: {pm.evidence.tee_error}"), highlight=False)
     if getattr(pm.evidence, "kernel_log_note", None):
-        console.print(Text(f"kernel log: {pm.evidence.kernel_log_note}"), highlight=False)
+        console.print(_safe(f"kernel log: {pm.evidence.kernel_log_note}"), highlight=False)
     if v.evidence:
         console.print("evidence:")
         for e in v.evidence[:8]:
-            console.print(Text(f"  | {e}"), highlight=False)
+            console.print(_safe(f"  | {e}"), highlight=False)
     if v.remedy:
         console.print("remedy:")
         for r in v.remedy:
-            console.print(Text(f"  - {r}"), highlight=False)
+            console.print(_safe(f"  - {r}"), highlight=False)
     others = [f for f in pm.findings if f.kind != v.kind][:6]
     if others:
         console.print("other findings:")
         for f in others:
-            console.print(Text(f"  {f.severity}: {f.kind}: {f.summary}"), highlight=False)
+            console.print(_safe(f"  {f.severity}: {f.kind}: {f.summary}"), highlight=False)
     if pm.restarts:
         console.print("restart journal:")
         for e in pm.restarts:
-            console.print(Text(f"  {e.line()}"), highlight=False)
+            console.print(_safe(f"  {e.line()}"), highlight=False)
     if pm.bundle:
-        console.print(Text(f"bundle: {pm.bundle}"), highlight=False)
+        console.print(_safe(f"bundle: {pm.bundle}"), highlight=False)
+
+
+def _safe(text: str) -> Text:
+    """Remote text for the terminal: controls shown (:func:`visible`), never markup."""
+    return Text(visible(text, multiline=True))
+
+
+def _code(text: str) -> str:
+    """Inline Markdown code ``text`` cannot close (a longer backtick run than its own)."""
+    tick = fence(text)
+    return f"{tick} {text} {tick}"
 
 
 def _md_list(items: Sequence[str], code: bool = False) -> str:
     if not items:
         return "_none_\n"
     if code:
-        return "```\n" + "\n".join(items) + "\n```\n"
+        body = "\n".join(items)
+        tick = fence(body)
+        return f"{tick}\n{body}\n{tick}\n"
     return "".join(f"- {x}\n" for x in items)
 
 
@@ -80,9 +96,9 @@ def markdown(pm: Any) -> str:
         f"- container: {ev.container_status}\n- collected: {fmt_time(ev.collected_at)}\n",
     ]
     if ev.tee_error:
-        out.append(f"- **tee failed** (train.log stopped there): `{ev.tee_error}`\n")
+        out.append(f"- **tee failed** (train.log stopped there): {_code(ev.tee_error)}\n")
     if m is not None:
-        out.append(f"- command: `{m.command}`\n- started: {fmt_time(m.started_at)}\n"
+        out.append(f"- command: {_code(m.command)}\n- started: {fmt_time(m.started_at)}\n"
                    f"- GPUs: {list(m.gpus)}\n")  # fmt: skip
     out += ["\n## Cause\n", f"{v.cause or '-'}\n", f"\nConfidence: **{v.confidence}**\n"]
     if v.confirm:
@@ -103,7 +119,7 @@ def markdown(pm: Any) -> str:
         out.append(f"\nNote: {ev.kernel_log_note}\n")
     if ev.errors:
         out += ["\n## Collection problems\n", _md_list(list(ev.errors))]
-    return "".join(out)
+    return visible("".join(out), multiline=True)  # nothing from the container is a control
 
 
 def _series(pm: Any) -> dict[str, list[Series]]:
@@ -163,7 +179,7 @@ def html(pm: Any) -> str:
     def pre(lines: Sequence[str]) -> str:
         return "<pre>" + esc("\n".join(lines) or "(none)") + "</pre>"
 
-    return (
+    return visible(
         "<!doctype html><html><head><meta charset='utf-8'>"
         f"<title>postmortem {esc(ev.target)} {esc(ev.run_id or '')}</title>"
         "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;white-space:pre-wrap;"
@@ -191,5 +207,6 @@ def html(pm: Any) -> str:
         + "</ul>"
         + (f"<h2>Restart journal</h2>{pre([e.line() for e in pm.restarts])}" if pm.restarts else "")
         + f"<h2>Log tail</h2>{pre(list(ev.log_tail[-50:]))}"
-        f"<h2>Last pane screen</h2>{pre(list(ev.pane[-40:]))}</body></html>\n"
+        f"<h2>Last pane screen</h2>{pre(list(ev.pane[-40:]))}</body></html>\n",
+        multiline=True,
     )

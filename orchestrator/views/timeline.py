@@ -54,9 +54,16 @@ def ticks(t0: float, t1: float, want: int = 6) -> list[float]:
     [100.0, 110.0, 120.0, 130.0, 140.0, 150.0, 160.0]
     >>> len(ticks(0.0, 3600.0))
     7
+
+    A span of centuries (a ``time`` in milliseconds) still draws a handful:
+
+    >>> len(ticks(1.7e9, 1.7e12)) <= 7
+    True
     """
     span = max(t1 - t0, 1e-6)
-    step = next((s for s in _STEPS if span / s <= want), _STEPS[-1])
+    step: float = next((s for s in _STEPS if span / s <= want), _STEPS[-1])
+    if span / step > want:  # longer than days: whole days, never more than ``want`` ticks
+        step = _STEPS[-1] * -(-span // (_STEPS[-1] * want))
     first = -(-t0 // step) * step
     out, t = [], float(first)
     while t <= t1 + 1e-9:

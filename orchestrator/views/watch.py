@@ -21,6 +21,7 @@ from orchestrator.monitor.journal import summary
 from orchestrator.views.progress import format_eta, rate_text, step_text
 from orchestrator.views.watch_model import TargetView, WatchModel
 from orchestrator.wire.model import Finding, GpuSample, Severity
+from orchestrator.wire.text import visible
 
 log = logging.getLogger(__name__)
 
@@ -281,7 +282,7 @@ def job_plain_line(jj: JobJudgement, *, now: float) -> str:
     if jj.tokens_per_s is not None:
         parts.append(f"tok/s={human(jj.tokens_per_s)}")
     parts += [f"{f.severity.name}:{f.kind}({f.summary})" for f in jj.findings]
-    return " ".join(parts)
+    return visible(" ".join(parts))
 
 
 def _header(title: str, now: float, hint: str) -> Text:
@@ -329,7 +330,7 @@ def render_dashboard(
         lines.extend(block[: max(1, budget - used)])
         used += len(block)
     lines.extend(Text(m, style="dim yellow") for m in model.messages)
-    return Group(*lines)
+    return Group(*_shown(lines))
 
 
 def render_detail(
@@ -389,7 +390,19 @@ def render_detail(
             t.no_wrap, t.overflow = True, "ellipsis"
             lines.append(t)
     lines.extend(Text(m, style="dim yellow") for m in messages)
-    return Group(*lines[: max(1, height)])
+    return Group(*_shown(lines[: max(1, height)]))
+
+
+def _shown(lines: list[Text]) -> list[Text]:
+    """``lines`` with every control character and bidi override of the containers' text
+    (run ids, process names, log lines) made visible, one character for one (the styles'
+    spans stay put)."""
+    for t in lines:
+        plain = t.plain
+        safe = visible(plain, same_length=True)
+        if safe != plain:
+            t.plain = safe
+    return lines
 
 
 def host_lines(model: WatchModel, titles: Mapping[str, str]) -> list[Text]:
@@ -417,7 +430,7 @@ def plain_host_line(hv: HostView, *, now: float, titles: Mapping[str, str] | Non
         parts.append(f"{f.severity.name}:{f.kind} {f.summary}")
     if not hv.findings:
         parts.append("ok")
-    return " ".join(parts)
+    return visible(" ".join(parts))
 
 
 def _tail(v: TargetView) -> list[str]:
@@ -457,4 +470,4 @@ def plain_line(v: TargetView, *, now: float, titles: Mapping[str, str] | None = 
     if v.journal:
         last = v.journal[-1]
         parts.append(f"heal={last.action}" + (f"({last.new_run_id})" if last.new_run_id else ""))
-    return " ".join(parts)
+    return visible(" ".join(parts))

@@ -49,6 +49,10 @@ class Severity(enum.IntEnum):
 
 # --- generic conversion ----------------------------------------------------------------------
 
+MAX_INT = 2**53
+"""Every integer of the wire is below this in magnitude (a step, a PID, a byte count): the
+largest a float, and so every JSON reader, holds exactly; a 400-digit step is a SchemaError."""
+
 _HINTS: dict[type, dict[str, Any]] = {}
 
 
@@ -111,10 +115,15 @@ def _load(tp: Any, value: Any, path: str) -> Any:
     if tp is float:
         if isinstance(value, bool) or not isinstance(value, (int, float)):
             raise SchemaError(f"{path}: expected a number, got {value!r:.40}")
-        return float(value)
+        try:
+            return float(value)
+        except OverflowError:
+            raise SchemaError(f"{path}: number out of range ({len(str(value))} digits)") from None
     if tp is int:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SchemaError(f"{path}: expected an integer, got {value!r:.40}")
+        if not -MAX_INT < value < MAX_INT:
+            raise SchemaError(f"{path}: integer out of range (|n| >= 2**53)")
         return value
     if tp is str:
         if not isinstance(value, str):

@@ -21,6 +21,10 @@ MASK = "***"
 
 SECRET_WORDS = ("TOKEN", "KEY", "SECRET", "PASSWORD", "PASSWD", "CREDENTIAL")
 """A name containing one of these (any case) holds a secret."""
+SECRET_PARTS = ("PASS", "PWD", "DSN", "AUTH", "COOKIE")
+"""A name one of whose ``_``-separated parts is one of these holds a secret (``DB_PASS``,
+``REDIS_PWD``, ``SENTRY_DSN``, ``HTTP_AUTH``): whole parts only, so ``PWD`` (the working
+directory) and ``BYPASS_CACHE`` stay readable."""
 
 _MIN_SECRET_LEN = 4
 """Shorter values are not redacted from free text: masking "1" would shred every log line."""
@@ -35,9 +39,17 @@ def is_secret_name(name: str) -> bool:
     (True, True)
 
     ``MONKEY_MODE`` contains ``KEY``: masking a harmless value is the cheap mistake.
+
+    >>> [is_secret_name(n) for n in ("DB_PASS", "SMTP_PASSWD", "DATABASE_DSN", "GCP_CREDENTIALS")]
+    [True, True, True, True]
+    >>> is_secret_name("PWD"), is_secret_name("BYPASS_CACHE"), is_secret_name("MYSQL_PWD")
+    (False, False, True)
     """
     upper = name.upper()
-    return any(word in upper for word in SECRET_WORDS)
+    if any(word in upper for word in SECRET_WORDS):
+        return True
+    parts = upper.split("_")
+    return len(parts) > 1 and any(p in SECRET_PARTS for p in parts)
 
 
 def mask_env(env: Mapping[str, str]) -> dict[str, str]:

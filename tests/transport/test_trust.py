@@ -75,3 +75,48 @@ def test_cli_trust_yes_json(sshd: Sshd, tmp_path: Path, capsys: pytest.CaptureFi
     assert run(["-c", str(config), "trust", "sb", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["outcome"] == "known"
     assert run(["-c", str(config), "trust", "nope"]) == 2
+
+
+def test_a_revoked_key_is_refused_with_a_clear_message(sshd: Sshd, tmp_path: Path) -> None:
+    """OpenSSH (hostfile.c ``check_key_not_revoked``) refuses a key marked ``@revoked`` even
+    when an unmarked line accepts it; so does orch, and orch trust will not record it."""
+    from orchestrator.errors import HostKeyRevoked
+
+    key = sshd.host_key_line.split(" ", 1)[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"{sshd.host_key_line}\n@revoked * {key}\n")
+    host = host_config(sshd, known_hosts=str(known))
+    transport = SshTransport(host)
+    try:
+        with pytest.raises(HostKeyRevoked, match="REVOKED .* line 2 of"):
+            transport.run(["true"])
+    finally:
+        transport.close()
+    with pytest.raises(HostKeyRevoked):
+        trust.scan(host)
+    # OpenSSH's own client agrees (the oracle)
+    res = subprocess.run(
+        ["ssh", "-o", f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null",
+         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", str(sshd.port),
+         "-i", str(sshd.client_key_path), "root@127.0.0.1", "true"],
+        capture_output=True, text=True, timeout=30,
+    )  # fmt: skip
+    assert res.returncode != 0 and "REVOKED" in res.stderr, res.stderr
+
+
+def test_a_cert_authority_line_is_not_a_host_key(sshd: Sshd, tmp_path: Path) -> None:
+    """A ``@cert-authority`` line vouches for host certificates only (paramiko presents a
+    plain key): it neither accepts the key nor makes it "changed"."""
+    from orchestrator.errors import HostKeyUnknown
+
+    key = sshd.host_key_line.split(" ", 1)[1]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"@cert-authority * {key}\n")
+    scanned = trust.scan(host_config(sshd, known_hosts=str(known)))
+    assert scanned.status == trust.UNKNOWN
+    transport = SshTransport(host_config(sshd, known_hosts=str(known)))
+    try:
+        with pytest.raises(HostKeyUnknown):
+            transport.run(["true"])
+    finally:
+        transport.close()

@@ -3,14 +3,22 @@
 from __future__ import annotations
 
 import os
+import sqlite3
 import stat
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
-from orchestrator.monitor.history import AlertState, History, HistoryError, default_path
+from orchestrator.monitor.history import (
+    BUSY_TIMEOUT_S,
+    AlertState,
+    History,
+    HistoryError,
+    default_path,
+)
 from orchestrator.wire.model import Severity, Snapshot
 
 
@@ -125,3 +133,52 @@ def test_lock_excludes_a_second_process_and_dies_with_the_holder(tmp_path):
     finally:
         holder.kill()
         holder.wait(timeout=5)
+
+
+def _check(db: Path, tmp_path: Path, timeout_s: float = 60.0) -> subprocess.CompletedProcess:
+    """``orch check`` of an empty inventory against ``db`` (a real process)."""
+    cfg = tmp_path / "hosts.yaml"
+    cfg.write_text("hosts: {}\ncontainers: {}\n")
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(cfg), "check", "--db", str(db)],
+        capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[2],
+    )  # fmt: skip
+
+
+def test_a_corrupt_database_is_unknown_3_naming_the_file(tmp_path):
+    bad = tmp_path / "orch.db"
+    History.open(bad).close()
+    with bad.open("r+b") as f:  # a valid header, garbage pages: "database disk image is malformed"
+        f.seek(100)
+        f.write(b"\xff" * 4000)
+    res = _check(bad, tmp_path)
+    assert res.returncode == 3, res
+    assert "Traceback" not in res.stderr + res.stdout
+    assert str(bad) in res.stdout + res.stderr
+
+
+def test_a_database_held_exclusive_elsewhere_is_unknown_3_within_the_deadline(tmp_path):
+    db = tmp_path / "orch.db"
+    History.open(db).close()
+    holder = sqlite3.connect(str(db), isolation_level=None)
+    holder.execute("PRAGMA journal_mode=DELETE")
+    holder.execute("BEGIN EXCLUSIVE")
+    try:
+        t0 = time.monotonic()
+        res = _check(db, tmp_path)
+        elapsed = time.monotonic() - t0
+    finally:
+        holder.execute("ROLLBACK")
+        holder.close()
+    assert res.returncode == 3, res
+    assert "Traceback" not in res.stderr + res.stdout
+    assert str(db) in res.stdout and "locked" in res.stdout
+    assert elapsed < BUSY_TIMEOUT_S * 4, elapsed  # not 30 s per statement
+
+
+def test_every_statement_failure_is_a_history_error(tmp_path):
+    db = tmp_path / "orch.db"
+    with History.open(db) as h:
+        h._conn.execute("DROP TABLE snapshots")
+        with pytest.raises(HistoryError, match=str(db)):
+            h.record([Snapshot("ct", 1.0)])
