@@ -223,7 +223,8 @@ def launch(
 
     phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
     try:
-        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config)
+        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config,
+                        gpus_given=bool(gpus))  # fmt: skip
     except OrchError as exc:
         phase("preflight", "fail", str(exc).splitlines()[0])
         raise
