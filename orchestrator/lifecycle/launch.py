@@ -36,6 +36,7 @@ from orchestrator.errors import (
 from orchestrator.lifecycle.bundle import (
     check_trainer_args,
     configured_command,
+    runs_on_cpu,
     trainer_bundle,
     trainer_command,
     trainer_config,
@@ -47,6 +48,7 @@ from orchestrator.remote import deploy
 from orchestrator.remote.target import Target, read_answer
 from orchestrator.wire.answers import LaunchAnswer, RunStatus, StopAnswer
 from orchestrator.wire.formats import new_run_id, parse_gpu_spec
+from orchestrator.wire.model import CPU_RUN_ENV
 from orchestrator.wire.secrets import redact, secret_values
 
 log = logging.getLogger(__name__)
@@ -219,6 +221,8 @@ def launch(
         )
     check_trainer_args(trainer_args)
     config = trainer_config(c, trainer_args) if bundled else None
+    if config is not None and runs_on_cpu(config):
+        user_env = {**user_env, CPU_RUN_ENV: "cpu"}  # no GPU memory to expect (detect/gpu.py)
     run_id = new_run_id(run_name)
 
     phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
