@@ -310,7 +310,7 @@ def status_cmd(
     if as_json:
         print_json(rows)
     else:
-        out_console.print(status_table(rows))
+        out_console.print(status_table(rows, out_console.width))
 
 
 @app.command("runs")
