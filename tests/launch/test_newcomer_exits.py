@@ -3,6 +3,10 @@
 
 from __future__ import annotations
 
+import re
+import signal
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -47,3 +51,36 @@ def test_a_busy_gpu_refusal_names_the_commands_that_free_it(orch, sandbox_scenar
     assert "GPU 0 busy" in err
     assert "orch stop ct202 if an orch run holds it" in err
     assert "pct exec 202 -- kill" in err
+
+
+@pytest.mark.e2e
+def test_ctrl_c_after_the_start_step_says_what_is_left_and_how_to_undo_it(  # type: ignore[no-untyped-def]
+    orch, config, sandbox_scenario
+) -> None:
+    """SIGINT while launch verifies the run: exit 130, and the line names the run, the
+    container and ``orch stop``; the run is indeed still there to stop."""
+    sandbox_scenario("idle")
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "launch", "ct202",
+         "--cmd", "python3 -c 'import time\nwhile True: print(1, flush=True); time.sleep(0.2)'"],
+        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stdout is not None
+        seen = []
+        # the start step's line comes when it is done; verify then lasts at least
+        # VERIFY_MIN_ALIVE_S (5 s, lifecycle/launch.py) by design, so SIGINT lands in it
+        for line in proc.stdout:
+            seen.append(line)
+            if "in tmux session 'newcomer'" in line:
+                break
+        proc.send_signal(signal.SIGINT)
+        rest = proc.stdout.read()
+        assert proc.wait(timeout=60) == 130, "".join(seen) + rest
+    finally:
+        proc.kill()
+        proc.wait()
+    said = re.search(r"run (\S+) started in ct202 and is still running: orch stop ct202", rest)
+    assert said, "".join(seen) + rest
+    code, out, err = orch("stop", "ct202", "--grace", "5")
+    assert code == 0 and f"stopped run {said.group(1)}" in out, out + err
