@@ -255,3 +255,10 @@ class Refused(OrchError):
 
 class LaunchFailed(OrchError):
     """A launch started, but the run did not come up (exit 1)."""
+
+
+class LaunchInterrupted(OrchError):
+    """Ctrl-C during ``orch launch``; the message says what was left behind and the command
+    that undoes it (exit 130, as for SIGINT)."""
+
+    exit_code = 130

@@ -8,6 +8,42 @@ from pathlib import Path
 
 import pytest
 
+# --- parallel runs (pytest-xdist: ``./dev test``; README, "Tests") ---------------------------
+#
+# Every pytest process, each xdist worker included, makes its own sandboxes: the session
+# fixtures below take their state directory from ``tmp_path_factory`` (one base per worker),
+# and everything a sandbox names on the machine derives from that path (cgroup prefix
+# ``orch-<id>``, network namespaces ``orchj-<id>``, the lxcpath, sshd on a free port), so two
+# workers never share a container, a port or a namespace. What remains machine-wide is
+# below: the history database, and the tests that load every CPU on purpose (``serial``).
+
+E2E_FIXTURES = frozenset({"sandbox", "sandbox_config", "sandbox_scenario", "job_cluster", "fleet"})
+"""A test that uses one of these goes through a sandbox: it is ``e2e`` (``-m 'not e2e'``
+is the quick local loop) whether or not its module says so."""
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        names = set(getattr(item, "fixturenames", ()))
+        if names & E2E_FIXTURES and item.get_closest_marker("e2e") is None:
+            item.add_marker(pytest.mark.e2e)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def own_history_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``$ORCH_DB`` for this pytest process (one per xdist worker), unless the caller set one:
+    a test that runs orch without ``--db`` never writes the operator's
+    ``~/.local/state/orch/orch.db``, nor one another worker writes at the same time."""
+    if os.environ.get("ORCH_DB"):
+        yield
+        return
+    os.environ["ORCH_DB"] = str(tmp_path_factory.mktemp("history") / "orch.db")
+    try:
+        yield
+    finally:
+        os.environ.pop("ORCH_DB", None)
+
+
 # --- sandbox ---------------------------------------------------------------------------------
 
 # ORCH_TEST_LXC_KIND=unprivileged: every sandbox the tests start has unprivileged containers

@@ -74,3 +74,17 @@ def old_python(sandbox: Any, container: str, real: str) -> str:
     script.write_text(OLD_PYTHON.replace("__REAL__", shlex.quote(real)))
     script.chmod(0o755)
     return str(Path(sandbox.container_workdir(container)).parent / "old-python" / "python3")
+
+
+def cli_in_process(config: Path, capsys: Any) -> Callable[..., tuple[int, str, str]]:
+    """``orch -c CONFIG ARGS`` in this process: a function returning (exit code, stdout,
+    stderr); ``capsys`` is pytest's fixture, emptied before each call."""
+    from orchestrator.cli import run
+
+    def call(*args: str) -> tuple[int, str, str]:
+        capsys.readouterr()
+        code = run(["-c", str(config), *args])
+        out, err = capsys.readouterr()
+        return code, out, err
+
+    return call

@@ -173,6 +173,10 @@ from orchestrator.agent.__main__ import main; sys.exit(main())' "$ORCH_AGENT_PAT
     </dev/null >>"$RUN_DIR/recorder.log" 2>&1 &
   REC=$!
 fi
+# From here the wrapper says nothing on stderr: bash's own report of the job it waits for
+# ("wrapper.sh: line N: PID Killed ( trap ...") is not the command's output, and log-signature
+# playbooks would read it as such. Its own lines go to stdout with an [orch] prefix.
+exec 2>/dev/null
 while :; do
   GOT=
   wait "$JOB"

@@ -198,7 +198,10 @@ def sandbox_up(
     ),
     gpus: int = typer.Option(8, "--gpus", help="Simulated GPUs (1-64)."),
     scenario: str = typer.Option(
-        "healthy", "--scenario", help="Bundled scenario name or JSON file."
+        "idle",
+        "--scenario",
+        help="Bundled scenario name or JSON file (idle: free GPUs to launch on; healthy, "
+        "ghost, gpu-lost...: docs/sandbox.md).",
     ),
     isolation: str = typer.Option(
         "auto",

@@ -188,6 +188,11 @@ def stop_cmd(
                     f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}"),
             highlight=False,
         )  # fmt: skip
+    elif doc.state == stop.NEVER_RAN:
+        out_console.print(
+            f"{target} has no run yet; nothing to stop (start one: orch launch {target})",
+            highlight=False,
+        )
     else:
         code = doc.exit_status
         state = f"exited {code}" if code is not None else doc.state
@@ -313,7 +318,7 @@ def status_cmd(
     if as_json:
         print_json(rows)
     else:
-        out_console.print(status_table(rows))
+        out_console.print(status_table(rows, out_console.width))
 
 
 @app.command("runs")

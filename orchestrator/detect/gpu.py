@@ -22,7 +22,15 @@ from orchestrator.detect.base import (
     run_gpus,
     trailing,
 )
-from orchestrator.wire.model import Finding, GpuProcess, GpuSample, HostProbe, Severity, Snapshot
+from orchestrator.wire.model import (
+    CPU_RUN_ENV,
+    Finding,
+    GpuProcess,
+    GpuSample,
+    HostProbe,
+    Severity,
+    Snapshot,
+)
 
 _NVML_PLAYBOOK = {"driver-mismatch": "nvml-driver-mismatch", "gpu-lost": "gpu-fallen-off-bus"}
 _NVML_CRITICAL = {"driver-mismatch", "gpu-lost", "driver-not-loaded"}
@@ -211,8 +219,8 @@ def not_allocating(
     """
     snaps = reachable(history)
     manifest = manifest_of(snaps)
-    if not snaps or manifest is None:
-        return []
+    if not snaps or manifest is None or manifest.env.get(CPU_RUN_ENV) == "cpu":
+        return []  # a run that says it trains on the CPU allocates nothing, by design
     last = snaps[-1]
     gpus = run_gpus(last, roles)
     if not gpus or last.run is None or last.run.exit_status is not None or not alive(last):

@@ -161,7 +161,9 @@ class DemoUI(Protocol):
         """(report.md, report.html) of a postmortem, for its bundle."""
         ...
 
-    def ask(self, question: str) -> bool: ...
+    def ask(self, question: str, default: bool = False) -> bool:
+        """A yes/no question; Enter answers ``default``."""
+        ...
 
     def done(self, result: DemoResult) -> None: ...
 
@@ -203,6 +205,14 @@ class DemoResult:
             f"{c} postmortem {CONTAINER}",
             f"orch sandbox scenario ghost --dir {self.state_dir}",
             f"orch sandbox down --dir {self.state_dir}",
+        ]
+
+    def next_commands(self) -> list[str]:
+        """The three commands to try after a demo that tore its sandbox down."""
+        return [
+            "orch demo --keep        (the same loop, then the sandbox stays up to explore)",
+            "orch init               (a hosts.yaml for your own Proxmox host)",
+            "orch doctor             (checks that host and container, step by step)",
         ]
 
 
@@ -420,7 +430,7 @@ def _loop(
         return f"the run is training ({watch_s:g} s shown after its first step)"
 
     clock.run("watch", f"orch watch {CONTAINER} until the run trains, then {watch_s:g} s", watched)
-    if interactive and not ui.ask("Inject the fault now?"):
+    if interactive and not ui.ask("Inject the fault now?", default=True):
         _stop_run(stop, inv, result, ui)
         return
     target = Target(inv, CONTAINER)

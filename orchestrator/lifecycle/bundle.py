@@ -155,3 +155,26 @@ def configured_command(container: ContainerConfig) -> str | None:
     if cmd is None:
         return None
     return cmd if isinstance(cmd, str) else command_line([str(a) for a in cmd])
+
+
+def runs_on_cpu(config: str) -> bool:
+    """Whether bundled trainer config ``config`` (a name in trainer/configs/) puts every stage
+    on the CPU (its ``devices:`` lists only ``cpu``). A path (the container's own file) or an
+    unreadable config: False, so nothing is assumed about it.
+
+    >>> runs_on_cpu("tiny-cpu"), runs_on_cpu("instant-cpu.yaml"), runs_on_cpu("dflash-8gpu")
+    (True, True, False)
+    >>> runs_on_cpu("/etc/their.yaml")
+    False
+    """
+    import yaml
+
+    if "/" in config:
+        return False
+    try:
+        path = trainer_root() / "configs" / f"{config.removesuffix('.yaml')}.yaml"
+        doc = yaml.safe_load(path.read_text())
+        devices = [d for stage in (doc.get("devices") or {}).values() for d in stage]
+    except (OrchError, OSError, yaml.YAMLError, AttributeError, TypeError):
+        return False
+    return bool(devices) and all(str(d) == "cpu" for d in devices)

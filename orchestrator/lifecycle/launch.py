@@ -30,6 +30,7 @@ from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     AgentProtocolError,
     LaunchFailed,
+    LaunchInterrupted,
     OrchError,
     Refused,
     TransportError,
@@ -38,6 +39,7 @@ from orchestrator.errors import (
 from orchestrator.lifecycle.bundle import (
     check_trainer_args,
     configured_command,
+    runs_on_cpu,
     trainer_bundle,
     trainer_command,
     trainer_config,
@@ -49,6 +51,7 @@ from orchestrator.remote import deploy
 from orchestrator.remote.target import Target, read_answer
 from orchestrator.wire.answers import LaunchAnswer, RunStatus, StopAnswer
 from orchestrator.wire.formats import new_run_id, parse_gpu_spec
+from orchestrator.wire.model import CPU_RUN_ENV
 from orchestrator.wire.secrets import redact, secret_values
 
 log = logging.getLogger(__name__)
@@ -245,40 +248,83 @@ def launch(
         )
     check_trainer_args(trainer_args)
     config = trainer_config(c, trainer_args) if bundled else None
+    if config is not None and runs_on_cpu(config):
+        user_env = {**user_env, CPU_RUN_ENV: "cpu"}  # no GPU memory to expect (detect/gpu.py)
     run_id = new_run_id(run_name)
 
-    phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
-    try:
-        pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config)
-    except OrchError as exc:
-        phase("preflight", "fail", str(exc).splitlines()[0])
-        raise
     replaced = None
-    if pre["live"] and force:
-        phase("preflight", "ok", f"live session {c.session!r}: stopping it first (--force)")
-        replaced = stop(inventory, name, grace_s=grace_s, target=tgt,
-                        by=f"orch launch --force by {operator()}")  # fmt: skip
-        snap = tgt.snapshot()
-        busy = busy_gpus(snap, assigned, c.limits.busy_mem_mib)
-        if busy:
-            phase("preflight", "fail", busy[0])
-            raise PreflightRefused(name, [f"{b}; after stopping the old run" for b in busy])
-    else:
-        phase("preflight", "ok", "container running, GPUs idle, disk free"
-              + (", imports ok" if pre["imports"] else ""))  # fmt: skip
+    try:
+        phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
+        try:
+            pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config,
+                            gpus_given=bool(gpus))  # fmt: skip
+        except OrchError as exc:
+            phase("preflight", "fail", str(exc).splitlines()[0])
+            raise
+        if pre["live"] and force:
+            phase("preflight", "ok", f"live session {c.session!r}: stopping it first (--force)")
+            replaced = stop(inventory, name, grace_s=grace_s, target=tgt,
+                            by=f"orch launch --force by {operator()}")  # fmt: skip
+            snap = tgt.snapshot()
+            busy = busy_gpus(snap, assigned, c.limits.busy_mem_mib)
+            if busy:
+                phase("preflight", "fail", busy[0])
+                raise PreflightRefused(name, [f"{b}; after stopping the old run" for b in busy])
+        else:
+            phase("preflight", "ok", "container running, GPUs idle, disk free"
+                  + (", imports ok" if pre["imports"] else ""))  # fmt: skip
 
-    run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
-    if bundled:
-        phase("deploy", "start", "bundled trainer")
-        bundle_dir = deploy.ensure_agent(
-            tgt.transport, c.workdir, c.python, bundle=trainer_bundle()
-        )
-        command = trainer_command(c, bundle_dir, run_dir, trainer_args)
-        phase("deploy", "ok", bundle_dir)
-    else:
-        phase("deploy", "skip", "custom command")
+        run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
+        if bundled:
+            phase("deploy", "start", "bundled trainer")
+            bundle_dir = deploy.ensure_agent(
+                tgt.transport, c.workdir, c.python, bundle=trainer_bundle()
+            )
+            command = trainer_command(c, bundle_dir, run_dir, trainer_args)
+            phase("deploy", "ok", bundle_dir)
+        else:
+            phase("deploy", "skip", "custom command")
+    except KeyboardInterrupt:
+        left = "; the old run was stopped (--force)" if replaced is not None else ""
+        raise LaunchInterrupted(
+            f"interrupted before the start step: nothing was started in {name}{left}"
+        ) from None
     assert command is not None
 
+    try:
+        return _start_and_verify(phase, tgt, name, command, run_id, assigned, user_env,
+                                 replaced, t0, phases, grace_s=grace_s, force=force,
+                                 carry_from=carry_from, env_from=env_from, verify=verify)  # fmt: skip
+    except KeyboardInterrupt:
+        raise LaunchInterrupted(
+            f"interrupted: run {run_id} started in {name} and is still running: "
+            f"orch stop {name} stops it (orch status {name} shows it)"
+            if any(p["phase"] == "start" and p["status"] == "ok" for p in phases)
+            else f"interrupted while starting run {run_id} in {name}: orch status {name} says "
+            f"whether it started; orch stop {name} stops it if so"
+        ) from None
+
+
+def _start_and_verify(
+    phase: PhaseCallback,
+    tgt: Target,
+    name: str,
+    command: str,
+    run_id: str,
+    assigned: tuple[int, ...],
+    user_env: dict[str, str],
+    replaced: Any,
+    t0: float,
+    phases: list[dict[str, Any]],
+    *,
+    grace_s: float,
+    force: bool,
+    carry_from: str | None,
+    env_from: str | None = None,
+    verify: bool,
+) -> LaunchResult:
+    """:func:`launch` from its start step: the agent starts the run, then it is verified."""
+    c = tgt.container
     phase("start", "start", command)
     args = ["launch", *run_args(c), "--cmd", command, "--run-id", run_id, "--gpus",
             ",".join(str(g) for g in assigned), "--grace", str(grace_s), "--settle", "1.0",

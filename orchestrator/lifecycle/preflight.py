@@ -18,6 +18,7 @@ from orchestrator.errors import (
     ContainerNotRunning,
     OrchError,
     Refused,
+    UsageError,
 )
 from orchestrator.lifecycle.bundle import DFLASH_CONFIG, DFLASH_CUDA_DEVICES
 from orchestrator.remote.target import Host, Target, parse_document
@@ -225,6 +226,27 @@ def _cuda_problem(
     )
 
 
+def _check_given_gpus(name: str, snap: Snapshot, gpus: Sequence[int]) -> None:
+    """``UsageError`` when ``--gpus`` names a GPU the container does not see.
+
+    >>> from orchestrator.wire.model import GpuSample
+    >>> snap = Snapshot(target="ct", taken_at=0, gpus=tuple(GpuSample(index=i) for i in range(8)))
+    >>> _check_given_gpus("ct200", snap, [8])
+    Traceback (most recent call last):
+    orchestrator.errors.UsageError: --gpus: ct200 has no GPU 8 (it sees GPUs 0-7); --gpus takes GPU indices, not a count: --gpus 0-7 uses all 8
+    """
+    seen = sorted(g.index for g in snap.gpus)
+    unseen = [i for i in gpus if i not in seen]
+    if not unseen or not seen:
+        return
+    have = f"{seen[0]}-{seen[-1]}" if seen == list(range(seen[0], seen[-1] + 1)) else (
+        ",".join(map(str, seen)))  # fmt: skip
+    raise UsageError(
+        f"--gpus: {name} has no GPU {','.join(map(str, unseen))} (it sees GPUs {have}); "
+        f"--gpus takes GPU indices, not a count: --gpus {have} uses all {len(seen)}"
+    )
+
+
 def preflight(
     target: Target,
     *,
@@ -232,8 +254,12 @@ def preflight(
     bundled: bool,
     force: bool,
     config: str | None = None,
+    gpus_given: bool = False,
 ) -> dict[str, Any]:
     """Check the container before anything starts; ``PreflightRefused`` lists every problem.
+
+    ``gpus_given``: ``gpus`` came from ``--gpus``; one the container does not see is then a
+    bad argument (``UsageError``, exit 2: ``--gpus 8`` means GPU 8, not eight GPUs).
 
     ``config``: the bundled trainer's config (:func:`trainer_config`); ``dflash-8gpu`` is
     refused where torch sees fewer CUDA devices than it uses. Returns the facts, the
@@ -253,6 +279,8 @@ def preflight(
         f_imp = pool.submit(_imports, target, modules) if modules else None
         snap, facts = f_snap.result(), f_facts.result()
         imports, cuda_devices = f_imp.result() if f_imp else ({}, None)
+    if gpus_given:
+        _check_given_gpus(target.name, snap, gpus)
     problems: list[str] = []
     live = bool(snap.session and snap.session.exists and snap.session.pane_dead is False)
     if live and not force:
@@ -264,7 +292,9 @@ def preflight(
     if not live or not force:
         # With --force the old run is stopped first and holds the GPUs until then.
         problems += [
-            f"{p}; free it (orch stop, or kill the holder) or pick others with --gpus"
+            f"{p}; free it (orch stop {target.name} if an orch run holds it, else end the "
+            f"holder on {host}: pct exec {c.vmid} -- kill <pid above>) or pick others "
+            f"with --gpus"
             for p in busy_gpus(snap, gpus, c.limits.busy_mem_mib, _host_probe(target, snap, gpus))
         ]
     free_mib = (facts.get("disk") or {}).get("free_mib")

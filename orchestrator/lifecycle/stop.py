@@ -10,6 +10,9 @@ from orchestrator.errors import (
 from orchestrator.remote.target import Target, read_answer
 from orchestrator.wire.answers import StopAnswer
 
+NEVER_RAN = "no-run"
+"""``StopAnswer.state`` of a container whose workdir holds no run at all."""
+
 
 def operator() -> str:
     """``user@host`` of whoever runs orch here (for ``stop_requested``); never raises."""
@@ -43,6 +46,9 @@ def stop(
     if run_id:
         args += ["--run-id", run_id]
     doc = tgt.agent(args, timeout=grace_s + 30.0)
+    if doc.get("ok") is False and doc.get("error") == "no-run" and not run_id:
+        # nothing ever ran there: nothing to stop, as for a run that already ended
+        return StopAnswer(stopped=False, run_id="", state=NEVER_RAN)
     if doc.get("ok") is False:
         raise AgentError(f"{name}: stop: {doc.get('message')}")
     return read_answer(name, doc, StopAnswer)

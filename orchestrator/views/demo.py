@@ -9,6 +9,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 from rich.console import Console
+from rich.markup import escape
 from rich.text import Text
 
 from orchestrator.config.inventory import Inventory
@@ -19,6 +20,18 @@ _MARK = {"ok": ("✓", "green"), "fail": ("✗", "bold red")}
 _SEVERITY = {"CRITICAL": "bold red", "WARNING": "yellow", "INFO": "blue"}
 SHOW_AFTER_FOUND_S = 1.5
 """The live view stays this long after the awaited finding, so it is seen there too."""
+
+
+def yes_no(answer: str, default: bool) -> bool:
+    """A typed answer to a yes/no question; empty (Enter) is ``default``.
+
+    >>> yes_no("", True), yes_no("n", True), yes_no(" YES ", False), yes_no("", False)
+    (True, False, True, False)
+    """
+    word = answer.strip().lower()
+    if not word:
+        return default
+    return word in ("y", "yes")
 
 
 class RichDemoUI:
@@ -120,11 +133,16 @@ class RichDemoUI:
         print_verdict(self.console, pm)
         self.console.rule()
 
-    def ask(self, question: str) -> bool:
+    def ask(self, question: str, default: bool = False) -> bool:
+        """``question [Y/n]`` (or ``[y/N]``): Enter answers ``default``; not interactive: False.
+
+        The choices are escaped: rich reads a bare ``[y/N]`` as markup and prints nothing.
+        """
         if not self.interactive:
             return False
-        answer = self.console.input(f"{question} [y/N] ").strip().lower()
-        return answer in ("y", "yes")
+        choices = "[Y/n]" if default else "[y/N]"
+        answer = self.console.input(f"{question} {escape(choices)} ").strip().lower()
+        return yes_no(answer, default)
 
     def done(self, result: Any) -> None:
         c = self.console
@@ -141,3 +159,6 @@ class RichDemoUI:
         else:
             c.print(Text(f"Sandbox stopped; its files stay in {result.state_dir} "
                          f"(orch demo --keep leaves it running)."), highlight=False, soft_wrap=True)  # fmt: skip
+            c.print("Next, try:")
+            for cmd in result.next_commands():
+                c.print(Text(f"  {cmd}"), highlight=False, soft_wrap=True)

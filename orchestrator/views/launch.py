@@ -90,21 +90,46 @@ def _age(seconds: float | None) -> str:
     return f"{seconds // 3600}h{seconds % 3600 // 60:02d}m"
 
 
-def status_table(rows: Sequence[dict[str, Any]]) -> Table:
-    """One row per target: reachable, container, session, run, age, step, tok/s, GPU memory."""
-    table = Table(box=None, pad_edge=False, header_style="bold")
+def status_table(rows: Sequence[dict[str, Any]], width: int | None = None) -> Table:
+    """One row per target: reachable, container, session, run, age, step, tok/s, GPU memory.
+
+    ``width``: the terminal's columns; under 100 (80 without a terminal) the columns are one
+    space apart, not two, so every word fits whole.
+    """
     heal = any(r.get("restarts") for r in rows)
-    for col in ("target", "reach", "container", "session", "run", "state", "age", "step",
-                "tok/s", "GPU mem", *(("restarts",) if heal else ())):  # fmt: skip
-        table.add_column(col, overflow="fold")
+    cols = ("target", "reach", "container", "session", "run", "state", "age", "step",
+            "tok/s", "GPU mem", *(("restarts",) if heal else ()))  # fmt: skip
+    cells = _status_cells(rows, heal)
+    narrow = width is not None and width < 100
+    table = Table(box=None, pad_edge=False, header_style="bold",
+                  padding=(0, 1, 0, 0) if narrow else (0, 1))  # fmt: skip
+    for i, col in enumerate(cols):
+        # a narrow terminal wraps between words (the run id, one long word, folds): no column
+        # is ever narrower than its longest word, so "container" never reads "contai/ner"
+        words = [w for c in (col, *(row[i] for row in cells))
+                 for w in (c.plain if isinstance(c, Text) else Text.from_markup(c).plain).split()]  # fmt: skip
+        longest = max(map(len, words), default=1)
+        if col == "run":
+            table.add_column(col, overflow="fold", min_width=min(longest, 8))
+        else:
+            table.add_column(col, overflow="fold", min_width=longest)
+    for row in cells:
+        table.add_row(*row)
+    return table
+
+
+def _status_cells(rows: Sequence[dict[str, Any]], heal: bool) -> list[tuple[str | Text, ...]]:
+    """:func:`status_table`'s cells (orch's own rich markup, or remote text as :class:`Text`),
+    one tuple per row."""
+    out: list[tuple[str | Text, ...]] = []
     for r in rows:
         if r.get("kind") == "job":
             tps = r.get("tokens_per_s")
-            table.add_row(
+            out.append((
                 f"[bold]{r['target']}[/] (job)", "", "", "", f"rendezvous {r.get('rendezvous', '-')}",
                 r.get("state") or "-", "", "", f"{tps:,.0f}" if tps is not None else "-", "",
                 *(("",) if heal else ()),
-            )  # fmt: skip
+            ))  # fmt: skip
             continue
         reach = "[green]yes[/]" if r.get("reachable") else "[red]no[/]"
         mem = (f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
@@ -120,13 +145,13 @@ def status_table(rows: Sequence[dict[str, Any]]) -> Table:
         container = r.get("container") or "-"
         if r.get("lock"):
             container = f"{container}, locked ({r['lock']})"  # pct list's Lock column
-        table.add_row(
+        out.append((
             remote_text(name), reach, remote_text(container), remote_text(r.get("session") or "-"),
             remote_text(r.get("run_id") or "-"), shown, _age(r.get("age_s")),
             _step(r), _rate(r, tps), mem,
             *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
-        )  # fmt: skip
-    return table
+        ))  # fmt: skip
+    return out
 
 
 def _step(row: dict[str, Any]) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import html as _html
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 from rich.console import Console
@@ -61,6 +62,9 @@ def print_verdict(console: Console, pm: Any) -> None:
             console.print(_safe(f"  {e.line()}"), highlight=False)
     if pm.bundle:
         console.print(_safe(f"bundle: {pm.bundle}"), highlight=False)
+        report = Path(pm.bundle) / "report.html"
+        if report.is_file():  # the page with the timelines: what to open next
+            console.print(_safe(f"report: {report}"), highlight=False, soft_wrap=True)
 
 
 def _safe(text: str) -> Text:

@@ -329,6 +329,12 @@ class ProcessInfo(Wire):
     """The same process's PID on the Proxmox host (read there; the kernel log names it)."""
 
 
+CPU_RUN_ENV = "ORCH_TRAINER_DEVICE"
+"""Set to ``cpu`` in a run's environment (and so its manifest) when ``orch launch`` starts the
+bundled trainer with a config whose every stage is on the CPU: that run never allocates GPU
+memory, and the not-allocating detector knows it."""
+
+
 @dataclass(frozen=True, slots=True)
 class RunManifest(Wire):
     """What was started, written to ``<run-dir>/manifest.json`` at launch.

@@ -54,7 +54,7 @@ def test_the_supervise_unit_verifies(tmp_path: Path) -> None:
     blocks = re.findall(r"```(\w+)\n(.*?)```", DOC.read_text(), re.S)
     unit = next(b for kind, b in blocks if kind == "ini" and "supervise" in b)
     exe = shutil.which("orch") or sys.executable
-    (tmp_path / "orch-supervise.service").write_text(unit.replace("%h/.local/bin/orch", exe))
+    (tmp_path / "orch-supervise.service").write_text(unit.replace("%h/orch/.venv/bin/orch", exe))
     (tmp_path / ".config" / "orch").mkdir(parents=True)
     (tmp_path / ".config" / "orch" / "check.env").write_text("ORCH_WEBHOOK=https://x.invalid/\n")
     proc = subprocess.run(

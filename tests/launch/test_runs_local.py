@@ -7,6 +7,7 @@ import os
 import signal
 import stat
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -297,13 +298,32 @@ def test_logs_tail_and_offsets(local_agent: LocalAgent) -> None:
 
 
 def test_logs_follow_ends_after_exit(local_agent: LocalAgent) -> None:
-    cmd = "for i in 1 2 3 4; do echo tick-$i; sleep 0.5; done"
+    """Lines arrive while the run writes them: the run prints tick-2.. only once follow has
+    delivered tick-1 (a file the test makes then), so no machine is too slow for this."""
+    go = local_agent.workdir / "go-on"
+    cmd = (f"echo tick-1; while [ ! -e {go} ]; do sleep 0.05; done; "
+           "for i in 2 3 4; do echo tick-$i; sleep 0.2; done")  # fmt: skip
     launch(local_agent, cmd, "--run-id", "f1", "--settle", "0")
-    res = local_agent.raw(
-        "logs", "--workdir", str(local_agent.workdir), "-f", "--offset", "0", "--interval", "0.1",
-        timeout_s=20,
+    from tests.launch.conftest import _DISPATCH
+
+    follow = subprocess.Popen(
+        [sys.executable, "-c", _DISPATCH, "logs", "--workdir", str(local_agent.workdir), "-f",
+         "--offset", "0", "--interval", "0.1"],
+        stdout=subprocess.PIPE, text=True, env=local_agent.env,
     )  # fmt: skip
-    docs = [json.loads(x) for x in res.stdout.splitlines()]
+    try:
+        assert follow.stdout is not None
+        docs = []
+        for line in follow.stdout:
+            docs.append(json.loads(line))
+            if any(d["lines"] for d in docs):
+                break
+        go.touch()
+        docs += [json.loads(x) for x in follow.stdout]
+        assert follow.wait(timeout=20) == 0
+    finally:
+        follow.kill()
+        follow.wait()
     lines = [line for d in docs for line in d["lines"]]
     assert lines == ["tick-1", "tick-2", "tick-3", "tick-4"]
     assert len([d for d in docs if d["lines"]]) >= 2, "follow delivered it all at once"

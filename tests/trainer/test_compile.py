@@ -10,6 +10,7 @@ from tests.trainer.procs import read_metrics, run_trainer
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # CPU-bound: a time limit, or one torch.compile per core
 def test_compile_with_sequential_warmup(tmp_path: Path) -> None:
     proc = run_trainer(
         tmp_path, "--compile", "--steps", "3", "--set", "train.log_every=1", timeout_s=400

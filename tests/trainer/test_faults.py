@@ -8,6 +8,7 @@ import subprocess
 import time
 from pathlib import Path
 
+import pytest
 import torch
 
 from tests.helpers import wait_for
@@ -29,6 +30,10 @@ TARGET_BOUND = ("--set", "train.log_every=4", "--set", "train.eval_every=0",
                 "--set", "target.n_layers=6", "--set", "drafter.target_layers=[0]",
                 "--set", "drafter.d_model=16", "--set", "drafter.d_ff=16", "--set", "drafter.n_layers=1",
                 "--set", "data.kind=synthetic", "--set", "devices.drafter=[cpu]")  # fmt: skip
+
+
+# CPU-bound trainer runs with time limits: alone, after the parallel pass (./dev test)
+pytestmark = pytest.mark.serial
 
 
 def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:

@@ -51,6 +51,7 @@ def test_text_data_bytewise(tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
+@pytest.mark.serial  # CPU-bound: a time limit, or one torch.compile per core
 def test_cli_200_steps_under_two_minutes(tmp_path: Path) -> None:
     t0 = time.monotonic()
     proc = run_trainer(tmp_path, "--steps", "200", timeout_s=180)
