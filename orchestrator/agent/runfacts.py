@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 from typing import BinaryIO, Protocol
 
@@ -227,6 +228,10 @@ class RunReader:
         """The log's newest metrics, each range-checked (:func:`checked_metrics`); a value
         out of range, or a parser that fails on a line, is a ``bad data:`` error of this
         snapshot (the ``bad-metrics`` finding), never the end of the observation."""
+        huge = next((h for line in lines[-64:] if (h := _HUGE_STEP.search(line[:4096]))), None)
+        if huge is not None:  # the progress parser ignores it; the operator hears of it
+            errors.append(f"{BAD_DATA_PREFIX}: train.log metrics: step out of range "
+                          f"({len(huge.group(1))} digits)")  # fmt: skip
         try:
             m = self.metrics.parse(lines, now)
         except (ValueError, OverflowError, ArithmeticError) as exc:
@@ -240,6 +245,16 @@ class RunReader:
         if why:
             errors.append(f"{BAD_DATA_PREFIX}: train.log metrics: {why}")
         return m
+
+
+_HUGE_STEP = re.compile(r"\b(?:global_)?(?:step|iter|iteration)[\"']?\s*[=:]\s*[\"']?(\d{16,})")
+"""A step-like key whose value has 16 digits or more: at or past 2**53 (9.0e15), which no
+progress reader keeps; said as a ``bad data:`` error so a run printing one is seen, never
+misread.
+
+>>> _HUGE_STEP.search("step=" + "9" * 400).end() - 5, _HUGE_STEP.search("step=123") is None
+(400, True)
+"""
 
 
 def checked_metrics(m: Metrics) -> tuple[Metrics | None, str | None]:

@@ -79,14 +79,17 @@ def test_a_directory_is_one_error_line(tmp_path: Path, capsys) -> None:
 def _diagnose_in_child(path: Path) -> tuple[list[str], int]:
     """Match ids and the child's peak RSS (KiB) for ``orch diagnose PATH --json``."""
     code = (
-        "import json, resource, sys\n"
+        "import json, sys\n"
         "from orchestrator.cli import run\n"
         "import contextlib, io\n"
         "buf = io.StringIO()\n"
         "with contextlib.redirect_stdout(buf):\n"
         "    rc = run(['diagnose', sys.argv[1], '--json'])\n"
         "ids = [m['id'] for m in json.loads(buf.getvalue())['matches']]\n"
-        "print(json.dumps([rc, ids, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss]))\n"
+        # VmHWM, not ru_maxrss: Linux keeps ru_maxrss across execve, so a child of a large
+        # pytest worker would report the worker's peak
+        "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
+        "print(json.dumps([rc, ids, int(hwm.split()[1])]))\n"
     )
     out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                          cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip

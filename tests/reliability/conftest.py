@@ -62,22 +62,31 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         missing = [k for k in ("area", "fault", "must") if not kw.get(k)]
         if missing:
             raise pytest.UsageError(f"{item.nodeid}: fault marker lacks {', '.join(missing)}")
-        _ROWS[item.nodeid] = {
-            "test": item.nodeid.split("tests/reliability/", 1)[-1],
-            "area": kw["area"],
-            "fault": kw["fault"],
-            "must": kw["must"],
-            "observed": [],
-            "result": "not run",
-            "reason": "",
-            "duration_s": 0.0,
-        }
+        _ROWS[item.nodeid] = _row(item.nodeid, kw)
+        # under pytest-xdist the controller collects nothing: the row travels with the report
+        item.user_properties.append(("fault_row", {k: kw[k] for k in ("area", "fault", "must")}))
+
+
+def _row(nodeid: str, kw: dict[str, Any]) -> dict[str, Any]:
+    return {
+        "test": nodeid.split("tests/reliability/", 1)[-1],
+        "area": kw["area"],
+        "fault": kw["fault"],
+        "must": kw["must"],
+        "observed": [],
+        "result": "not run",
+        "reason": "",
+        "duration_s": 0.0,
+    }
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     row = _ROWS.get(report.nodeid)
     if row is None:
-        return
+        kw = next((v for k, v in report.user_properties if k == "fault_row"), None)
+        if kw is None:
+            return
+        row = _ROWS[report.nodeid] = _row(report.nodeid, kw)
     row["observed"] = [v for k, v in report.user_properties if k == "observed"]
     row["duration_s"] += report.duration
     xfail = getattr(report, "wasxfail", None)
@@ -100,6 +109,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 def pytest_sessionfinish(session: pytest.Session) -> None:
     path = session.config.getoption("--reliability-table", default=None)
     if not path or not _ROWS or session.config.getoption("collectonly"):
+        return
+    if hasattr(session.config, "workerinput"):  # an xdist worker: the controller writes
         return
     rows = [r for r in _ROWS.values() if r["result"] != "not run"]
     text = table.render(rows, wall_s=time.monotonic() - _STARTED)
