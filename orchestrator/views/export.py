@@ -25,6 +25,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.poller import Poller
+from orchestrator.monitor.state import stopped_on_request
 
 log = logging.getLogger(__name__)
 
@@ -97,6 +98,12 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         "Exit status of the newest run, once it ended.",
         labels=TARGET_LABELS,
     )
+    stop_requested = GaugeMetricFamily(
+        "orch_run_stop_requested",
+        "1 when the newest run ended because orch stop asked it to (state stopped: no "
+        "failure, whatever its exit status), 0 otherwise.",
+        labels=TARGET_LABELS,
+    )
     finding = GaugeMetricFamily(
         "orch_finding",
         "1 per active finding (kind as in orch check).",
@@ -133,6 +140,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
             run_info.add_metric([*tl, run.run_id], 1.0)
             if run.exit_status is not None:
                 exit_status.add_metric(tl, float(run.exit_status))
+            stop_requested.add_metric(tl, 1.0 if stopped_on_request(run, snap.taken_at) else 0.0)
         m = snap.metrics
         if m is not None:
             _add(step, tl, m.step)
@@ -160,6 +168,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         rate,
         total_steps,
         exit_status,
+        stop_requested,
         finding,
     ]
 
