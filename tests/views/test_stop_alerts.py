@@ -125,7 +125,7 @@ def test_no_alert_fires_on_what_export_says_of_a_requested_stop(tmp_path: Path) 
 @needs_promtool
 def test_a_crash_pages_from_what_export_says(tmp_path: Path) -> None:
     crashed, _ = _polled(CRASHED_CASE, "lxc201")
-    who = {"target": "lxc201", "host": "local"}
+    who = {"target": "lxc201", "host": "local", "Hostname": "local", "container": "lxc201"}
     expected = {
         "OrchRunFailed": [
             {
