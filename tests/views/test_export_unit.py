@@ -184,3 +184,10 @@ def test_orch_series_join_the_gpu_series_on_dcgm_labels() -> None:
     for name, samples in got.items():
         if name.startswith("orch_"):
             assert {(s.labels["Hostname"], s.labels["container"]) for s in samples} <= gpu_keys
+
+
+def test_the_mapping_table_names_every_dcgm_series_exported() -> None:
+    doc = (RULES.parents[1] / "docs" / "prometheus.md").read_text()
+    names = {f.name for f in export.families([]) if f.name.startswith("DCGM_FI_")}
+    rows = set(re.findall(r"^\| (DCGM_FI_\w+) \| same \|", doc, re.M))
+    assert names and names == rows, names ^ rows
