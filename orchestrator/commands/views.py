@@ -88,6 +88,11 @@ def check_cmd(
         "--heal",
         help="Also restart dead runs of targets with a restart: policy, deciding as orch supervise does (docs/self-healing.md).",
     ),
+    perfdata: bool = typer.Option(
+        True,
+        "--perfdata/--no-perfdata",
+        help="Nagios performance data after '|' (counts, tokens/s, GPU util and memory); never in --json.",
+    ),
 ) -> None:
     """One health check of every target, for cron and Nagios.
 
@@ -134,6 +139,11 @@ def check_cmd(
         if healed is not None:
             lines += [f"HEAL {e.line()}" for e in healed[0]]
             lines += [f"UNKNOWN heal: {p}" for p in healed[1]]
+        if perfdata:
+            from orchestrator.views.perfdata import with_perfdata
+
+            limits = {r.name: inventory.container(r.name).limits for r in report.targets}
+            lines = with_perfdata(lines, report, limits)
         print(check.redact_report("\n".join(lines), containers), flush=True)
     raise typer.Exit(report.status)
 

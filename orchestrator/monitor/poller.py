@@ -114,15 +114,19 @@ class Poller:
             except queue.Empty:
                 continue
             if isinstance(item, HostView):
-                self._host(item.host, item.findings, item.taken_at or time.time())
+                self._host(item.host, item.findings, item.taken_at or time.time(), item.events)
             else:
                 self._judge(name, item)
 
-    def _host(self, host: str, findings: Sequence[Any], at: float) -> None:
+    def _host(
+        self, host: str, findings: Sequence[Any], at: float, events: Sequence[Any] = ()
+    ) -> None:
+        """The host's judgement; its snapshot keeps the host's own kernel events (export's
+        per-GPU Xid gauge reads them)."""
         with self._lock:
             if findings:
                 name = HOST_PREFIX + host
-                snap = Snapshot(name, at)
+                snap = Snapshot(name, at, kernel_events=tuple(events))
                 self._hosts[host] = Judgement(name, snap, "host", tuple(findings), host=host)
             else:
                 self._hosts.pop(host, None)
@@ -180,7 +184,7 @@ class Poller:
                     self._targets.pop(n, None)  # reconnect next round
                 self._judge(n, snap)
         for h, events in hosted.host_events.items():
-            self._host(h, host_judgement(h, events, Limits()), now)
+            self._host(h, host_judgement(h, events, Limits()), now, events)
 
     def _judge(self, n: str, snap: Snapshot) -> None:
         hist = self._history[n]

@@ -25,11 +25,21 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.poller import Poller
+from orchestrator.monitor.state import stopped_on_request
+from orchestrator.wire.model import GpuSample, KernelEvent
 
 log = logging.getLogger(__name__)
 
-DCGM_LABELS = ["gpu", "UUID", "device", "modelName", "Hostname", "container"]
-TARGET_LABELS = ["target", "host"]
+# dcgm-exporter's labels (internal/pkg/rendermetrics/render_metrics.go, gpuMetricsFormat:
+# gpu, UUID, pci_bus_id, device, modelName, then the "label" fields of its counters CSV, of
+# which etc/default-counters.csv has DCGM_FI_DRIVER_VERSION), and its container label.
+DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "container",
+               "DCGM_FI_DRIVER_VERSION"]  # fmt: skip
+# orch's own series carry dcgm's Hostname and container besides target and host, so that
+# `on (Hostname, container)` joins them to the GPU series without label_replace.
+TARGET_LABELS = ["target", "host", "Hostname", "container"]
+XID_KINDS = {"xid": None, "fallen-off-bus": 79}
+"""Kernel events that set DCGM_FI_DEV_XID_ERRORS (a bare "fallen off the bus" line is Xid 79)."""
 
 
 def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> list[Metric]:
@@ -54,6 +64,9 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
     )
     temp = GaugeMetricFamily("DCGM_FI_DEV_GPU_TEMP", "GPU temperature (in C).", labels=DCGM_LABELS)
     power = GaugeMetricFamily("DCGM_FI_DEV_POWER_USAGE", "Power draw (in W).", labels=DCGM_LABELS)
+    xid = GaugeMetricFamily(
+        "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=DCGM_LABELS
+    )
     reachable = GaugeMetricFamily(
         "orch_target_reachable",
         "1 when the target's last snapshot came back.",
@@ -97,13 +110,22 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         "Exit status of the newest run, once it ended.",
         labels=TARGET_LABELS,
     )
+    stop_requested = GaugeMetricFamily(
+        "orch_run_stop_requested",
+        "1 when the newest run ended because orch stop asked it to (state stopped: no "
+        "failure, whatever its exit status), 0 otherwise.",
+        labels=TARGET_LABELS,
+    )
     finding = GaugeMetricFamily(
         "orch_finding",
         "1 per active finding (kind as in orch check).",
         labels=[*TARGET_LABELS, "kind", "severity", "gpus"],
     )
+    host_events: dict[str, list[KernelEvent]] = {}
+    for h in hosts:  # Xids no container owns: still the GPU's, as dcgm-exporter reports them
+        host_events.setdefault(h.host or "", []).extend(h.snapshot.kernel_events)
     for o in observed:
-        tl = [o.name, o.host or ""]
+        tl = [o.name, o.host or "", o.host or "", o.name]
         snap = o.snapshot
         reachable.add_metric(tl, 1.0 if snap.reachable else 0.0)
         state.add_metric([*tl, o.state], 1.0)
@@ -112,14 +134,17 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
             finding.add_metric([*tl, f.kind, str(f.severity), ",".join(map(str, f.gpus))], 1.0)
         if not snap.reachable:
             continue
+        driver = (snap.nvml.driver_version if snap.nvml is not None else None) or ""
         for g in snap.gpus:
             labels = [
                 str(g.index),
                 g.uuid or "",
+                g.pci_bus_id or "",
                 f"nvidia{g.index}",
                 g.name or "",
                 o.host or "",
                 o.name,
+                driver,
             ]
             _add(util, labels, g.utilization_pct)
             _add(fb_used, labels, g.memory_used_mib)
@@ -127,12 +152,16 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
                 fb_free.add_metric(labels, max(0.0, g.memory_total_mib - g.memory_used_mib))
             _add(temp, labels, g.temperature_c)
             _add(power, labels, g.power_w)
+            if g.error is None:
+                seen = [*host_events.get(o.host or "", ()), *snap.kernel_events]
+                xid.add_metric(labels, float(last_xid(g, seen)))
         run = snap.run
         if run is not None:
             run_up.add_metric(tl, 1.0 if o.state in ("starting", "running", "stalled") else 0.0)
             run_info.add_metric([*tl, run.run_id], 1.0)
             if run.exit_status is not None:
                 exit_status.add_metric(tl, float(run.exit_status))
+            stop_requested.add_metric(tl, 1.0 if stopped_on_request(run, snap.taken_at) else 0.0)
         m = snap.metrics
         if m is not None:
             _add(step, tl, m.step)
@@ -142,7 +171,8 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
                 _add(rate, [*tl, m.throughput_unit], m.throughput)
     for h in hosts:
         for f in h.findings:
-            labels = [h.name, h.host or "", f.kind, str(f.severity), ",".join(map(str, f.gpus))]
+            gpus = ",".join(map(str, f.gpus))
+            labels = [h.name, h.host or "", h.host or "", "", f.kind, str(f.severity), gpus]
             finding.add_metric(labels, 1.0)
     return [
         util,
@@ -150,6 +180,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         fb_free,
         temp,
         power,
+        xid,
         reachable,
         state,
         taken,
@@ -160,8 +191,38 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         rate,
         total_steps,
         exit_status,
+        stop_requested,
         finding,
     ]
+
+
+def last_xid(gpu: GpuSample, events: Sequence[KernelEvent]) -> int:
+    """The code of the newest Xid the host's kernel log names for ``gpu`` (by PCI address,
+    or by the host's NVML index), ``0`` when none: dcgm-exporter's DCGM_FI_DEV_XID_ERRORS
+    ("Value of the last XID error encountered"). ``events`` are the snapshot's, those the
+    host observer placed in this container since the run's launch, in log order.
+
+    >>> g = GpuSample(3, pci_bus_id="00000000:5D:00.0", host_index=5)
+    >>> last_xid(g, [KernelEvent("xid", "a", xid=13, pci="0000:5d:00"),
+    ...              KernelEvent("xid", "b", xid=48, gpu=5), KernelEvent("xid", "c", xid=31, pci="0000:bb:00")])
+    48
+    >>> last_xid(g, [KernelEvent("fallen-off-bus", "d", pci="0000:5d:00")]), last_xid(g, [])
+    (79, 0)
+    """
+    from orchestrator.agent.host import normalize_pci
+
+    mine = normalize_pci(gpu.pci_bus_id)
+    code = 0
+    for e in events:
+        if e.kind not in XID_KINDS:
+            continue
+        on = (mine is not None and normalize_pci(e.pci) == mine) or (
+            e.gpu is not None and gpu.host_index is not None and e.gpu == gpu.host_index
+        )
+        value = XID_KINDS[e.kind] or e.xid
+        if on and value is not None:
+            code = value
+    return code
 
 
 def job_families(jobs: Sequence[JobJudgement]) -> list[Metric]:

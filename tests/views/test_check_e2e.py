@@ -43,6 +43,8 @@ def test_healthy_fleet_is_ok(healthy, tmp_path):
     assert states == {"ct200": "running", "ct201": "idle"}
     rc, proc = check(healthy, tmp_path / "orch.db")
     assert rc == 0 and proc.stdout.startswith("ORCH OK - 2 targets")
+    rc, plain = check(healthy, tmp_path / "orch.db", "--no-perfdata")
+    assert rc == 0 and "|" not in plain.stdout, plain.stdout
 
 
 def test_ghost_gpu_is_critical_and_alerts_once_then_recovers(healthy, tmp_path, webhook):
@@ -125,7 +127,10 @@ def test_every_target_unreachable_is_unknown(healthy, tmp_path):
         rc, proc = check(healthy, tmp_path / "orch.db", timeout="10")
         assert rc == 3, proc.stdout + proc.stderr
         lines = proc.stdout.splitlines()
-        assert lines[0] == "ORCH UNKNOWN - 2 targets: 0 critical, 2 warning, 2 unreachable"
+        text, _, perf = lines[0].partition(" | ")
+        assert text == "ORCH UNKNOWN - 2 targets: 0 critical, 2 warning, 2 unreachable"
+        assert "'targets_unknown'=2;;;0" in perf.split()
+        assert "|" not in "\n".join(lines[1:])  # unreachable: no per-target data
         assert all(" unreachable" in line for line in lines[1:3])
         assert "silent-death" not in proc.stdout and "crashed" not in proc.stdout
         rc, doc = check_json(healthy, tmp_path / "orch.db", "--timeout", "10")

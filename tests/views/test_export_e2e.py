@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import shutil
 import subprocess
 import sys
@@ -92,10 +93,20 @@ def test_prometheus_scrapes_dcgm_names_from_the_sandbox(fleet, tmp_path):
         }
         assert all(m["Hostname"] == "sandbox" and m["UUID"] and m["modelName"] for m in labels)
         assert all(m["job"] == "orch" for m in labels)
+        assert all(re.fullmatch(r"0{8}:[0-9A-F]{2}:00\.0", m["pci_bus_id"]) for m in labels)
+        assert {m["DCGM_FI_DRIVER_VERSION"] for m in labels} == {"570.172.08"}  # fakenvml.c
         up = json.loads(
             get(f"http://127.0.0.1:{prom_port}/api/v1/query?query=orch_target_reachable")
         )
         assert sorted(float(r["value"][1]) for r in up["data"]["result"]) == [1.0, 1.0]
+        # orch's series join dcgm's on their own labels, no label_replace
+        join = "DCGM_FI_DEV_GPU_UTIL * on (Hostname, container) group_left orch_target_reachable"
+        joined = json.loads(get(f"http://127.0.0.1:{prom_port}/api/v1/query?"
+                                + urllib.parse.urlencode({"query": join})))  # fmt: skip
+        assert len(joined["data"]["result"]) == 16, joined
+        xid = json.loads(get(f"http://127.0.0.1:{prom_port}/api/v1/query?"
+                             + urllib.parse.urlencode({"query": "DCGM_FI_DEV_XID_ERRORS"})))  # fmt: skip
+        assert sorted(float(r["value"][1]) for r in xid["data"]["result"]) == [0.0] * 16
     finally:
         stop(prom)
         stop(exporter)
@@ -111,7 +122,7 @@ def test_textfile_once_for_node_exporter(fleet, tmp_path, observe):
                           config=fleet.config_for(observe, tmp_path))  # fmt: skip
         assert proc.returncode == 0, proc.stderr
         text = path.read_text()
-        assert 'DCGM_FI_DEV_GPU_UTIL{Hostname="sandbox",UUID=' in text
+        assert 'Hostname="sandbox",UUID="GPU-' in text and "DCGM_FI_DEV_XID_ERRORS{" in text
         util3 = [
             line
             for line in text.splitlines()
@@ -128,3 +139,42 @@ def _try(fn, *args):
         return fn(*args)
     except OSError:
         return ""
+
+
+def _xid_samples(text: str) -> dict[tuple[str, str], tuple[str, float]]:
+    from prometheus_client.parser import text_string_to_metric_families
+
+    fams = {f.name: f for f in text_string_to_metric_families(text)}
+    return {
+        (s.labels["container"], s.labels["gpu"]): (s.labels["pci_bus_id"], s.value)
+        for s in fams["DCGM_FI_DEV_XID_ERRORS"].samples
+    }
+
+
+def test_an_injected_xid_is_dcgm_xid_errors_on_its_gpu(fleet, tmp_path):
+    """An Xid line in the host's kernel log naming ct200's GPU 3 by PCI address (a GPU no
+    process holds: a host event): that device's DCGM_FI_DEV_XID_ERRORS is its code, as
+    dcgm-exporter reports a device's Xid whoever uses it; the other GPUs stay 0."""
+    from orchestrator.sandbox import kernel
+
+    fleet.scenario("healthy")
+    fleet.launch("ct200")
+    config = fleet.config_for("host", tmp_path)
+    path = tmp_path / "orch.prom"
+    assert fleet.orch("export", "--textfile", str(path), config=config).returncode == 0
+    before = _xid_samples(path.read_text())
+    assert {v for _, v in before.values()} == {0.0}, before
+    bus = before[("ct200", "3")][0]
+    domain, b, dev = bus.split(".")[0].split(":")
+    kernel.append_kernel_line(
+        fleet.state_dir,
+        f"NVRM: Xid (PCI:{int(domain, 16):04x}:{b.lower()}:{dev}): 48, pid='<unknown>', "
+        "name=<unknown>, An uncorrectable double bit error (DBE) has been detected on GPU.",
+        level=3,
+    )  # the format of open-gpu-kernel-modules' nvErrorLog (kernel-open/nvidia, 570.x)
+    assert fleet.orch("export", "--textfile", str(path), config=config).returncode == 0
+    after = _xid_samples(path.read_text())
+    assert after[("ct200", "3")] == (bus, 48.0), after
+    # the sandbox's two containers see the same GPUs: the device's series in each say it
+    hit = {k for k, (pci, _) in after.items() if pci == bus}
+    assert ("ct200", "3") in hit and {k for k, (_, v) in after.items() if v} == hit, after

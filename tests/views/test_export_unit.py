@@ -44,10 +44,12 @@ def test_dcgm_names_and_labels():
     assert used["0"].labels == {
         "gpu": "0",
         "UUID": "GPU-00000000",
+        "pci_bus_id": "",
         "device": "nvidia0",
         "modelName": "NVIDIA H200",
         "Hostname": "pve1",
         "container": "ct200",
+        "DCGM_FI_DRIVER_VERSION": "",
     }
     free = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_FB_FREE"]}
     assert free["0"] == TOTAL_MIB - 1024.0
@@ -79,6 +81,8 @@ def test_run_and_finding_gauges():
     assert f.labels == {
         "target": "ct200",
         "host": "pve1",
+        "Hostname": "pve1",
+        "container": "ct200",
         "kind": "ghost-utilization",
         "severity": "critical",
         "gpus": "3",
@@ -109,7 +113,7 @@ def test_textfile_is_written_atomically(tmp_path):
     poller = Fixed([Judgement("ct200", running("ct200"), "running", (), host="pve1")])
     write_to_textfile(str(path), export.registry_for(poller))  # type: ignore[arg-type]
     text = path.read_text()
-    assert 'DCGM_FI_DEV_FB_USED{Hostname="pve1"' in text
+    assert 'DCGM_FI_DEV_FB_USED{DCGM_FI_DRIVER_VERSION="",Hostname="pve1"' in text
     assert [p.name for p in tmp_path.iterdir()] == ["orch.prom"]  # no temp left behind
 
 
@@ -138,7 +142,52 @@ def test_throughput_gauge_keeps_the_printed_unit() -> None:
     )
     got = scrape([Judgement("ct200", snap, "running", (), host="pve1")])
     [rate] = got["orch_run_throughput"]
-    assert rate.labels == {"target": "ct200", "host": "pve1", "unit": "tokens/s/device"}
+    assert rate.labels == {"target": "ct200", "host": "pve1", "Hostname": "pve1",
+                           "container": "ct200", "unit": "tokens/s/device"}  # fmt: skip
     assert rate.value == 5862.0
     assert got["orch_run_tokens_per_second"] == []
     assert got["orch_run_total_steps"][0].value == 1000.0
+
+
+def test_xid_errors_driver_version_and_bus_id_as_dcgm_exporter_has_them() -> None:
+    """DCGM_FI_DEV_XID_ERRORS is the last Xid the host observer placed on that GPU (0: none);
+    pci_bus_id and DCGM_FI_DRIVER_VERSION label every GPU series (dcgm-exporter's
+    render_metrics.go and etc/default-counters.csv)."""
+    import dataclasses
+
+    from orchestrator.wire.model import KernelEvent, NvmlStatus
+
+    base = gpus({i: 90.0 for i in range(8)}, {i: 70000.0 for i in range(8)})
+    bused = tuple(dataclasses.replace(g, pci_bus_id=f"00000000:{0x18 + g.index:02X}:00.0",
+                                      host_index=g.index + 8) for g in base)  # fmt: skip
+    events = (
+        KernelEvent("xid", "NVRM: Xid (PCI:0000:1b:00): 13, ...", xid=13, pci="0000:1b:00"),
+        KernelEvent("xid", "NVRM: Xid (PCI:0000:1b:00): 48, ...", xid=48, pci="0000:1b:00"),
+        KernelEvent("xid", "NVRM: Xid (PCI:0000:99:00): 79, ...", xid=79, gpu=13),
+        KernelEvent("oom-killer", "oom-kill:...", pid=5),
+    )
+    snap = running("ct200", gpus=bused, kernel_events=events,
+                   nvml=NvmlStatus(ok=True, source="nvml", driver_version="570.172.08"))  # fmt: skip
+    got = scrape([Judgement("ct200", snap, "running", host="pve1")])
+    xid = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_XID_ERRORS"]}
+    assert xid == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 48.0, "4": 0.0, "5": 79.0, "6": 0.0,
+                   "7": 0.0}  # fmt: skip
+    used = {s.labels["gpu"]: s.labels for s in got["DCGM_FI_DEV_FB_USED"]}
+    assert used["3"]["pci_bus_id"] == "00000000:1B:00.0"
+    assert {lab["DCGM_FI_DRIVER_VERSION"] for lab in used.values()} == {"570.172.08"}
+
+
+def test_orch_series_join_the_gpu_series_on_dcgm_labels() -> None:
+    """Every orch_* series of a target has the Hostname and container of its GPUs' series."""
+    got = scrape([Judgement("ct200", running("ct200"), "running", host="pve1")])
+    gpu_keys = {(s.labels["Hostname"], s.labels["container"]) for s in got["DCGM_FI_DEV_GPU_UTIL"]}
+    for name, samples in got.items():
+        if name.startswith("orch_"):
+            assert {(s.labels["Hostname"], s.labels["container"]) for s in samples} <= gpu_keys
+
+
+def test_the_mapping_table_names_every_dcgm_series_exported() -> None:
+    doc = (RULES.parents[1] / "docs" / "prometheus.md").read_text()
+    names = {f.name for f in export.families([]) if f.name.startswith("DCGM_FI_")}
+    rows = set(re.findall(r"^\| (DCGM_FI_\w+) \| same \|", doc, re.M))
+    assert names and names == rows, names ^ rows
