@@ -362,7 +362,7 @@ def _run_live(
                                 selected = max(0, selected - 1)
                             elif key in ("\r", "\n") and detail is None:
                                 detail = names[selected]
-                            elif key in ("\x1b", "b") and len(names) > 1:
+                            elif key in ("\x1b", "b"):
                                 detail = None
                             dirty = True
                         name, item = events.get_nowait()
