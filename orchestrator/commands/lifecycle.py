@@ -307,7 +307,7 @@ def status_cmd(
     names, jobs = job_names(inventory, targets or [])
     names = names or ["local"]
     rows = runs.status(inventory, names)
-    journals = read_journal(names, db)
+    journals = read_journal(names, db, inventory=inventory)
     now = time.time()
     for row in rows:
         policy = inventory.container(row["target"]).restart

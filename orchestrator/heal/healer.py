@@ -171,7 +171,9 @@ class Healer:
         self.clock = clock
         self.secrets = alerts.environment_secrets([c.env for c in inventory.containers.values()])
         self.secrets |= opts.extra_secrets
-        History.open(self.db_path).close()  # fail early (HistoryError) on an unusable database
+        History.open(
+            self.db_path, inventory=self.inventory
+        ).close()  # fail early (HistoryError) on an unusable database
 
     def policy_units(self, names: Sequence[str]) -> list[str]:
         """The names that have a ``restart:`` policy."""
@@ -202,7 +204,7 @@ class Healer:
 
     def _unit(self, j: Judgement, cfg: ContainerConfig) -> Restart | None:
         node = node_view(j, cfg)
-        with History.open(self.db_path) as history:
+        with History.open(self.db_path, inventory=self.inventory) as history:
             journal = history.journal(j.name)
         open_claim = bool(journal) and journal[-1].action == "restart"
         dead = j.state in ("crashed", "dead", "stalled", "stopped") or any(
@@ -220,7 +222,10 @@ class Healer:
             return None
         claimed = False
         try:
-            with History.open(self.db_path) as history, history.locked(LOCK_TIMEOUT_S):
+            with (
+                History.open(self.db_path, inventory=self.inventory) as history,
+                history.locked(LOCK_TIMEOUT_S),
+            ):
                 journal = history.journal(j.name)
                 now = self.clock()
                 fix = self._close_claim(j.name, journal, node.run_id, now)
@@ -297,7 +302,10 @@ class Healer:
             by=self.opts.by,
         )  # fmt: skip
         try:
-            with History.open(self.db_path) as history, history.locked(LOCK_TIMEOUT_S * 4):
+            with (
+                History.open(self.db_path, inventory=self.inventory) as history,
+                history.locked(LOCK_TIMEOUT_S * 4),
+            ):
                 entry = self._write(history, [entry])[0]
         finally:
             r.lock.release()
@@ -311,7 +319,10 @@ class Healer:
         if not notifier.configured:
             return []
         problems: list[str] = []
-        with History.open(self.db_path) as history, history.locked(LOCK_TIMEOUT_S):
+        with (
+            History.open(self.db_path, inventory=self.inventory) as history,
+            history.locked(LOCK_TIMEOUT_S),
+        ):
             now = self.clock()
             pending = [e for e in history.journal() if e.action in NOTICE_ACTIONS
                        and e.notified_at is None and now - e.at <= NOTICE_MAX_AGE_S]  # fmt: skip

@@ -111,6 +111,21 @@ def busy_gpus(
     return out
 
 
+def _sandbox_holders(target: Target, snap: Snapshot) -> dict[int, str]:
+    """``{gpu index: the command that frees it}`` for each GPU whose every process is a fake
+    PID of the live sandbox scenario (:func:`~orchestrator.sandbox.scenario.fake_pids`)."""
+    from orchestrator.sandbox.scenario import fake_pids
+
+    inv = target.inventory
+    host = inv.hosts.get(target.container.host)
+    fake = fake_pids([host.identity_file if host else None, inv.path])
+    return {
+        g.index: fake[g.processes[0].pid]
+        for g in snap.gpus
+        if g.processes and all(p.pid in fake for p in g.processes)
+    }
+
+
 def _pid_text(p: GpuProcess) -> str:
     """``pid 41`` (not known to be a container's), ``pid 17 in CT 201``."""
     if p.vmid is None:
@@ -291,12 +306,17 @@ def preflight(
         )
     if not live or not force:
         # With --force the old run is stopped first and holds the GPUs until then.
+        probes = _host_probe(target, snap, gpus)
+        fake = _sandbox_holders(target, snap)
         problems += [
-            f"{p}; free it (orch stop {target.name} if an orch run holds it, else end the "
-            f"holder on {host}: pct exec {c.vmid} -- kill <pid above>) or pick others "
-            f"with --gpus"
-            for p in busy_gpus(snap, gpus, c.limits.busy_mem_mib, _host_probe(target, snap, gpus))
-        ]
+            f"{p}; " + (f"a fake process of the sandbox's scenario holds it: free it with "
+                        f"{fake[i]} (or pick others with --gpus)" if i in fake else
+                        f"free it (orch stop {target.name} if an orch run holds it, else end the "
+                        f"holder on {host}: pct exec {c.vmid} -- kill <pid above>) or pick "
+                        f"others with --gpus")
+            for i in gpus
+            for p in busy_gpus(snap, [i], c.limits.busy_mem_mib, probes)
+        ]  # fmt: skip
     free_mib = (facts.get("disk") or {}).get("free_mib")
     need_mib = c.limits.min_free_disk_gib * 1024
     if isinstance(free_mib, (int, float)) and free_mib < need_mib:

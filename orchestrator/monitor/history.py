@@ -12,6 +12,14 @@ cycle, so the second run sees the first one's alert state and never sends the
 same alert again; inside it every write is one ``BEGIN IMMEDIATE`` transaction,
 so a crash mid-way leaves the previous state intact.
 
+Rows are keyed by the container's identity, not its name alone (:func:`identities`: the
+host's address, the vmid and the inventory file's path), so two inventories that both name
+``ct200`` never see each other's snapshots, alerts or restarts. A database of schema 1 (rows
+keyed by name) is migrated on open: its rows are kept, and the first inventory that opens it
+claims the rows of the names it has (the others stay under their name, shown to no one).
+Names that are no container (jobs, ``host:`` rows) and a History opened without an inventory
+keep the name as the key.
+
 History is bounded: at most ``keep`` snapshots per target (oldest dropped first). The
 restart journal (:mod:`orchestrator.monitor.journal`) keeps :data:`JOURNAL_KEEP` entries per
 unit; it lives here so that its budget survives a supervisor's crash and shares the check's lock.
@@ -31,6 +39,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from orchestrator.config.inventory import Inventory
 from orchestrator.errors import OrchError
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.wire.model import SchemaError, Severity, Snapshot
@@ -41,6 +50,11 @@ DEFAULT_KEEP = 60
 """Snapshots kept per target: five hours of a five-minute cron."""
 JOURNAL_KEEP = 500
 """Restart-journal entries kept per unit (a crash loop writes a handful per death)."""
+
+SCHEMA_VERSION = 2
+"""``PRAGMA user_version``: 1 (shown as 0, never set) keyed rows by name; 2 by identity."""
+UNCLAIMED = "unclaimed-name-rows"
+"""Meta key set by the migration from schema 1 until an inventory claims the name-keyed rows."""
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS snapshots (
@@ -179,7 +193,11 @@ class AlertState:
 
 
 def read_journal(
-    units: Sequence[str], path: Path | None = None, *, limit: int = 20
+    units: Sequence[str],
+    path: Path | None = None,
+    *,
+    limit: int = 20,
+    inventory: Inventory | None = None,
 ) -> dict[str, list[JournalEntry]]:
     """Each unit's newest journal entries (oldest first) for the views: ``orch status``,
     ``orch watch``, ``orch postmortem``. Never creates the database, never waits for a lock,
@@ -188,11 +206,32 @@ def read_journal(
     if not path.is_file():
         return {u: [] for u in units}
     try:
-        with History.open(path) as h:
+        with History.open(path, inventory=inventory) as h:
             return {u: h.journal(u, limit=limit) for u in units}
     except (HistoryError, sqlite3.Error) as exc:
         log.info("%s: restart journal not readable: %s", path, exc)
         return {u: [] for u in units}
+
+
+def identities(inventory: Inventory | None) -> dict[str, str]:
+    """``{container name: its key}``: ``host address/vmid@inventory path`` (a container with no
+    vmid: its own address, or its name).
+
+    >>> from orchestrator.config.inventory import builtin_inventory
+    >>> identities(builtin_inventory())
+    {'local': 'local@-'}
+    """
+    if inventory is None:
+        return {}
+    where = str(Path(inventory.path).expanduser().resolve()) if inventory.path else "-"
+    out = {}
+    for name, c in inventory.containers.items():
+        host = inventory.hosts.get(c.host)
+        if host is not None and c.vmid is not None:
+            out[name] = f"{host.address}/{c.vmid}@{where}"
+        else:
+            out[name] = f"{c.address or name}@{where}"
+    return out
 
 
 def default_path() -> Path:
@@ -204,6 +243,17 @@ def default_path() -> Path:
     return Path(base) / "orch" / "orch.db"
 
 
+def _migrate(raw: sqlite3.Connection) -> None:
+    """Schema 1 -> 2: the rows stay; name-keyed ones wait for an inventory to claim them."""
+    had = any(
+        raw.execute(f"SELECT EXISTS (SELECT 1 FROM {t})").fetchone()[0]  # noqa: S608 - constant
+        for t in ("snapshots", "alerts", "journal")
+    )
+    if had:
+        raw.execute("INSERT OR REPLACE INTO meta VALUES (?, '1')", (UNCLAIMED,))
+    raw.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+
+
 class History:
     """The SQLite store. Open with :meth:`open`; use as a context manager to close.
 
@@ -211,14 +261,32 @@ class History:
     the main thread records them.
     """
 
-    def __init__(self, path: Path, conn: _Connection, keep: int) -> None:
+    def __init__(
+        self, path: Path, conn: _Connection, keep: int, keys: dict[str, str] | None = None
+    ) -> None:
         self.path = path
         self._conn = conn
         self.keep = keep
+        self._keys = dict(keys or {})
+        self._names = {v: k for k, v in self._keys.items()}
+
+    def key(self, name: str) -> str:
+        """The rows' key of target ``name`` (:func:`identities`; the name itself otherwise)."""
+        return self._keys.get(name, name)
+
+    def _name(self, key: str) -> str:
+        return self._names.get(key, key)
 
     @classmethod
-    def open(cls, path: Path | None = None, *, keep: int = DEFAULT_KEEP) -> History:
-        """Open (creating if needed) the database at ``path`` (default :func:`default_path`).
+    def open(
+        cls,
+        path: Path | None = None,
+        *,
+        keep: int = DEFAULT_KEEP,
+        inventory: Inventory | None = None,
+    ) -> History:
+        """Open (creating if needed, migrating an older schema) the database at ``path``
+        (default :func:`default_path`), its rows keyed by ``inventory``'s identities.
 
         Raises:
             HistoryError: the directory or file cannot be created or is not a database.
@@ -236,13 +304,28 @@ class History:
         try:
             raw.execute("PRAGMA journal_mode=WAL")
             raw.execute("PRAGMA synchronous=NORMAL")
+            version = raw.execute("PRAGMA user_version").fetchone()[0]
             raw.executescript(_SCHEMA)
+            if version < SCHEMA_VERSION:
+                _migrate(raw)
         except sqlite3.Error as exc:
             raw.close()
             err = db_error(path, exc)
             raise HistoryError(str(path), f"cannot open history database: {err.problem}",
                                err.hint) from None  # fmt: skip
-        return cls(path, _Connection(path, raw), keep)
+        history = cls(path, _Connection(path, raw), keep, identities(inventory))
+        if history._keys and history.get_meta(UNCLAIMED):
+            history._claim()
+        return history
+
+    def _claim(self) -> None:
+        """Key the name-keyed rows of a migrated database by this inventory's identities."""
+        with self._write() as db:
+            for name, key in self._keys.items():
+                db.execute("UPDATE snapshots SET target = ? WHERE target = ?", (key, name))
+                db.execute("UPDATE OR IGNORE alerts SET target = ? WHERE target = ?", (key, name))
+                db.execute("UPDATE journal SET unit = ? WHERE unit = ?", (key, name))
+            db.execute("DELETE FROM meta WHERE key = ?", (UNCLAIMED,))
 
     def close(self) -> None:
         self._conn.close()
@@ -305,9 +388,13 @@ class History:
             for snap in snaps:
                 db.execute(
                     "INSERT INTO snapshots (target, taken_at, body) VALUES (?, ?, ?)",
-                    (snap.target, snap.taken_at, json.dumps(snap.to_dict(), separators=(",", ":"))),
+                    (
+                        self.key(snap.target),
+                        snap.taken_at,
+                        json.dumps(snap.to_dict(), separators=(",", ":")),
+                    ),
                 )
-            for target in {s.target for s in snaps}:
+            for target in {self.key(s.target) for s in snaps}:
                 db.execute(
                     "DELETE FROM snapshots WHERE target = ? AND id NOT IN "
                     "(SELECT id FROM snapshots WHERE target = ? ORDER BY id DESC LIMIT ?)",
@@ -321,7 +408,7 @@ class History:
         """
         rows = self._conn.execute(
             "SELECT body FROM snapshots WHERE target = ? ORDER BY id DESC LIMIT ?",
-            (target, limit if limit is not None else self.keep),
+            (self.key(target), limit if limit is not None else self.keep),
         ).fetchall()
         out: list[Snapshot] = []
         for (body,) in reversed(rows):
@@ -347,7 +434,7 @@ class History:
         )
         try:
             for target in targets:
-                row = self._conn.execute(query, (target,)).fetchone()
+                row = self._conn.execute(query, (self.key(target),)).fetchone()
                 if row is not None and isinstance(row[1], int):
                     out[target] = (str(row[0]), row[1])
         except sqlite3.OperationalError as exc:  # no JSON1 in this SQLite
@@ -355,22 +442,36 @@ class History:
             return {}
         return out
 
+    def newest(self, targets: Iterable[str]) -> dict[str, float]:
+        """``{target: taken_at}`` (Unix seconds) of each target's newest stored snapshot; targets
+        with none are absent."""
+        out: dict[str, float] = {}
+        for target in targets:
+            row = self._conn.execute(
+                "SELECT MAX(taken_at) FROM snapshots WHERE target = ?", (self.key(target),)
+            ).fetchone()
+            if row is not None and row[0] is not None:
+                out[target] = float(row[0])
+        return out
+
     # --- alert state -----------------------------------------------------------------------
 
     def alerts(
         self, targets: Sequence[str] | None = None
     ) -> dict[tuple[str, str, tuple[int, ...]], AlertState]:
-        """Active alert states, keyed like :attr:`Finding.key` (all targets when ``None``)."""
+        """Active alert states, keyed like :attr:`Finding.key` (all targets when ``None``: with an
+        inventory, all of its containers)."""
         rows = self._conn.execute(
             "SELECT target, kind, gpus, severity, summary, first_seen, last_notified FROM alerts"
         ).fetchall()
-        wanted = set(targets) if targets is not None else None
+        names = targets if targets is not None else list(self._keys) or None
+        wanted = {self.key(t) for t in names} if names is not None else None
         out = {}
-        for target, kind, gpus, severity, summary, first_seen, last_notified in rows:
-            if wanted is not None and target not in wanted:
+        for key, kind, gpus, severity, summary, first_seen, last_notified in rows:
+            if wanted is not None and key not in wanted:
                 continue
             state = AlertState(
-                target=target,
+                target=self._name(key),
                 kind=kind,
                 gpus=tuple(json.loads(gpus)),
                 severity=Severity(severity),
@@ -385,12 +486,12 @@ class History:
         """Replace the alert state of ``targets`` with ``states`` (one transaction)."""
         with self._write() as db:
             for target in targets:
-                db.execute("DELETE FROM alerts WHERE target = ?", (target,))
+                db.execute("DELETE FROM alerts WHERE target = ?", (self.key(target),))
             for s in states:
                 db.execute(
                     "INSERT OR REPLACE INTO alerts VALUES (?, ?, ?, ?, ?, ?, ?)",
                     (
-                        s.target,
+                        self.key(s.target),
                         s.kind,
                         json.dumps(list(s.gpus)),
                         int(s.severity),
@@ -404,8 +505,15 @@ class History:
 
     def journal(self, unit: str | None = None, *, limit: int = JOURNAL_KEEP) -> list[JournalEntry]:
         """A unit's journal entries (every unit's when ``None``), oldest first, at most ``limit``
-        (the newest). An entry that no longer parses is skipped with a warning."""
-        where, args = ("WHERE unit = ?", (unit,)) if unit is not None else ("", ())
+        (the newest): with an inventory, every unit is one of its containers. An entry that no
+        longer parses is skipped with a warning."""
+        where = ""
+        args: tuple[str, ...] = ()
+        if unit is not None:
+            where, args = "WHERE unit = ?", (self.key(unit),)
+        elif self._keys:
+            where = f"WHERE unit IN ({', '.join('?' * len(self._keys))})"
+            args = tuple(self._keys.values())
         rows = self._conn.execute(
             f"SELECT id, body, notified_at FROM journal {where} ORDER BY id DESC LIMIT ?",  # noqa: S608 - constant SQL
             (*args, limit),
@@ -432,10 +540,10 @@ class History:
                 cur = db.execute(
                     "INSERT INTO journal (unit, run_id, at, action, body, notified_at) "
                     "VALUES (?, ?, ?, ?, ?, ?)",
-                    (e.unit, e.run_id, e.at, e.action, body, e.notified_at),
+                    (self.key(e.unit), e.run_id, e.at, e.action, body, e.notified_at),
                 )
                 out.append(replace(e, id=cur.lastrowid))
-            for unit in {e.unit for e in out}:
+            for unit in {self.key(e.unit) for e in out}:
                 db.execute(
                     "DELETE FROM journal WHERE unit = ? AND id NOT IN "
                     "(SELECT id FROM journal WHERE unit = ? ORDER BY id DESC LIMIT ?)",

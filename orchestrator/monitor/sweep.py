@@ -55,6 +55,11 @@ JOB_LOOKBACK_S = 24 * 3600.0
 """A host that runs a job's node is probed for kernel events this far back (a link that went
 down hours ago still explains a node of a running job); its nodes' own detectors still see
 only the events since the previous check."""
+PAIR_GAP_S = 1.0
+"""A target with no snapshot in the history since :data:`STALE_S` is sampled twice this many
+seconds apart, so detectors that want consecutive samples (``ghost_samples``: 2) decide on the
+first check as on the second (they count samples, not seconds)."""
+STALE_S = 3600.0
 DEFAULT_CRITICAL_KINDS: tuple[str, ...] = ()
 """Kinds the check pages for even when a detector rates them a warning (none by default:
 severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)."""
@@ -171,7 +176,7 @@ def run_check(
     job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
     job_names = [j.name for j in job_cfgs]
 
-    history = History.open(opts.db_path)
+    history = History.open(opts.db_path, inventory=inventory)
     with history:
         # continue each run's log where the previous check stopped (each line is seen once);
         # read in SQLite so the targets are asked at once, the stored history decoded meanwhile
@@ -188,9 +193,22 @@ def run_check(
             run_id, offset = prev
             return t.snapshot(offset, run_id=run_id, timeout=opts.timeout_s)
 
+        fresh = history.newest(names)
+        first: dict[str, Snapshot] = {}  # the earlier of a pair (no recent history)
+
         def snap_job(name: str) -> Callable[[], Snapshot]:
             prev = resume.get(name)
-            return lambda: (fetch or one_shot)(name, prev)
+            get = fetch or one_shot
+            if fetch is not None or fresh.get(name, 0.0) >= started - STALE_S:
+                return lambda: get(name, prev)  # recorded snapshots (tests) are never paired
+
+            def pair() -> Snapshot:
+                one = first[name] = get(name, prev)
+                time.sleep(PAIR_GAP_S)
+                run = one.run if one.reachable else None
+                return get(name, (run.run_id, run.log_offset) if run and run.run_id else prev)
+
+            return pair
 
         def meanwhile() -> None:
             for n in names:
@@ -237,6 +255,9 @@ def run_check(
         snaps = {n: hosted.snaps[n] if n in hosted.snaps else as_snapshot(n, got[f"t:{n}"], now)
                  for n in names}  # fmt: skip
         snaps.update(_panes(inventory, snaps, opts))
+        paired = [n for n in names if n in first and isinstance(got.get(f"t:{n}"), Snapshot)]
+        for n in paired:  # the earlier of a pair: history the detectors see
+            past[n] = [*past[n], first[n]][-(DETECT_WINDOW - 1) :]
         probes: dict[str, HostProbe] = {}
         problems: list[str] = []
         for h in meta:
@@ -265,7 +286,8 @@ def run_check(
             host_results = [] if opts.names else _host_results(hosted, recent, all_findings, now)
             all_findings.extend(f for j in host_results for f in j.findings)
             secrets = alerts.environment_secrets([c.env for c in containers.values()])
-            history.record(stored(snaps.values(), secrets | opts.extra_secrets))
+            earlier = [first[n] for n in paired]
+            history.record(stored([*earlier, *snaps.values()], secrets | opts.extra_secrets))
             for h, p in probes.items():
                 history.set_meta(f"probe-since:{h}", repr(p.taken_at))
             for h, (cursor, at) in hosted.cursors.items():

@@ -330,7 +330,7 @@ def postmortem(
     ev = collect(inventory, name, run_id=run_id)
     pm = judge(ev, limits=c.limits, roles=c.roles_by_gpu)
     if ev.run_id:
-        mine = read_journal([name], db_path, limit=200)[name]
+        mine = read_journal([name], db_path, limit=200, inventory=inventory)[name]
         about = [e for e in mine if ev.run_id in (e.run_id, e.new_run_id)]
         pm = dataclasses.replace(pm, restarts=tuple(about))
     if not write:

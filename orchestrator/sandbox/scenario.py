@@ -5,14 +5,20 @@ from __future__ import annotations
 import contextlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator.errors import UsageError
 from orchestrator.sandbox import kernel
 from orchestrator.sandbox.files import PACKAGE_DIR, write_atomic
-from orchestrator.sandbox.state import read_state, resolve_state_dir, scenario_path, write_state
+from orchestrator.sandbox.state import (
+    DEFAULT_STATE_DIR,
+    read_state,
+    resolve_state_dir,
+    scenario_path,
+    write_state,
+)
 
 SCENARIO_DIR = PACKAGE_DIR / "scenarios"
 
@@ -43,6 +49,42 @@ def load_scenario(name_or_path: str | Path) -> tuple[str, dict[str, Any]]:
     if not isinstance(doc, dict):
         raise UsageError(f"{path}: a scenario is a JSON object")
     return path.stem, doc
+
+
+def fake_pids(paths: Iterable[Path | str | None]) -> dict[int, str]:
+    """``{pid: the command that frees it}`` for the GPU processes the live scenario lists
+    (none of them exists: the fake driver reports them) of the sandbox whose state directory
+    holds one of ``paths`` (its hosts.yaml, a host's client key: a copied hosts.yaml still
+    names the key); empty when none is a sandbox's.
+
+    >>> fake_pids([None, "/nonexistent/sshd/client_key"])
+    {}
+    """
+    for raw in paths:
+        if raw is None:
+            continue
+        here = Path(raw).expanduser().resolve()
+        for state_dir in list(here.parents)[:4]:  # sshd/key, hosts/sandboxN/sshd/key
+            if (state_dir / "state.json").is_file() and scenario_path(state_dir).is_file():
+                return _scenario_pids(state_dir)
+    return {}
+
+
+def _scenario_pids(state_dir: Path) -> dict[int, str]:
+    try:
+        doc = json.loads(scenario_path(state_dir).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return {}
+    default = state_dir == DEFAULT_STATE_DIR.expanduser().resolve()
+    line = "orch sandbox scenario idle" + ("" if default else f" --dir {state_dir}")
+    devices = doc.get("devices") if isinstance(doc, dict) else None
+    return {
+        p["pid"]: line
+        for d in devices or []
+        if isinstance(d, dict)
+        for p in d.get("processes") or []
+        if isinstance(p, dict) and isinstance(p.get("pid"), int)
+    }
 
 
 def resize_scenario(doc: Mapping[str, Any], gpus: int) -> dict[str, Any]:

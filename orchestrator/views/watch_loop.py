@@ -56,12 +56,16 @@ JOURNAL_POLL_S = 2.0
 
 
 def _journal_pump(
-    names: Sequence[str], db: Any, out: queue.Queue[tuple[str, Any]], stop: threading.Event
+    names: Sequence[str],
+    db: Any,
+    out: queue.Queue[tuple[str, Any]],
+    stop: threading.Event,
+    inventory: Inventory | None = None,
 ) -> None:
     """Put ``(JOURNAL, (name, entries))`` whenever a target's restart journal changed."""
     seen: dict[str, int | None] = {}
     while not stop.is_set():
-        for name, entries in read_journal(names, db, limit=5).items():
+        for name, entries in read_journal(names, db, limit=5, inventory=inventory).items():
             last = entries[-1].id if entries else None
             if seen.get(name, -1) != last:
                 seen[name] = last
@@ -195,7 +199,7 @@ def watch(
     on_host = (start_host_streams(inventory, names, interval_s, events, stop, targets, inside)
                if stream_factory is None else set())  # fmt: skip
     inside([n for n in names if n not in on_host])
-    threading.Thread(target=_journal_pump, args=(names, db, events, stop), name="watch-journal",
+    threading.Thread(target=_journal_pump, args=(names, db, events, stop, inventory), name="watch-journal",
                      daemon=True).start()  # fmt: skip
 
     interactive = not plain and console.is_terminal
@@ -362,7 +366,7 @@ def _run_live(
                                 selected = max(0, selected - 1)
                             elif key in ("\r", "\n") and detail is None:
                                 detail = names[selected]
-                            elif key in ("\x1b", "b") and len(names) > 1:
+                            elif key in ("\x1b", "b"):
                                 detail = None
                             dirty = True
                         name, item = events.get_nowait()

@@ -69,8 +69,10 @@ class Heal:
     def journal(self, unit: str) -> list:  # type: ignore[type-arg]
         if not self.db.exists():
             return []
-        with History.open(self.db) as h:
-            return h.journal(unit)
+        from orchestrator.config.inventory import load_inventory
+
+        with History.open(self.db, inventory=load_inventory(Path(self.config))) as h:
+            return h.journal(unit)  # its rows: keyed by the inventory's identities
 
     def actions(self, unit: str) -> list[str]:
         return [e.action for e in self.journal(unit)]

@@ -49,8 +49,9 @@ def test_a_busy_gpu_refusal_names_the_commands_that_free_it(orch, sandbox_scenar
     code, out, err = orch("launch", "ct202", "--cmd", "echo hi", "--gpus", "0")
     assert code == 4, out + err
     assert "GPU 0 busy" in err
-    assert "orch stop ct202 if an orch run holds it" in err
-    assert "pct exec 202 -- kill" in err
+    # the holder is one of the scenario's fake PIDs: only switching the scenario frees it
+    assert "a fake process of the sandbox's scenario holds it" in err
+    assert re.search(r"free it with orch sandbox scenario idle( --dir \S+)? \(or pick", err), err
 
 
 @pytest.mark.e2e

@@ -59,7 +59,7 @@ def test_watch_check_and_export_agree(path: Path, tmp_path: Path) -> None:
 
     # check: the stored history, then the newest snapshot as this check's one-shot answer
     db = tmp_path / "orch.db"
-    with History.open(db) as history:
+    with History.open(db, inventory=inventory) as history:
         history.record(snaps[:-1])
     opts = sweep.CheckOptions(names=[name], db_path=db, probe_hosts=False)
     report = sweep.run_check(inventory, opts, fetch=lambda n, resume: snaps[-1])

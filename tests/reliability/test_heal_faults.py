@@ -51,10 +51,12 @@ def _supervise(config: Path, db: Path) -> subprocess.Popen[str]:
     )  # fmt: skip
 
 
-def _journal(db: Path) -> list:  # type: ignore[type-arg]
+def _journal(db: Path, config: Path) -> list:  # type: ignore[type-arg]
+    from orchestrator.config.inventory import load_inventory
+
     if not db.exists():
         return []
-    with History.open(db) as h:
+    with History.open(db, inventory=load_inventory(config)) as h:  # its rows: keyed by identity
         return h.journal("ct200")
 
 
@@ -89,20 +91,22 @@ def test_supervisor_killed_mid_backoff_restarts_once(fleet, heal_config, observe
     db = tmp_path / "orch.db"
     old = _first_run(fleet)
     a = _supervise(heal_config, db)
-    wait_for(lambda: [e.action for e in _journal(db)] == ["wait"], 60, 0.1, what="A's wait")
-    wait = _journal(db)[0]
+    wait_for(
+        lambda: [e.action for e in _journal(db, heal_config)] == ["wait"], 60, 0.1, what="A's wait"
+    )
+    wait = _journal(db, heal_config)[0]
     time.sleep(1.0)
     a.send_signal(signal.SIGKILL)
     a.wait(timeout=10)
     killed_at = time.time()
     b = _supervise(heal_config, db)
     try:
-        wait_for(lambda: {"restarted", "restart-failed", "give-up"} & {e.action for e in _journal(db)},
+        wait_for(lambda: {"restarted", "restart-failed", "give-up"} & {e.action for e in _journal(db, heal_config)},
                  90, 0.1, what="B's restart")  # fmt: skip
         time.sleep(3 * INTERVAL_S)
     finally:
         out_b = _stop(b)
-    journal = _journal(db)
+    journal = _journal(db, heal_config)
     restarts = [e for e in journal if e.action == "restart"]
     new = [r for r in _runs(fleet) if r > old]
     observe(f"A killed {killed_at - wait.at:.1f} s into a {BACKOFF_S:g} s backoff (due "
@@ -127,12 +131,12 @@ def test_two_supervisors_restart_once(fleet, heal_config, observe, tmp_path):
     old = _first_run(fleet)
     procs = [_supervise(heal_config, db), _supervise(heal_config, db)]
     try:
-        wait_for(lambda: "restarted" in [e.action for e in _journal(db)], 90, 0.1,
+        wait_for(lambda: "restarted" in [e.action for e in _journal(db, heal_config)], 90, 0.1,
                  what="a restart")  # fmt: skip
         time.sleep(6 * INTERVAL_S)  # both go on looking at the new run
     finally:
         outs = [_stop(p) for p in procs]
-    journal = _journal(db)
+    journal = _journal(db, heal_config)
     claims = [e for e in journal if e.action == "restart"]
     pids = [p.pid for p in procs]
     who = [next((i for i, pid in enumerate(pids) if f"pid {pid} " in e.by), -1) for e in journal]

@@ -24,8 +24,8 @@ def healthy(fleet):
     fleet.scenario("healthy")
 
 
-def check(fleet, db, *args, timeout="20"):
-    proc = fleet.orch("check", "--db", str(db), "--timeout", timeout, *args)
+def check(fleet, db, *args, timeout="20", **kw):
+    proc = fleet.orch("check", "--db", str(db), "--timeout", timeout, *args, **kw)
     return proc.returncode, proc
 
 
@@ -145,3 +145,27 @@ def test_unknown_target_is_unknown_with_one_line(healthy, tmp_path):
     assert rc == 3
     assert proc.stdout.startswith("ORCH UNKNOWN - ") and "nosuch" in proc.stdout
     assert "Traceback" not in proc.stderr
+
+
+def test_the_first_check_of_a_ghost_gpu_is_critical(healthy, tmp_path):
+    """No history yet: the check samples the container twice (PAIR_GAP_S apart), so the ghost
+    detector's two consecutive samples come from one run; both are kept for the next check."""
+    from pathlib import Path
+
+    from orchestrator.config.inventory import load_inventory
+    from orchestrator.monitor.history import History
+
+    db = tmp_path / "orch.db"
+    config = healthy.config_for("container", tmp_path)  # the in-container path is paired
+    inventory = load_inventory(Path(config))
+    healthy.scenario("ghost")
+    rc, proc = check(healthy, db, "--json", "ct200", config=config)
+    doc = json.loads(proc.stdout)
+    assert rc == 2, doc
+    ghost = [f for t in doc["targets"] for f in t["findings"] if f["kind"] == "ghost-utilization"]
+    assert ghost and ghost[0]["severity"] == "critical" and ghost[0]["gpus"] == [3]
+    with History.open(db, inventory=inventory) as h:
+        assert len(h.snapshots("ct200")) == 2
+    check(healthy, db, "ct200", config=config)  # fresh history now: one more sample, not two
+    with History.open(db, inventory=inventory) as h:
+        assert len(h.snapshots("ct200")) == 3

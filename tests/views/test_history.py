@@ -182,3 +182,80 @@ def test_every_statement_failure_is_a_history_error(tmp_path):
         h._conn.execute("DROP TABLE snapshots")
         with pytest.raises(HistoryError, match=str(db)):
             h.record([Snapshot("ct", 1.0)])
+
+
+def _inventory(where: Path, address: str, vmid: int):
+    from orchestrator.config.inventory import load_inventory
+
+    where.mkdir()
+    path = where / "hosts.yaml"
+    path.write_text(
+        f"hosts:\n  pve1: {{address: {address}}}\ncontainers:\n  ct200: {{host: pve1, vmid: {vmid}}}\n"
+    )
+    path.chmod(0o600)
+    return load_inventory(path)
+
+
+def test_two_inventories_naming_ct200_never_see_each_other(tmp_path):
+    from orchestrator.monitor.history import read_journal
+    from orchestrator.monitor.journal import JournalEntry
+
+    db = tmp_path / "orch.db"
+    a = _inventory(tmp_path / "a", "10.0.0.1", 200)
+    b = _inventory(tmp_path / "b", "10.0.0.2", 300)
+    with History.open(db, inventory=a) as h:
+        h.record([Snapshot("ct200", 1.0)])
+        h.append_journal([JournalEntry("ct200", 1.0, "give-up", "crash loop")])
+        h.save_alerts(["ct200"], [AlertState("ct200", "crashed", (), Severity.CRITICAL, "x", 1.0)])
+    with History.open(db, inventory=b) as h:
+        assert h.snapshots("ct200") == [] and h.journal("ct200") == [] and h.journal() == []
+        assert h.alerts(["ct200"]) == {} and h.last_runs(["ct200"]) == {}
+        h.record([Snapshot("ct200", 2.0)])
+    assert read_journal(["ct200"], db, inventory=b) == {"ct200": []}
+    assert [e.action for e in read_journal(["ct200"], db, inventory=a)["ct200"]] == ["give-up"]
+    with History.open(db, inventory=a) as h:
+        assert [s.taken_at for s in h.snapshots("ct200")] == [1.0]
+        assert [s.target for s in h.alerts(["ct200"]).values()] == ["ct200"]
+
+
+_OLD_SCHEMA = """
+CREATE TABLE snapshots (id INTEGER PRIMARY KEY AUTOINCREMENT, target TEXT NOT NULL,
+    taken_at REAL NOT NULL, body TEXT NOT NULL);
+CREATE INDEX snapshots_target ON snapshots (target, id);
+CREATE TABLE alerts (target TEXT NOT NULL, kind TEXT NOT NULL, gpus TEXT NOT NULL,
+    severity INTEGER NOT NULL, summary TEXT NOT NULL, first_seen REAL NOT NULL,
+    last_notified REAL, PRIMARY KEY (target, kind, gpus));
+CREATE TABLE journal (id INTEGER PRIMARY KEY AUTOINCREMENT, unit TEXT NOT NULL, run_id TEXT,
+    at REAL NOT NULL, action TEXT NOT NULL, body TEXT NOT NULL, notified_at REAL);
+CREATE INDEX journal_unit ON journal (unit, id);
+CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+"""
+
+
+def test_a_schema_1_database_is_migrated_its_rows_kept_for_the_first_inventory(tmp_path):
+    """The old code's tables (keyed by name): the first inventory to open it claims its rows;
+    a second inventory naming the same container does not see them."""
+    import json
+
+    db = tmp_path / "old.db"
+    with sqlite3.connect(db) as raw:
+        raw.executescript(_OLD_SCHEMA)
+        body = json.dumps(Snapshot("ct200", 5.0).to_dict())
+        raw.execute(
+            "INSERT INTO snapshots (target, taken_at, body) VALUES ('ct200', 5.0, ?)", (body,)
+        )
+        raw.execute("INSERT INTO alerts VALUES ('ct200', 'crashed', '[]', 2, 'x', 5.0, NULL)")
+        entry = json.dumps({"unit": "ct200", "at": 5.0, "action": "give-up", "reason": "loop"})
+        raw.execute("INSERT INTO journal (unit, at, action, body) VALUES ('ct200', 5.0, 'give-up', ?)",
+                    (entry,))  # fmt: skip
+    a = _inventory(tmp_path / "a", "10.0.0.1", 200)
+    b = _inventory(tmp_path / "b", "10.0.0.2", 300)
+    with History.open(db, inventory=a) as h:
+        assert [s.taken_at for s in h.snapshots("ct200")] == [5.0]
+        assert list(h.alerts(["ct200"])) == [("ct200", "crashed", ())]
+        assert [e.action for e in h.journal("ct200")] == ["give-up"]
+    with History.open(db, inventory=b) as h:
+        assert h.snapshots("ct200") == [] and h.journal("ct200") == [] and h.alerts() == {}
+    with sqlite3.connect(db) as raw:
+        assert raw.execute("PRAGMA user_version").fetchone()[0] == 2
+        assert raw.execute("SELECT COUNT(*) FROM snapshots").fetchone()[0] == 1

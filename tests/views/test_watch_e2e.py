@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import uuid
+from pathlib import Path
 
 import pytest
 
@@ -176,3 +177,36 @@ def test_watch_plain_prints_one_line_per_change(fleet, observe, tmp_path):
         os.kill(proc.pid, signal.SIGINT)
         out, err = proc.communicate(timeout=15)
     assert proc.returncode == 0, err
+
+
+def test_watch_esc_leaves_the_detail_view_with_one_target(fleet, tmp_path):
+    """An inventory of one container: Enter opens its detail view, Esc goes back (a one-row
+    dashboard is still a dashboard)."""
+    import yaml
+
+    from tests.firstrun.tmuxpane import Pane as Tmux
+
+    doc = yaml.safe_load(Path(fleet.config).read_text())
+    doc["containers"] = {"ct200": doc["containers"]["ct200"]}
+    one = tmp_path / "one.yaml"
+    one.write_text(yaml.safe_dump(doc, sort_keys=False))
+    one.chmod(0o600)
+    fleet.scenario("healthy")
+    fleet.launch("ct200")
+    argv = [sys.executable, "-m", "orchestrator.cli", "-c", str(one), "watch", "--interval", "1"]
+    pane = Tmux(argv, env={"TERM": "xterm-256color", "PYTHONPATH": os.getcwd()}, cwd=str(tmp_path))
+    try:
+        pane.wait_text("ct200")
+        detail = "GPU 0  target"
+        assert detail not in pane.text()
+        pane._tmux("send-keys", "-t", "t", "Enter")
+        pane.wait_text(detail)
+        pane._tmux("send-keys", "-t", "t", "Escape")
+        wait_for(
+            lambda: detail not in pane._tmux("capture-pane", "-p", "-t", "t") or None,
+            15, 0.1, "Esc to leave the detail view",
+        )  # fmt: skip
+        pane._tmux("send-keys", "-t", "t", "q")
+        assert pane.exit_status(timeout_s=15) == 0
+    finally:
+        pane.close()
