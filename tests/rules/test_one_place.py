@@ -1,4 +1,4 @@
-"""Every rule of issue 14, part 3, exists once: each test here checks the one place and that
+"""Every shared rule exists once: each test here checks the one place and that
 no second copy came back (a copy that drifts is how two of them came to disagree)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
     p: p.read_text()
     for p in sorted((ROOT / "orchestrator").rglob("*.py"))
-    if "sandbox" not in p.parts  # the sandbox stands in for Proxmox; its rewrite is issue 13's
+    if "sandbox" not in p.parts  # the sandbox stands in for Proxmox; its rewrite is pending
 }
 
 
@@ -174,3 +174,9 @@ def test_bundle_and_archive_stamps_are_one_function() -> None:
     assert default_bundle_dir(Evidence("ct", 0.0, run_id="r"), now=0).name == "ct-r-19700101-000000"
     assert archive_name("/w/x", now=0) == "/w/x.orch-19700101T000000Z"
     assert "strftime" not in SOURCES[ROOT / "orchestrator/postmortem/jobs.py"]
+
+
+def test_code_carries_no_issue_numbers() -> None:
+    """The history lives in git: a comment or docstring says what is, not which issue asked."""
+    rx = re.compile(r"\b[Ii]ssues? #?\d+")
+    assert [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if rx.search(text)] == []
