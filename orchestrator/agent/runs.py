@@ -537,8 +537,12 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--settle", type=float, default=L("settle_s"), help="seconds to watch after go (s)"
     )
-    p.add_argument("--record-interval", type=float, default=L("record_interval_s"),
-                   help="flight recorder period (s)")  # fmt: skip
+    p.add_argument(
+        "--record-interval",
+        type=float,
+        default=L("record_interval_s"),
+        help="flight recorder period (s)",
+    )
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
@@ -552,8 +556,12 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")
     common(p, session=False)
     p.add_argument("--run-id", default=None, help="default: the current run")
-    p.add_argument("--grace", type=float, default=rq.default(rq.StopRequest, "grace_s"),
-                   help="seconds before SIGKILL (s)")  # fmt: skip
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=rq.default(rq.StopRequest, "grace_s"),
+        help="seconds before SIGKILL (s)",
+    )
     p.add_argument("--by", default=None, help="who asks, for stop_requested (orch stop by u@h)")
     p.set_defaults(func=guard(_cmd_stop))
 
@@ -561,8 +569,12 @@ def register(subparsers: Any) -> None:
     common(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--current", action="store_true", help="only the current run, in detail")
-    p.add_argument("--tail", type=int, default=rq.default(rq.RunsRequest, "tail"),
-                   help="log lines to include (detail only)")  # fmt: skip
+    p.add_argument(
+        "--tail",
+        type=int,
+        default=rq.default(rq.RunsRequest, "tail"),
+        help="log lines to include (detail only)",
+    )
     p.set_defaults(func=guard(_cmd_runs))
 
     p = subparsers.add_parser("logs", help="tail or follow a run's log by byte offset")

@@ -264,10 +264,19 @@ def launch_job(
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
         cmd = node_command(job, n, c, run_id=run_id, run_dir=run_dir, bundle_dir=bundles[n.container],
                            trainer_args=trainer_args)  # fmt: skip
-        req = launch_request(c, cmd, run_id, n.gpu_indices, grace_s=grace_s, settle_s=0.5,
-                             force=force, target=n.container)  # fmt: skip
-        doc = targets[n.container].launch(req, {**node_env(job, n, c), **extra_env},
-                                          timeout=grace_s + 60.0)  # fmt: skip
+        req = launch_request(
+            c,
+            cmd,
+            run_id,
+            n.gpu_indices,
+            grace_s=grace_s,
+            settle_s=0.5,
+            force=force,
+            target=n.container,
+        )
+        doc = targets[n.container].launch(
+            req, {**node_env(job, n, c), **extra_env}, timeout=grace_s + 60.0
+        )
         if not doc.get("ok"):
             msg = redact(str(doc.get("message") or doc), secrets)
             raise LaunchFailed(f"{n.label}: could not start: {msg}")

@@ -326,8 +326,18 @@ def _start_and_verify(
     """:func:`launch` from its start step: the agent starts the run, then it is verified."""
     c = tgt.container
     phase("start", "start", command)
-    req = launch_request(c, command, run_id, assigned, grace_s=grace_s, settle_s=1.0,
-                         force=force, target=name, carry_from=carry_from, env_from=env_from)  # fmt: skip
+    req = launch_request(
+        c,
+        command,
+        run_id,
+        assigned,
+        grace_s=grace_s,
+        settle_s=1.0,
+        force=force,
+        target=name,
+        carry_from=carry_from,
+        env_from=env_from,
+    )
     try:
         doc = tgt.launch(req, user_env, timeout=grace_s + 60.0)
     except (TransportError, AgentProtocolError) as exc:

@@ -187,7 +187,17 @@ def launch_request(
     env_from: str | None = None,
 ) -> LaunchRequest:
     """The agent's ``launch`` of ``command`` as run ``run_id`` on ``gpus`` in ``c`` (both launchers)."""
-    return LaunchRequest(c.workdir, command, c.session, run_id=run_id,
-                         gpus=",".join(str(g) for g in gpus), force=force, grace_s=grace_s,
-                         settle_s=settle_s, orch_version=__version__, target=target,
-                         env_from=env_from or None, carry_from=carry_from or None)  # fmt: skip
+    return LaunchRequest(
+        c.workdir,
+        command,
+        c.session,
+        run_id=run_id,
+        gpus=",".join(str(g) for g in gpus),
+        force=force,
+        grace_s=grace_s,
+        settle_s=settle_s,
+        orch_version=__version__,
+        target=target,
+        env_from=env_from or None,
+        carry_from=carry_from or None,
+    )

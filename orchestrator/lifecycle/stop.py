@@ -42,8 +42,12 @@ def stop(
     ``by``, default ``orch stop by user@host``): the end reads as a stop, not a crash.
     """
     tgt = target or Target(inventory, name)
-    req = StopRequest(tgt.container.workdir, run_id=run_id or None, grace_s=grace_s,
-                      by=by or f"orch stop by {operator()}")  # fmt: skip
+    req = StopRequest(
+        tgt.container.workdir,
+        run_id=run_id or None,
+        grace_s=grace_s,
+        by=by or f"orch stop by {operator()}",
+    )
     doc = tgt.call(req, timeout=grace_s + 30.0)
     if doc.get("ok") is False and doc.get("error") == "no-run" and not run_id:
         # nothing ever ran there: nothing to stop, as for a run that already ended

@@ -152,8 +152,9 @@ def collect(
     answer: EvidenceAnswer | None = None
     final: Snapshot | None = None
     if status == "running":
-        req = EvidenceRequest(c.workdir, c.session, run_id=run_id or None, log_lines=log_lines,
-                              pane_lines=PANE_LINES)  # fmt: skip
+        req = EvidenceRequest(
+            c.workdir, c.session, run_id=run_id or None, log_lines=log_lines, pane_lines=PANE_LINES
+        )
         doc = tgt.call(req, timeout=60.0)
         if doc.get("ok") is False:
             if doc.get("error") == "no-run" and run_id:

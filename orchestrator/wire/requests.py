@@ -86,15 +86,29 @@ class LaunchRequest:
     def to_argv(self) -> list[str]:
         """The agent's argv, ``launch`` first; defaults of the agent's own are left out."""
         return [
-            "launch", "--workdir", self.workdir, "--session", self.session, "--cmd", self.cmd,
-            *_opt("--run-id", self.run_id), "--gpus", self.gpus, "--grace", str(self.grace_s),
-            "--settle", str(self.settle_s),
+            "launch",
+            "--workdir",
+            self.workdir,
+            "--session",
+            self.session,
+            "--cmd",
+            self.cmd,
+            *_opt("--run-id", self.run_id),
+            "--gpus",
+            self.gpus,
+            "--grace",
+            str(self.grace_s),
+            "--settle",
+            str(self.settle_s),
             *_unless_default(self, "record_interval_s", "--record-interval"),
-            *_on("--no-recorder", self.no_recorder), *_opt("--orch-version", self.orch_version),
-            *_opt("--target", self.target), *_on("--force", self.force),
-            *_opt("--carry-from", self.carry_from), *_opt("--env-from", self.env_from),
+            *_on("--no-recorder", self.no_recorder),
+            *_opt("--orch-version", self.orch_version),
+            *_opt("--target", self.target),
+            *_on("--force", self.force),
+            *_opt("--carry-from", self.carry_from),
+            *_opt("--env-from", self.env_from),
             *_on("--env-stdin", self.env_stdin),
-        ]  # fmt: skip
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -107,8 +121,15 @@ class StopRequest:
     by: str | None = None
 
     def to_argv(self) -> list[str]:
-        return ["stop", "--workdir", self.workdir, "--grace", str(self.grace_s),
-                *_opt("--by", self.by), *_opt("--run-id", self.run_id)]  # fmt: skip
+        return [
+            "stop",
+            "--workdir",
+            self.workdir,
+            "--grace",
+            str(self.grace_s),
+            *_opt("--by", self.by),
+            *_opt("--run-id", self.run_id),
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -122,9 +143,16 @@ class RunsRequest:
     tail: int = 0
 
     def to_argv(self) -> list[str]:
-        return ["runs", "--workdir", self.workdir, "--session", self.session,
-                *_opt("--run-id", self.run_id), *_on("--current", self.current),
-                *_opt("--tail", self.tail or None)]  # fmt: skip
+        return [
+            "runs",
+            "--workdir",
+            self.workdir,
+            "--session",
+            self.session,
+            *_opt("--run-id", self.run_id),
+            *_on("--current", self.current),
+            *_opt("--tail", self.tail or None),
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -140,11 +168,17 @@ class LogsRequest:
     interval_s: float = 0.5
 
     def to_argv(self) -> list[str]:
-        return ["logs", "--workdir", self.workdir, "-n", str(self.lines),
-                *(["-f", "--interval", str(self.interval_s)] if self.follow else []),
-                *_opt("--offset", self.offset),
-                *_unless_default(self, "max_bytes", "--max-bytes"),
-                *_opt("--run-id", self.run_id)]  # fmt: skip
+        return [
+            "logs",
+            "--workdir",
+            self.workdir,
+            "-n",
+            str(self.lines),
+            *(["-f", "--interval", str(self.interval_s)] if self.follow else []),
+            *_opt("--offset", self.offset),
+            *_unless_default(self, "max_bytes", "--max-bytes"),
+            *_opt("--run-id", self.run_id),
+        ]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -161,8 +195,17 @@ class EvidenceRequest:
     metric_records: int = 2000
 
     def to_argv(self) -> list[str]:
-        return ["evidence", "--workdir", self.workdir, "--session", self.session,
-                "--log-lines", str(self.log_lines), "--pane-lines", str(self.pane_lines),
-                *_unless_default(self, "gpu_samples", "--gpu-samples"),
-                *_unless_default(self, "metric_records", "--metric-records"),
-                *_opt("--run-id", self.run_id)]  # fmt: skip
+        return [
+            "evidence",
+            "--workdir",
+            self.workdir,
+            "--session",
+            self.session,
+            "--log-lines",
+            str(self.log_lines),
+            "--pane-lines",
+            str(self.pane_lines),
+            *_unless_default(self, "gpu_samples", "--gpu-samples"),
+            *_unless_default(self, "metric_records", "--metric-records"),
+            *_opt("--run-id", self.run_id),
+        ]
