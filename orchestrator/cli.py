@@ -6,8 +6,8 @@ traceback is shown with a line asking for a report.
 
 The shared ``app``, the root options (``State``/``state``) and the helpers live in
 ``orchestrator/commands/_app.py`` and are re-exported here; each section's commands
-live in ``orchestrator/commands/<section>.py``; the work itself lives in the modules
-they call (launch.py, postmortem.py, views/...).
+live in ``orchestrator/commands/<section>.py``; the work itself lives in the packages
+they call (``lifecycle/``, ``postmortem/``, ``monitor/``, ``views/``, ...).
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ them; the message says what failed, where, and the next command to run.
 ``cli.py`` catches ``OrchError`` in one place, prints one ``error:`` line and
 exits with :attr:`OrchError.exit_code`.
 
-Exit codes (documented in docs/cli.md):
+Exit codes (documented in README.md, "Exit codes", and per command in docs/commands.md):
 
 - 1: the operation failed (a run died at launch, a command failed remotely)
 - 2: bad input (hosts.yaml, playbooks, flags)

@@ -21,6 +21,7 @@ import time
 from typing import Any
 
 from orchestrator.wire.model import SCHEMA_VERSION
+from orchestrator.wire.requests import SESSION
 
 
 def _emit(doc: Any) -> None:
@@ -279,7 +280,7 @@ def _gpu_opts(p: argparse.ArgumentParser) -> None:
 
 def _observe_opts(p: argparse.ArgumentParser) -> None:
     p.add_argument("--workdir", default=".", help="the container's workdir (runs/ lives here)")
-    p.add_argument("--session", default="train", help="tmux session (the manifest's wins)")
+    p.add_argument("--session", default=SESSION, help="tmux session (the manifest's wins)")
     p.add_argument("--target", default="local", help="name recorded in the snapshot")
     p.add_argument("--tail-lines", type=int, default=8, help="pane lines to capture")
     p.add_argument("--offset", type=int, default=None, help="log byte offset to continue from")

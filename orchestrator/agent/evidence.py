@@ -47,13 +47,13 @@ from orchestrator.agent.rundir import (
 )
 from orchestrator.agent.tmux import RUN_WINDOW, TmuxReader
 from orchestrator.wire.answers import EvidenceAnswer, Heartbeat, LogTail, PaneCapture, TeeReport
+from orchestrator.wire.requests import SESSION, EvidenceRequest, default
 from orchestrator.wire.text import BadDocument, loads_bounded
 
-DEFAULT_LOG_LINES = 200
-DEFAULT_PANE_LINES = 200
-DEFAULT_GPU_SAMPLES = 720
-"""Flight-recorder samples kept (24 min at the launcher's 2 s period)."""
-DEFAULT_METRIC_RECORDS = 2000
+DEFAULT_LOG_LINES: int = default(EvidenceRequest, "log_lines")
+DEFAULT_PANE_LINES: int = default(EvidenceRequest, "pane_lines")
+DEFAULT_GPU_SAMPLES: int = default(EvidenceRequest, "gpu_samples")
+DEFAULT_METRIC_RECORDS: int = default(EvidenceRequest, "metric_records")
 JSONL_MAX_LINE_BYTES = 64 * 1024
 """Longest flight-recorder record read (a longer one is cut, so unreadable, so skipped)."""
 GPU_HISTORY_MAX_BYTES = 4 << 20
@@ -176,7 +176,7 @@ def register(subparsers: Any) -> None:
     """Add ``evidence`` to the agent's argparse subparsers (called by ``__main__.build_parser``)."""
     p = subparsers.add_parser("evidence", help="a run's postmortem evidence (bounded reads)")
     p.add_argument("--workdir", required=True, help="the container's workdir")
-    p.add_argument("--session", default="train", help="tmux session (the manifest's wins)")
+    p.add_argument("--session", default=SESSION, help="tmux session (the manifest's wins)")
     p.add_argument("--run-id", default=None, help="default: the current run")
     p.add_argument(
         "--log-lines", type=int, default=DEFAULT_LOG_LINES, help="log lines from the end"

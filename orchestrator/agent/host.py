@@ -32,6 +32,7 @@ from orchestrator.agent.kernel import KernelParser, read_kernel
 from orchestrator.agent.netlog import vmid_of_device
 from orchestrator.wire.formats import parse_pct_status
 from orchestrator.wire.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
+from orchestrator.wire.requests import SESSION
 
 STOPPED_RECHECK_S = 10.0
 """How often a stream asks pct again about a container it saw stopped or missing (seconds)."""
@@ -46,7 +47,7 @@ class ContainerSpec:
     name: str
     vmid: int
     workdir: str
-    session: str = "train"
+    session: str = SESSION
     log_patterns: dict[str, str] | None = None
     run_id: str | None = None
     offset: int | None = None

@@ -86,6 +86,7 @@ from orchestrator.agent.runenv import (
     run_env,
     run_environment,
 )
+from orchestrator.wire import requests as rq
 from orchestrator.wire.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
 from orchestrator.wire.formats import new_run_id, parse_gpu_spec
 from orchestrator.wire.model import RunManifest
@@ -186,9 +187,9 @@ done
 [[ -s "$RUN_DIR/.pipestatus" ]] && st=$(<"$RUN_DIR/.pipestatus")
 put_status "$st"
 if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null; fi
-printf '\n[orch] command exited with status %s at %s\n' "$st" "$(date '+%F %T')"
+printf '\n__EXIT_LINE__ %s at %s\n' "$st" "$(date '+%F %T')"
 exit "$st"
-""".replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05)))
+""".replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05))).replace("__EXIT_LINE__", rq.EXIT_LINE)
 WRAPPER = (
     WRAPPER.replace("__RESERVE__", STATUS_RESERVE)
     .replace("__TEE_ERR__", TEE_ERR)
@@ -515,7 +516,13 @@ def register(subparsers: Any) -> None:
     def common(p: argparse.ArgumentParser, session: bool = True) -> None:
         p.add_argument("--workdir", required=True, help="the container's workdir")
         if session:
-            p.add_argument("--session", default="train", help="tmux session name")
+            p.add_argument("--session", default=rq.SESSION, help="tmux session name")
+
+    def L(name: str) -> Any:  # noqa: N802 - the launch request's default
+        return rq.default(rq.LaunchRequest, name)
+
+    def G(name: str) -> Any:  # noqa: N802 - the logs request's default
+        return rq.default(rq.LogsRequest, name)
 
     p = subparsers.add_parser("launch", help="start a run in tmux (wrapper, tee, exit status)")
     common(p)
@@ -524,11 +531,18 @@ def register(subparsers: Any) -> None:
     p.add_argument("--env-stdin", action="store_true",
                    help='read the run\'s variables from stdin: {"env": {"NAME": "value"}} (never '
                    "on a command line: ps shows argv)")  # fmt: skip
-    p.add_argument("--gpus", default="", help="GPU indices, e.g. 0-3,6")
+    p.add_argument("--gpus", default=L("gpus"), help="GPU indices, e.g. 0-3,6")
     p.add_argument("--force", action="store_true", help="stop a live session of that name first")
-    p.add_argument("--grace", type=float, default=60.0, help="seconds --force waits (s)")
-    p.add_argument("--settle", type=float, default=1.0, help="seconds to watch after go (s)")
-    p.add_argument("--record-interval", type=float, default=2.0, help="flight recorder period (s)")
+    p.add_argument("--grace", type=float, default=L("grace_s"), help="seconds --force waits (s)")
+    p.add_argument(
+        "--settle", type=float, default=L("settle_s"), help="seconds to watch after go (s)"
+    )
+    p.add_argument(
+        "--record-interval",
+        type=float,
+        default=L("record_interval_s"),
+        help="flight recorder period (s)",
+    )
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
@@ -542,7 +556,12 @@ def register(subparsers: Any) -> None:
     p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")
     common(p, session=False)
     p.add_argument("--run-id", default=None, help="default: the current run")
-    p.add_argument("--grace", type=float, default=60.0, help="seconds before SIGKILL (s)")
+    p.add_argument(
+        "--grace",
+        type=float,
+        default=rq.default(rq.StopRequest, "grace_s"),
+        help="seconds before SIGKILL (s)",
+    )
     p.add_argument("--by", default=None, help="who asks, for stop_requested (orch stop by u@h)")
     p.set_defaults(func=guard(_cmd_stop))
 
@@ -550,15 +569,20 @@ def register(subparsers: Any) -> None:
     common(p)
     p.add_argument("--run-id", default=None)
     p.add_argument("--current", action="store_true", help="only the current run, in detail")
-    p.add_argument("--tail", type=int, default=0, help="log lines to include (detail only)")
+    p.add_argument(
+        "--tail",
+        type=int,
+        default=rq.default(rq.RunsRequest, "tail"),
+        help="log lines to include (detail only)",
+    )
     p.set_defaults(func=guard(_cmd_runs))
 
     p = subparsers.add_parser("logs", help="tail or follow a run's log by byte offset")
     common(p, session=False)
     p.add_argument("--run-id", default=None)
-    p.add_argument("-n", "--lines", type=int, default=50)
+    p.add_argument("-n", "--lines", type=int, default=G("lines"))
     p.add_argument("--offset", type=int, default=None, help="read from this byte offset")
-    p.add_argument("--max-bytes", type=int, default=1 << 20)
+    p.add_argument("--max-bytes", type=int, default=G("max_bytes"))
     p.add_argument("-f", "--follow", action="store_true", help="one JSON line per new chunk")
-    p.add_argument("--interval", type=float, default=0.5, help="follow poll period (s)")
+    p.add_argument("--interval", type=float, default=G("interval_s"), help="follow poll period (s)")
     p.set_defaults(func=guard(_cmd_logs))

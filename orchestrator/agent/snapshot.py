@@ -23,6 +23,7 @@ from orchestrator.agent.procs import ProcSampler
 from orchestrator.agent.runfacts import LocalFiles, RunReader
 from orchestrator.agent.tmux import TmuxReader
 from orchestrator.wire.model import AgentCost, Snapshot
+from orchestrator.wire.requests import SESSION
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +32,7 @@ class ObserverConfig:
 
     target: str = "local"
     workdir: str = "."
-    session: str = "train"
+    session: str = SESSION
     tail_lines: int = 8
     gpu_deadline_s: float = 2.0
     gpu_source: str | None = None

@@ -35,6 +35,7 @@ from orchestrator.config.reader import compose as _compose
 from orchestrator.config.restart import RestartPolicy, build_policy
 from orchestrator.config.schema import CONTAINER_FIELDS, HOST_FIELDS, TOP_LEVEL, FieldSpec
 from orchestrator.errors import ConfigError, UsageError
+from orchestrator.wire.requests import SESSION
 
 log = logging.getLogger(__name__)
 
@@ -87,7 +88,7 @@ class ContainerConfig:
     vmid: int | None = None
     address: str | None = None
     workdir: str = "/root/orch"
-    session: str = "train"
+    session: str = SESSION
     gpus: dict[str, tuple[int, ...]] = field(default_factory=dict)
     env: dict[str, str] = field(default_factory=dict)
     command: str | None = None

@@ -292,7 +292,7 @@ CONTAINER_FIELDS: tuple[FieldSpec, ...] = (
 )
 
 
-# --- restart policy (issue 19): the `restart:` key and its reference section ----------------
+# --- restart policy: the `restart:` key and its reference section ----------------
 
 RESTART_FIELD = FieldSpec(
     "restart",

@@ -29,6 +29,7 @@ from orchestrator.detect.base import (
 )
 from orchestrator.wire.model import Finding, Severity, Snapshot
 from orchestrator.wire.progress import read_line
+from orchestrator.wire.requests import EXIT_LINE
 
 PROTOCOL_PREFIX = "agent protocol error"
 
@@ -174,8 +175,9 @@ def silent_death(history: History, limits: Limits) -> list[Finding]:
 
 TRAINER_FINISHED = "trainer: finished"
 """The bundled trainer's last line after a full run (docs/trainer.md, "Other lines")."""
-WRAPPER_EXIT = "[orch] command exited with status"
-"""The run wrapper's last pane line (orchestrator/agent/runs.py): the pane shows the output's end."""
+WRAPPER_EXIT = EXIT_LINE
+"""The run wrapper's last pane line (:data:`orchestrator.wire.requests.EXIT_LINE`): the pane shows
+the output's end."""
 _TRAINER_CMD_RE = re.compile(r"(?:^|\s)-m\s+trainer(?:\s|$)")
 
 

@@ -20,7 +20,6 @@ log lines and the playbook diagnosis.
 
 from __future__ import annotations
 
-import json
 import logging
 import re
 import time
@@ -28,7 +27,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from orchestrator import __version__
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
 from orchestrator.errors import LaunchFailed, OrchError, Refused
@@ -41,9 +39,9 @@ from orchestrator.lifecycle.jobs import (
     on_nodes,
     stop_job,
 )
-from orchestrator.lifecycle.launch import PhaseCallback, diagnose, parse_env_options
+from orchestrator.lifecycle.launch import VERIFY_POLL_S, PhaseCallback, diagnose, parse_env_options
 from orchestrator.lifecycle.preflight import preflight
-from orchestrator.lifecycle.runs import run_args
+from orchestrator.lifecycle.runs import launch_request, run_request
 from orchestrator.monitor.state import stepped, target_state
 from orchestrator.remote import deploy
 from orchestrator.remote.target import Target, read_answer
@@ -54,8 +52,6 @@ from orchestrator.wire.secrets import redact, secret_values
 
 log = logging.getLogger(__name__)
 
-VERIFY_POLL_S = 1.0
-"""Seconds between two looks at every node while verifying (one agent call per node)."""
 FAIL_STOP_GRACE_S = 10.0
 """Grace the surviving nodes get when a launch fails (they only wait at the rendezvous or a
 collective: nothing to checkpoint yet)."""
@@ -268,15 +264,19 @@ def launch_job(
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
         cmd = node_command(job, n, c, run_id=run_id, run_dir=run_dir, bundle_dir=bundles[n.container],
                            trainer_args=trainer_args)  # fmt: skip
-        args = ["launch", *run_args(c), "--cmd", cmd, "--run-id", run_id, "--gpus",
-                ",".join(str(g) for g in n.gpu_indices), "--grace", str(grace_s), "--settle", "0.5",
-                "--orch-version", __version__, "--target", n.container]  # fmt: skip
-        if force:
-            args.append("--force")
-        # the values go over stdin into the run's 0600 env file, never into argv (ps shows it)
-        env_doc = json.dumps({"env": {**node_env(job, n, c), **extra_env}}).encode()
-        doc = targets[n.container].agent([*args, "--env-stdin"], timeout=grace_s + 60.0,
-                                         stdin=env_doc)  # fmt: skip
+        req = launch_request(
+            c,
+            cmd,
+            run_id,
+            n.gpu_indices,
+            grace_s=grace_s,
+            settle_s=0.5,
+            force=force,
+            target=n.container,
+        )
+        doc = targets[n.container].launch(
+            req, {**node_env(job, n, c), **extra_env}, timeout=grace_s + 60.0
+        )
         if not doc.get("ok"):
             msg = redact(str(doc.get("message") or doc), secrets)
             raise LaunchFailed(f"{n.label}: could not start: {msg}")
@@ -406,9 +406,7 @@ def _death_text(p: NodeProgress, run_id: str, secrets: Sequence[str]) -> str:
         return f"its container stopped {when} (pct status: {snap.container_status})"
     status: RunStatus | None = None
     try:
-        doc = p.target.agent(
-            ["runs", *run_args(p.target.container), "--run-id", run_id, "--tail", "30"], timeout=30
-        )
+        doc = p.target.call(run_request(p.target.container, run_id))
         status = read_answer(p.node.container, doc, RunStatus)
     except OrchError as exc:
         log.info("%s: no run status: %s", p.node.container, exc)

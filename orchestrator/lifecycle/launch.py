@@ -18,14 +18,12 @@ preflight (:class:`PreflightRefused`, nothing was started).
 
 from __future__ import annotations
 
-import json
 import logging
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from orchestrator import __version__
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     AgentProtocolError,
@@ -45,7 +43,7 @@ from orchestrator.lifecycle.bundle import (
     trainer_config,
 )
 from orchestrator.lifecycle.preflight import PreflightRefused, busy_gpus, preflight
-from orchestrator.lifecycle.runs import run_args
+from orchestrator.lifecycle.runs import launch_request, run_request
 from orchestrator.lifecycle.stop import operator, stop
 from orchestrator.remote import deploy
 from orchestrator.remote.target import Target, read_answer
@@ -62,6 +60,8 @@ PhaseCallback = Callable[[str, str, str], None]
 VERIFY_MIN_ALIVE_S = 5.0
 """A run must stay alive this long (and write to its log) before launch calls it verified."""
 VERIFY_POLL_S = 0.5
+"""Seconds between two looks at a starting run while verifying it, in both launchers (the job
+launcher makes one agent call per node a look)."""
 
 
 class RunDied(LaunchFailed):
@@ -326,19 +326,20 @@ def _start_and_verify(
     """:func:`launch` from its start step: the agent starts the run, then it is verified."""
     c = tgt.container
     phase("start", "start", command)
-    args = ["launch", *run_args(c), "--cmd", command, "--run-id", run_id, "--gpus",
-            ",".join(str(g) for g in assigned), "--grace", str(grace_s), "--settle", "1.0",
-            "--orch-version", __version__, "--target", name]  # fmt: skip
-    if force:
-        args.append("--force")
-    if carry_from:
-        args += ["--carry-from", carry_from]
-    if env_from:
-        args += ["--env-from", env_from]
-    # the values go over stdin into the run's 0600 env file: argv shows in ps, host and container
-    env_doc = json.dumps({"env": user_env}).encode()
+    req = launch_request(
+        c,
+        command,
+        run_id,
+        assigned,
+        grace_s=grace_s,
+        settle_s=1.0,
+        force=force,
+        target=name,
+        carry_from=carry_from,
+        env_from=env_from,
+    )
     try:
-        doc = tgt.agent([*args, "--env-stdin"], timeout=grace_s + 60.0, stdin=env_doc)
+        doc = tgt.launch(req, user_env, timeout=grace_s + 60.0)
     except (TransportError, AgentProtocolError) as exc:
         phase("start", "fail", "connection lost after the launch was sent")
         raise LaunchUncertain(name, run_id, exc) from None
@@ -424,7 +425,7 @@ def verify_run(
                 f"or orch stop {target.name})"
             )
         time.sleep(VERIFY_POLL_S)
-        doc = target.agent(["runs", *run_args(c), "--run-id", run_id, "--tail", "30"], timeout=30)
+        doc = target.call(run_request(c, run_id))
         state = read_answer(target.name, doc, RunStatus)
 
 

@@ -158,7 +158,7 @@ def holders(snapshot: Snapshot, gpus: Sequence[int], limits: Limits) -> list[str
     its tmux pane alive, any process of its tree, a GPU holding memory or a compute process
     (:func:`busy_gpus`), or a ghost (utilization >= ``ghost_util_pct`` at <= ``ghost_mem_mib``).
 
-    A relaunch waits for this to be empty: never start over a live run (issue 19).
+    A relaunch waits for this to be empty: never start over a live run.
 
     >>> from orchestrator.wire.model import GpuSample, ProcessInfo, SessionState
     >>> from orchestrator.config.limits import Limits

@@ -49,6 +49,7 @@ from typing import Any
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import LaunchFailed, OrchError, Refused, UsageError
 from orchestrator.playbooks.loader import Playbook
+from orchestrator.wire.formats import ARCHIVE_STAMP, utc_stamp
 from orchestrator.wire.secrets import secret_values
 
 SETTLE_POLL_S = 1.0
@@ -203,7 +204,7 @@ def archive_name(path: str, now: float | None = None) -> str:
     >>> archive_name("/w/.venv-orch/", now=0)
     '/w/.venv-orch.orch-19700101T000000Z'
     """
-    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime(time.time() if now is None else now))
+    stamp = utc_stamp(now, ARCHIVE_STAMP)
     return f"{path.rstrip('/')}{ARCHIVE_SUFFIX}{stamp}"
 
 

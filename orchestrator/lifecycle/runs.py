@@ -8,6 +8,7 @@ from collections.abc import Iterator, Sequence
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from orchestrator import __version__
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     ContainerNotFound,
@@ -15,17 +16,18 @@ from orchestrator.errors import (
     UsageError,
 )
 from orchestrator.lifecycle.preflight import container_status
-from orchestrator.remote.target import Target, agent_argv, parse_document, read_answer
+from orchestrator.remote.target import Target, parse_document, read_answer
 from orchestrator.wire.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.wire.model import Snapshot
 from orchestrator.wire.progress import metrics_progress
 from orchestrator.wire.quoting import command_line, with_env
+from orchestrator.wire.requests import LaunchRequest, LogsRequest, RunsRequest
 
 
 def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> RunsAnswer:
     """Every run in the container's workdir with its state and log size."""
     tgt = target or Target(inventory, name)
-    doc = tgt.agent(["runs", *run_args(tgt.container)], timeout=30)
+    doc = tgt.call(RunsRequest(tgt.container.workdir, tgt.container.session))
     if doc.get("ok") is False:
         raise UsageError(f"{name}: {doc.get('message')}")
     return read_answer(name, doc, RunsAnswer)
@@ -41,10 +43,7 @@ def logs(
 ) -> LogAnswer:
     """The last ``lines`` lines of a run's log (read from the end, never the whole file)."""
     tgt = target or Target(inventory, name)
-    args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines)]
-    if run_id:
-        args += ["--run-id", run_id]
-    doc = tgt.agent(args, timeout=30)
+    doc = tgt.call(LogsRequest(tgt.container.workdir, run_id=run_id or None, lines=lines))
     if doc.get("ok") is False:
         raise UsageError(f"{name}: {doc.get('message')}")
     return read_answer(name, doc, LogAnswer)
@@ -61,11 +60,10 @@ def follow_logs(
 ) -> Iterator[LogAnswer]:
     """Chunks of new log lines over one long-lived agent command, by byte offset; ends after exit."""
     tgt = target or Target(inventory, name)
-    args = ["logs", "--workdir", tgt.container.workdir, "-n", str(lines), "-f",
-            "--interval", str(interval_s)]  # fmt: skip
-    if run_id:
-        args += ["--run-id", run_id]
-    stream = tgt.transport.stream(agent_argv(tgt.container.python, tgt.bundle_dir(), args))
+    req = LogsRequest(
+        tgt.container.workdir, run_id=run_id or None, lines=lines, interval_s=interval_s
+    )
+    stream = tgt.follow(req)
     with stream:
         for line in stream:
             doc = parse_document(tgt.name, line)
@@ -170,5 +168,36 @@ def attach_argv(inventory: Inventory, name: str) -> list[str]:
     return [*ssh, f"{host.user}@{dest}", command_line(remote)]
 
 
-def run_args(c: ContainerConfig) -> list[str]:
-    return ["--workdir", c.workdir, "--session", c.session]
+def run_request(c: ContainerConfig, run_id: str, tail: int = 30) -> RunsRequest:
+    """``runs --run-id``: one run of ``c`` in detail, with its last ``tail`` log lines."""
+    return RunsRequest(c.workdir, c.session, run_id=run_id, tail=tail)
+
+
+def launch_request(
+    c: ContainerConfig,
+    command: str,
+    run_id: str,
+    gpus: Sequence[int],
+    *,
+    grace_s: float,
+    settle_s: float,
+    force: bool,
+    target: str,
+    carry_from: str | None = None,
+    env_from: str | None = None,
+) -> LaunchRequest:
+    """The agent's ``launch`` of ``command`` as run ``run_id`` on ``gpus`` in ``c`` (both launchers)."""
+    return LaunchRequest(
+        c.workdir,
+        command,
+        c.session,
+        run_id=run_id,
+        gpus=",".join(str(g) for g in gpus),
+        force=force,
+        grace_s=grace_s,
+        settle_s=settle_s,
+        orch_version=__version__,
+        target=target,
+        env_from=env_from or None,
+        carry_from=carry_from or None,
+    )

@@ -9,6 +9,7 @@ from orchestrator.errors import (
 )
 from orchestrator.remote.target import Target, read_answer
 from orchestrator.wire.answers import StopAnswer
+from orchestrator.wire.requests import StopRequest
 
 NEVER_RAN = "no-run"
 """``StopAnswer.state`` of a container whose workdir holds no run at all."""
@@ -41,11 +42,13 @@ def stop(
     ``by``, default ``orch stop by user@host``): the end reads as a stop, not a crash.
     """
     tgt = target or Target(inventory, name)
-    args = ["stop", "--workdir", tgt.container.workdir, "--grace", str(grace_s),
-            "--by", by or f"orch stop by {operator()}"]  # fmt: skip
-    if run_id:
-        args += ["--run-id", run_id]
-    doc = tgt.agent(args, timeout=grace_s + 30.0)
+    req = StopRequest(
+        tgt.container.workdir,
+        run_id=run_id or None,
+        grace_s=grace_s,
+        by=by or f"orch stop by {operator()}",
+    )
+    doc = tgt.call(req, timeout=grace_s + 30.0)
     if doc.get("ok") is False and doc.get("error") == "no-run" and not run_id:
         # nothing ever ran there: nothing to stop, as for a run that already ended
         return StopAnswer(stopped=False, run_id="", state=NEVER_RAN)

@@ -472,7 +472,7 @@ def iter_log_lines(
     limit = 4 * max_chars
     carry = b""
     skipping = False  # inside an over-long line whose start was yielded: drop to its newline
-    with open(path, "rb") as fh:
+    with Path(path).open("rb") as fh:
         while chunk := fh.read(chunk_bytes):
             last = chunk.rfind(b"\n")
             if last < 0:

@@ -51,8 +51,9 @@ from orchestrator.postmortem.verdict import (
 from orchestrator.remote.target import read_answer
 from orchestrator.wire import paths
 from orchestrator.wire.answers import EvidenceAnswer
-from orchestrator.wire.formats import parse_pct_status
+from orchestrator.wire.formats import parse_pct_status, utc_stamp
 from orchestrator.wire.model import HostProbe, RunManifest, SchemaError, Snapshot
+from orchestrator.wire.requests import EvidenceRequest
 from orchestrator.wire.secrets import mask_env, redact, redact_tree, secret_values
 
 __all__ = [
@@ -151,11 +152,10 @@ def collect(
     answer: EvidenceAnswer | None = None
     final: Snapshot | None = None
     if status == "running":
-        args = ["evidence", "--workdir", c.workdir, "--session", c.session,
-                "--log-lines", str(log_lines), "--pane-lines", str(PANE_LINES)]  # fmt: skip
-        if run_id:
-            args += ["--run-id", run_id]
-        doc = tgt.agent(args, timeout=60.0)
+        req = EvidenceRequest(
+            c.workdir, c.session, run_id=run_id or None, log_lines=log_lines, pane_lines=PANE_LINES
+        )
+        doc = tgt.call(req, timeout=60.0)
         if doc.get("ok") is False:
             if doc.get("error") == "no-run" and run_id:
                 raise UsageError(f"{name}: {doc.get('message')}; see orch runs {name}")
@@ -269,7 +269,7 @@ def _evidence(
 
 def default_bundle_dir(ev: Evidence, now: float | None = None) -> Path:
     """``<state>/postmortems/<target>-<run>-<UTC stamp>/``."""
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    stamp = utc_stamp(now)
     return paths.state_dir() / "postmortems" / f"{ev.target}-{ev.run_id or 'none'}-{stamp}"
 
 

@@ -33,6 +33,7 @@ from orchestrator.postmortem.job_verdict import (
 )
 from orchestrator.postmortem.verdict import judge
 from orchestrator.wire import paths
+from orchestrator.wire.formats import utc_stamp
 
 CLOCK_SAMPLES = 3
 
@@ -141,7 +142,7 @@ def postmortem_job(
 
 
 def default_job_bundle_dir(pm: JobPostmortem, now: float | None = None) -> Path:
-    stamp = time.strftime("%Y%m%d-%H%M%S", time.gmtime(now or time.time()))
+    stamp = utc_stamp(now)
     return paths.state_dir() / "postmortems" / f"{pm.job}-{pm.run_id}-{stamp}"
 
 

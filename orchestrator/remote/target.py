@@ -34,6 +34,7 @@ from orchestrator.errors import (
 from orchestrator.remote import deploy
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.wire.model import HostProbe, SchemaError, Snapshot, check_schema
+from orchestrator.wire.requests import AgentRequest, LaunchRequest, LogsRequest
 
 log = logging.getLogger(__name__)
 W = TypeVar("W")
@@ -373,6 +374,20 @@ class Target:
         raise AgentError(
             f"{self.name}: agent {args[0] if args else ''} failed (exit {res.exit_status}): {tail}"
         )
+
+    def call(self, request: AgentRequest, timeout: float = 30.0) -> dict[str, Any]:
+        """Run one typed agent command (:mod:`orchestrator.wire.requests`): :meth:`agent`'s document."""
+        return self.agent(request.to_argv(), timeout=timeout)
+
+    def launch(self, request: LaunchRequest, env: dict[str, str], timeout: float) -> dict[str, Any]:
+        """``launch``; the run's variables go over stdin into its 0600 env file (argv shows in ps)."""
+        argv = dataclasses.replace(request, env_stdin=True).to_argv()
+        return self.agent(argv, timeout=timeout, stdin=json.dumps({"env": env}).encode())
+
+    def follow(self, request: LogsRequest) -> LineStream:
+        """Start ``logs -f`` (``request.follow`` set here); the raw line stream, one chunk a line."""
+        argv = dataclasses.replace(request, follow=True).to_argv()
+        return self.transport.stream(self._argv(self.bundle_dir(), argv))
 
     def facts(self, *, torch: bool = False, timeout: float = 90.0) -> dict[str, Any]:
         """Python, tmux, NVML driver + GPU inventory, free disk, sessions (torch when asked)."""

@@ -93,7 +93,18 @@ def parse_pct_lock(text: str) -> str | None:
 
 
 RUN_ID_STAMP = "%Y%m%d-%H%M%S"
-"""A run id's time, in UTC: ``YYYYmmdd-HHMMSS``."""
+"""A run id's time, in UTC: ``YYYYmmdd-HHMMSS`` (also a postmortem bundle's)."""
+ARCHIVE_STAMP = "%Y%m%dT%H%M%SZ"
+"""An archived file's time, in UTC: ISO 8601 basic, ``YYYYmmddTHHMMSSZ``."""
+
+
+def utc_stamp(now: float | None = None, fmt: str = RUN_ID_STAMP) -> str:
+    """``now`` (Unix s; default the current time) in UTC as ``fmt``.
+
+    >>> utc_stamp(0), utc_stamp(86399, ARCHIVE_STAMP)
+    ('19700101-000000', '19700101T235959Z')
+    """
+    return time.strftime(fmt, time.gmtime(time.time() if now is None else now))
 
 
 def new_run_id(name: str | None, now: float | None = None) -> str:
@@ -102,7 +113,7 @@ def new_run_id(name: str | None, now: float | None = None) -> str:
     >>> new_run_id("lr3e4", now=0), new_run_id(None, now=86399)
     ('19700101-000000-lr3e4', '19700101-235959')
     """
-    stamp = time.strftime(RUN_ID_STAMP, time.gmtime(time.time() if now is None else now))
+    stamp = utc_stamp(now)
     return f"{stamp}-{name}" if name else stamp
 
 

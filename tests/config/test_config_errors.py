@@ -269,7 +269,7 @@ CASES = [
         "2: containers.a\\nb: names must be printable, not empty, without '/' and not "
         "starting with '-'",
     ),
-    # restart: (issue 19): every key of the policy names its line
+    # restart: every key of the policy names its line
     (
         "restart-not-a-mapping",
         CT + "    restart: yes\n",

@@ -7,7 +7,7 @@ Each file starts with a header of ``# key: value`` lines, then the excerpt, verb
   plainly in the excerpt, ``hard`` when the log is cut short or shows the failure in
   another form (a stack without its message, a generic symptom); absent means ``clear``,
   or ``healthy`` under ``healthy/``;
-* ``# family: NAME (detail)``: which of issue 17's families the case stands for
+* ``# family: NAME (detail)``: which failure family the case stands for
   (:data:`FAMILIES`); optional for the cases that predate it;
 * any other ``# ...`` line before the excerpt is a note.
 
@@ -25,7 +25,7 @@ from pathlib import Path
 LOGS = Path(__file__).resolve().parent.parent / "data" / "logs"
 HEALTHY = "healthy"
 FAMILIES = ("launchers", "pytorch-versions", "stack-only", "divergence", "accelerate", "truncated")
-"""Issue 17's families: one failure as each launcher/framework/shell reports it; old and new
+"""The failure families: one failure as each launcher/framework/shell reports it; old and new
 PyTorch wordings (``stack-only``: failures visible only as a call stack); training that
 diverged; transformers asking for accelerate; logs that end before the cause."""
 _HEADER = re.compile(r"^# (\w+): (.*)$")

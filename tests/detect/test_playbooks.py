@@ -63,7 +63,7 @@ def test_required_ids_and_procedures_exist(pbs) -> None:
 
 
 def test_every_signature_says_whether_a_restart_helps(pbs) -> None:
-    """Issue 19: each bundled signature declares ``restart.retryable`` with its reason; the
+    """Each bundled signature declares ``restart.retryable`` with its reason; the
     issue's examples land on the side it names."""
     rules = {p.id: p.restart for p in pbs if p.kind == "signature"}
     assert all(r is not None and r.why for r in rules.values()), [
@@ -162,7 +162,7 @@ def test_healthy_excerpt_matches_nothing(case: Case, pbs) -> None:
 
 
 def test_corpus_score_meets_the_issue(pbs) -> None:
-    """Issue 17's bar, as bench/diagnose.py reports it: >= 95 % clear, >= 60 % hard, 0 healthy."""
+    """The diagnosis bar, as bench/diagnose.py reports it: >= 95 % clear, >= 60 % hard, 0 healthy."""
     got = score(CORPUS, lambda lines: [m.id for m in match_log(lines, pbs)])
     assert got["clear_top1_pct"] >= 95.0 and got["hard_top1_pct"] >= 60.0, got["misses"]
     assert got["healthy_false_matches"] == 0, got["misses"]
@@ -191,7 +191,7 @@ PREDATES_ISSUE_17 = {
     ("silent-death", "can't find session:? \\S+"),
     ("silent-death", "error connecting to \\S*tmux\\S* \\(No such file or directory\\)"),
 }  # fmt: skip
-"""Patterns written before issue 17 without an excerpt of their own in the corpus (they
+"""Patterns written before the corpus without an excerpt of their own in the corpus (they
 stand on the sources in their playbook's references); every later pattern needs one."""
 
 

@@ -97,7 +97,7 @@ def assert_whole_loop(proc: subprocess.CompletedProcess[str], demo_dir: Path) ->
 @pytest.mark.serial
 def test_demo_with_an_instant_trainer_on_a_loaded_machine(demo_dir: Path, cpu_hogs: None) -> None:
     """Steps that take a millisecond, and every core busy: the run still lasts until the demo
-    kills it, and each step waits for its state (issue 12: the demo raced a fast trainer)."""
+    kills it, and each step waits for its state (the demo once raced a fast trainer)."""
     proc, _took = run_demo(demo_dir, "--trainer-config", "instant-cpu")
     assert_whole_loop(proc, demo_dir)
 

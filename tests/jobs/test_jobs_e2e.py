@@ -1,4 +1,4 @@
-"""Multi-node jobs end to end, through the sandbox's two hosts and job network (issue 18):
+"""Multi-node jobs end to end, through the sandbox's two hosts and job network:
 launch with one command, watch and check as one row, stop every node, a preflight failure
 that starts nothing, a node that dies before the rendezvous. The faults after a launch (a
 rank killed, a container stopped, a host partitioned) are reliability rows:

@@ -1,5 +1,5 @@
 """watch, check and export judge a target through the one monitor: fed the same recorded
-history, they show the same findings and the same state (issue 14).
+history, they show the same findings and the same state.
 
 Each recorded history is a detector case (``tests/detect/<kind>/<case>.json``) that needs
 no host probe and no clock of its own: the three views take time from the snapshots.

@@ -168,7 +168,7 @@ def test_postmortem_reexports_the_pure_names() -> None:
         assert getattr(postmortem, name) is getattr(verdict, name)
 
 
-# --- confidence and the next check (issue 17) ------------------------------------------------
+# --- confidence and the next check ---------------------------------------------------------
 
 
 def test_a_log_signature_verdict_carries_the_match_confidence_and_confirm() -> None:

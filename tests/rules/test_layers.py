@@ -1,6 +1,6 @@
 """The tree is the architecture: imports only go down the layers of docs/ARCHITECTURE.md, the
 views are imported by ``commands/`` and ``cli.py`` only, there is no import circle (lazy
-imports inside functions count), and no module is over 600 lines (issue 14)."""
+imports inside functions count), and no module is over 600 lines."""
 
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ LAYERS: tuple[tuple[str, ...], ...] = (
 )
 RANK = {name: i for i, names in enumerate(LAYERS) for name in names}
 LONG_ALLOWED = {
-    "orchestrator/sandbox/manager.py",  # issue 13 rewrites the sandbox
+    "orchestrator/sandbox/manager.py",  # the sandbox's rewrite is pending
 }
 
 

@@ -1,4 +1,4 @@
-"""Every rule of issue 14, part 3, exists once: each test here checks the one place and that
+"""Every shared rule exists once: each test here checks the one place and that
 no second copy came back (a copy that drifts is how two of them came to disagree)."""
 
 from __future__ import annotations
@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SOURCES = {
     p: p.read_text()
     for p in sorted((ROOT / "orchestrator").rglob("*.py"))
-    if "sandbox" not in p.parts  # the sandbox stands in for Proxmox; its rewrite is issue 13's
+    if "sandbox" not in p.parts  # the sandbox stands in for Proxmox; its rewrite is pending
 }
 
 
@@ -124,3 +124,59 @@ def test_the_bundle_marker_is_one_constant() -> None:
 def test_dead_names_are_gone() -> None:
     assert not _defining(r"^_OOM_INVOKED\b|^STATES = ")
     assert not _defining(r"getattr\([^)]*\"stderr_tail\"")
+
+
+def _holding(literal: str) -> list[str]:
+    """Source files holding ``literal`` itself: a copy under another name fails too."""
+    return [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if literal in text]
+
+
+@pytest.mark.parametrize(
+    ("literal", "owner"),
+    [
+        ("command exited with status %s", None),  # the wrapper writes it from EXIT_LINE
+        ('"[orch] command exited with status', "orchestrator/wire/requests.py"),
+        ('"%Y%m%d-%H%M%S"', "orchestrator/wire/formats.py"),
+        ('"%Y%m%dT%H%M%SZ"', "orchestrator/wire/formats.py"),
+        ('default="train"', None),
+        ('session: str = "train"', None),
+    ],
+)
+def test_each_literal_lives_in_its_one_owner(literal: str, owner: str | None) -> None:
+    assert _holding(literal) == ([owner] if owner else [])
+
+
+def test_the_wrapper_writes_the_exit_line_the_detector_reads() -> None:
+    from orchestrator.agent import runs
+    from orchestrator.detect import run
+    from orchestrator.wire.requests import EXIT_LINE
+
+    assert run.WRAPPER_EXIT is EXIT_LINE
+    assert f"printf '\\n{EXIT_LINE} %s at %s\\n'" in runs.WRAPPER
+
+
+def test_the_launchers_poll_at_one_interval() -> None:
+    from orchestrator.lifecycle import job_launch, launch
+
+    polls = _defining(r"^[A-Z_]*POLL[A-Z_]*\s*=\s*[\d.]+")
+    assert [p for p in polls if "lifecycle/" in p and "launch" in p] == [
+        "orchestrator/lifecycle/launch.py"
+    ]
+    assert job_launch.VERIFY_POLL_S is launch.VERIFY_POLL_S
+
+
+def test_bundle_and_archive_stamps_are_one_function() -> None:
+    from orchestrator.lifecycle.procedures import archive_name
+    from orchestrator.postmortem.collect import default_bundle_dir
+    from orchestrator.postmortem.evidence import Evidence
+
+    assert _defining(r"^def utc_stamp\b") == ["orchestrator/wire/formats.py"]
+    assert default_bundle_dir(Evidence("ct", 0.0, run_id="r"), now=0).name == "ct-r-19700101-000000"
+    assert archive_name("/w/x", now=0) == "/w/x.orch-19700101T000000Z"
+    assert "strftime" not in SOURCES[ROOT / "orchestrator/postmortem/jobs.py"]
+
+
+def test_code_carries_no_issue_numbers() -> None:
+    """The history lives in git: a comment or docstring says what is, not which issue asked."""
+    rx = re.compile(r"\b[Ii]ssues? #?\d+")
+    assert [str(p.relative_to(ROOT)) for p, text in SOURCES.items() if rx.search(text)] == []

@@ -48,7 +48,7 @@ def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
 
 def test_crash_once_fires_from_step_0_only_so_a_resume_gets_past_it(tmp_path: Path) -> None:
     """``crash-once@N``: the first run crashes at N like ``crash@N``; the same command with
-    ``--resume auto`` starts after the newest checkpoint (< N) and finishes (issue 19's loop)."""
+    ``--resume auto`` starts after the newest checkpoint (< N) and finishes (the restart loop)."""
     args = ("--steps", "8", "--fault", "crash-once@6", "--set", "train.log_every=1",
             "--set", "train.ckpt_every=4")  # fmt: skip
     first = run_trainer(tmp_path, *args)

@@ -1,4 +1,4 @@
-"""``--forever``: the run lasts until it is stopped, however fast the machine trains (issue 12)."""
+"""``--forever``: the run lasts until it is stopped, however fast the machine trains."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The trainer as one node of a multi-node torchrun job (issue 18): every node's local rank 0
+"""The trainer as one node of a multi-node torchrun job: every node's local rank 0
 logs its own steps and its node's tokens/s, ``--dist-timeout`` bounds a collective, and
 ``kill@STEP:RANK`` kills one rank as kill -9 would. Two torchrun agents on this machine, each
 its own node (``--nnodes 2``, c10d rendezvous on loopback, distinct ``--local-addr``)."""

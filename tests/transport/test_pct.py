@@ -205,7 +205,7 @@ def test_parallel_pushes_to_one_container(sandbox: object, ct: PctTransport) -> 
     def push(i: int) -> None:
         try:
             ct.put(f"{i}\n".encode(), str(inside / f"p{i}"), mode=0o600)
-        except BaseException as exc:  # collected: asserted below
+        except BaseException as exc:  # noqa: BLE001 - collected from the thread, asserted below
             errors.append(exc)
 
     threads = [threading.Thread(target=push, args=(i,)) for i in range(6)]

@@ -160,7 +160,7 @@ def test_twenty_concurrent_commands_share_one_connection(sshd: Sshd, tmp_path: P
             res = transport.run([PY, "-c", count, str(live), str(i), str(done)], timeout=90)
             assert res.ok, res.err
             results.append(int(res.out))
-        except BaseException as exc:  # collected: asserted below
+        except BaseException as exc:  # noqa: BLE001 - collected from the thread, asserted below
             errors.append(exc)
 
     try:
