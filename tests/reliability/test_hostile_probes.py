@@ -5,17 +5,23 @@ variables. The probes that read the container run on both observation paths (``p
 
 from __future__ import annotations
 
+import contextlib
+import hashlib
 import json
 import re
+import signal
 import sqlite3
+import subprocess
+import sys
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 import yaml
 
 from tests.helpers import wait_for
-from tests.reliability.conftest import CANARY, TRAINER
+from tests.reliability.conftest import CANARY, PROXIES, ROOT, TRAINER, proxied
 from tests.reliability.test_hostile_container import _check, _kinds, path  # noqa: F401
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
@@ -33,6 +39,20 @@ def _raw(outs: dict[str, str]) -> dict[str, list[str]]:
 
 def _ok(res) -> None:  # type: ignore[no-untyped-def]
     assert "Traceback" not in res.stderr and res.returncode != 70, res.stderr[-2000:]
+
+
+@contextlib.contextmanager
+def _edited(fleet, tmp_path: Path, edit: Callable[[dict], None]) -> Iterator[Path]:  # type: ignore[no-untyped-def, type-arg]
+    """``fleet.config`` is a copy of hosts.yaml changed by ``edit`` while the block runs."""
+    doc = yaml.safe_load(fleet.config.read_text())
+    edit(doc)
+    config = tmp_path / "edited.yaml"
+    config.write_text(yaml.safe_dump(doc, sort_keys=False))
+    original, fleet.config = fleet.config, config
+    try:
+        yield config
+    finally:
+        fleet.config = original
 
 
 def _strict(text: str) -> object:
@@ -228,17 +248,12 @@ def test_a_revoked_host_key_is_refused(fleet, observe, tmp_path):  # type: ignor
     line = Path(fleet.info.known_hosts_path).read_text().strip().splitlines()[0]
     known = tmp_path / "known_hosts"
     known.write_text(f"{line}\n@revoked * {line.split(None, 1)[1]}\n")
-    doc = yaml.safe_load(fleet.config.read_text())
-    doc["hosts"]["sandbox"]["known_hosts"] = str(known)
-    config = tmp_path / "revoked.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
-    original, fleet.config = fleet.config, config
-    try:
+    with _edited(fleet, tmp_path, lambda d: d["hosts"]["sandbox"].update(known_hosts=str(known))):
         res = fleet.orch("check", "ct200", "--db", str(tmp_path / "orch.db"))
-    finally:
-        fleet.config = original
     said = [ln for ln in (res.stdout + res.stderr).splitlines() if "REVOKED" in ln]
-    observe(f"check exit {res.returncode}: {said[0][:140] if said else 'no REVOKED message'!r}")
+    shown = said[0][said[0].find("unreachable since") :] if said else "no REVOKED message"
+    shown = re.sub(r"since \S+", "since T", shown.replace(str(tmp_path), "TMP"))
+    observe(f"check exit {res.returncode}: {shown[:200]!r}")
     assert "Traceback" not in res.stderr and res.returncode == 3, res.stderr[-2000:]
     assert said and "line 2" in said[0], res.stdout + res.stderr
 
@@ -252,14 +267,11 @@ def test_a_revoked_host_key_is_refused(fleet, observe, tmp_path):  # type: ignor
 )
 def test_orch_db_holds_no_secret_the_log_printed(fleet, observe, tmp_path):  # type: ignore[no-untyped-def]
     secret = CANARY + "-db"
-    doc = yaml.safe_load(fleet.config.read_text())
-    doc["containers"]["ct201"]["env"] = {"HF_TOKEN": secret}
-    config = tmp_path / "secret.yaml"
-    config.write_text(yaml.safe_dump(doc, sort_keys=False))
     fleet.scenario("idle")
-    original, fleet.config = fleet.config, config
     db = tmp_path / "orch.db"
-    try:
+    with _edited(
+        fleet, tmp_path, lambda d: d["containers"]["ct201"].update(env={"HF_TOKEN": secret})
+    ):
         launched = fleet.orch("launch", "ct201", "--cmd", 'i=0; while true; do i=$((i+1)); echo '
                               '"step=$i loss=2.0 token=$HF_TOKEN"; echo "RuntimeError: auth '
                               'failed for $HF_TOKEN"; sleep 0.5; done', "--force", "--grace", "2",
@@ -272,8 +284,6 @@ def test_orch_db_holds_no_secret_the_log_printed(fleet, observe, tmp_path):  # t
         fleet.kill_trainer("ct201")
         wait_for(lambda: (run / "exit_status").exists(), 20)
         fleet.orch("check", "ct201", "--db", str(db))
-    finally:
-        fleet.config = original
     files = [p for p in tmp_path.iterdir() if p.name.startswith("orch.db")]
     leaks = [p.name for p in files if secret.encode() in p.read_bytes()]
     with sqlite3.connect(str(db)) as con:
@@ -281,3 +291,93 @@ def test_orch_db_holds_no_secret_the_log_printed(fleet, observe, tmp_path):  # t
     observe(f"orch.db ({sum(p.stat().st_size for p in files)} bytes, {len(dump)} chars dumped): "
             f"value found in {leaks or 'none'}; redaction mark present: {'***' in dump or 'REDACTED' in dump}")  # fmt: skip
     assert not leaks and secret not in dump, leaks
+
+
+HEAL_SECRET = CANARY + "-heal"
+HEAL_CMD = ('echo "tok=$(printf %s "$SECRET_TOKEN" | sha256sum | cut -c1-16) lr=$LR '
+            'resume=$ORCH_RESUME"; i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0"; '
+            'sleep 0.5; [ -z "$ORCH_RESUME" ] && [ "$i" -ge 4 ] && exit 3; done')  # fmt: skip
+
+
+@pytest.mark.fault(
+    area="self-healing",
+    fault=f"a run launched with `--env SECRET_TOKEN={HEAL_SECRET} --env LR=3e-4` exits 3; "
+    "`orch check --heal` relaunches it",
+    must="the relaunched run has the run's variables (it prints the secret's hash and LR) from "
+    "the 0600 env file, plus ORCH_RESUME",
+)
+def test_a_heal_relaunch_keeps_the_runs_variables(fleet, observe, tmp_path):  # type: ignore[no-untyped-def]
+    def heal(doc: dict) -> None:  # type: ignore[type-arg]
+        doc["defaults"]["thresholds"]["startup_timeout_s"] = 30
+        doc["defaults"]["restart"] = {"max": 3, "window": "1h", "backoff": [1],
+                                      "retry_unknown": True, "settle_timeout": "60s"}  # fmt: skip
+
+    fleet.scenario("idle")
+    db = tmp_path / "orch.db"
+    with _edited(fleet, tmp_path, heal):
+        res = fleet.orch("launch", "ct200", "--cmd", HEAL_CMD, "--env", f"SECRET_TOKEN={HEAL_SECRET}",
+                         "--env", "LR=3e-4", "--force", "--grace", "2", "--no-verify")  # fmt: skip
+        assert res.returncode == 0, res.stderr[-2000:]
+        first = fleet.run_dir("ct200")
+        wait_for(lambda: (first / "exit_status").exists(), 30, what="the first run to exit 3")
+        deadline, heals = time.monotonic() + 120, []
+        while fleet.run_dir("ct200") == first and time.monotonic() < deadline:
+            heal = fleet.orch("check", "ct200", "--heal", "--db", str(db))
+            heals += [ln for ln in heal.stdout.splitlines() if "HEAL" in ln]
+            time.sleep(1)
+        second = fleet.run_dir("ct200")
+        assert second != first, heals
+        wait_for(lambda: "resume=" in (second / "train.log").read_text(), 30, what="the relaunch")
+    want = hashlib.sha256(HEAL_SECRET.encode()).hexdigest()[:16]
+    line = next(ln for ln in (second / "train.log").read_text().splitlines() if "resume=" in ln)
+    observe(f"relaunched as {second.name} after {heals[-1][:80] if heals else 'no HEAL line'!r}; "
+            f"it printed {line.replace(want, '<hash of the secret>')!r}")  # fmt: skip
+    assert f"tok={want} lr=3e-4 resume=" in line and not line.endswith("resume="), line
+
+
+@pytest.mark.fault(
+    area="transport",
+    fault="the SSH connection cut just after the agent started the run (the run stops the "
+    "agent before it answers, then the TCP proxy in front of sshd is killed)",
+    must="`orch launch` exits 3 saying the run may have started and how to check (no "
+    "'unreachable', no bootstrap script); the run is in fact running",
+)
+def test_a_cut_after_the_start_says_the_run_may_have_started(fleet, observe, tmp_path):  # type: ignore[no-untyped-def]
+    if fleet.info.isolation != "lxc":
+        pytest.skip("the run finds the agent by its command line in its own PID namespace")
+    with proxied(fleet, tmp_path / "cut.yaml", delay_ms=1) as config:
+        fleet.scenario("idle")
+        # the run's first act: stop the agent that launched it (before its answer), say its PID
+        stop = ('p=$(pgrep -f -- "--env-stdin" | head -n 1); kill -STOP $p; '
+                'echo $p > "$ORCH_RUN_DIR/agent.pid.tmp"; mv "$ORCH_RUN_DIR/agent.pid.tmp" '
+                '"$ORCH_RUN_DIR/agent.pid"; ')  # fmt: skip
+        launch = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "launch", "ct200",
+             "--cmd", stop + TRAINER, "--force", "--grace", "2", "--no-verify"],
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+        )  # fmt: skip
+        runs = fleet.info.workdir("ct200") / "runs"
+
+        def stopped() -> bool:
+            cur = (runs / "current").read_text().strip() if (runs / "current").exists() else ""
+            return bool(cur) and (runs / cur / "agent.pid").exists()
+
+        try:
+            wait_for(stopped, 60, 0.05, what="the run to stop its agent")
+        except AssertionError:
+            launch.kill()
+            raise
+        agent_pid = int((fleet.run_dir("ct200") / "agent.pid").read_text().split()[0])
+        PROXIES[config].terminate()  # the cut: every byte in flight is lost
+    try:
+        out, err = launch.communicate(timeout=120)
+    finally:
+        fleet.info.kill("ct200", agent_pid, signal.SIGCONT)
+    run = fleet.run_dir("ct200")
+    wait_for(lambda: "step=3 " in (run / "train.log").read_text(), 30, what="the run's steps")
+    said = [ln for ln in err.splitlines() if "may have started" in ln]
+    observe(f"launch exit {launch.returncode}: {said[0][:150] if said else err.strip()[-150:]!r}; "
+            f"the run {run.name} goes on (step=3 logged)")  # fmt: skip
+    assert launch.returncode == 3 and said, (launch.returncode, out[-1000:], err[-2000:])
+    assert "orch status ct200" in said[0] and "unreachable" not in err, err[-2000:]
+    assert "import " not in err and "Traceback" not in err, err[-2000:]
