@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from orchestrator.sandbox.scenario import load_scenario
 from tests.helpers import wait_for
 from tests.reliability.conftest import CANARY, PROXIES, ROOT, TRAINER, proxied
 from tests.reliability.test_hostile_container import _check, _kinds, path  # noqa: F401
@@ -53,6 +54,15 @@ def _edited(fleet, tmp_path: Path, edit: Callable[[dict], None]) -> Iterator[Pat
         yield config
     finally:
         fleet.config = original
+
+
+def _pid_by_comm(comm: bytes) -> int | None:
+    """The host PID of a process whose ``/proc/PID/comm`` is ``comm`` (None: none yet)."""
+    for d in Path("/proc").iterdir():
+        with contextlib.suppress(OSError):
+            if d.name.isdigit() and (d / "comm").read_bytes() == comm:
+                return int(d.name)
+    return None
 
 
 def _strict(text: str) -> object:
@@ -109,6 +119,12 @@ def test_c1_and_bidi_never_reach_the_terminal_or_the_report(fleet, path, observe
     fleet.agent_launch("ct200", cmd=cmd)
     run = fleet.run_dir("ct200")
     wait_for(lambda: "after the fence" in (run / "train.log").read_text(), 20)
+    # the renamed process holds GPU 0 (the fake driver lists it by host PID)
+    comm = name.encode()[:15] + b"\n"
+    pid = wait_for(lambda: _pid_by_comm(comm), 20, what="the renamed process")
+    _, doc = load_scenario("idle")
+    doc["devices"][0]["processes"] = [{"pid": pid, "used_mib": 1024}]
+    fleet.scenario(doc)
     outs = {"check": _check(fleet, tmp_path)[2]}
     # the container names its current run: a directory whose name is the hostile id
     evil = run.parent / evil_id
@@ -118,7 +134,7 @@ def test_c1_and_bidi_never_reach_the_terminal_or_the_report(fleet, path, observe
     (run.parent / "current").write_text(evil_id + "\n")
     try:
         outs["check (run id)"] = _check(fleet, tmp_path / "id")[2]
-        for args in (("status", "ct200"), ("runs", "ct200")):
+        for args in (("status", "ct200"), ("runs", "ct200"), ("snapshot", "ct200")):
             res = fleet.orch(*args)
             _ok(res)
             outs[args[0]] = res.stdout
@@ -142,9 +158,9 @@ def test_c1_and_bidi_never_reach_the_terminal_or_the_report(fleet, path, observe
     tick = next((i for i, line in enumerate(md.splitlines()) if line == "```"), None)
     opener = next((line for line in md.splitlines()[: tick or 0][::-1]
                    if re.fullmatch(r"`{3,}\w*", line)), "")  # fmt: skip
-    shown = [k for k in ("status", "runs") if "evil" in outs[k]]
-    observe(f"{path} path: raw C1/bidi on {sorted(bad) or 'no output'}; the hostile run id "
-            f"shown (escaped) by {shown}; the ``` log line "
+    shown = [k for k in ("status", "runs", "check", "snapshot") if "evil" in outs[k]]
+    observe(f"{path} path: raw C1/bidi on {sorted(bad) or 'no output'}; the hostile run id or "
+            f"GPU process name shown (escaped) by {shown}; the ``` log line "
             f"{'inside a ' + str(len(opener.rstrip('abcdefghijklmnopqrstuvwxyz'))) + '-tick fence' if tick is not None else 'not in report.md'}")  # fmt: skip
     assert not bad, bad
     assert "\\u202e" in md or "\\u202E" in md, md[-1500:]
