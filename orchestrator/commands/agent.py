@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import typer
+from rich.markup import escape
 
 from orchestrator.commands._app import app, load_inventory, out_console, print_json
+from orchestrator.wire.text import visible
 
 
 @app.command("facts")
@@ -77,27 +79,34 @@ def snapshot_cmd(
             else "alive"
         )
         out_console.print(
-            f"session {s.name}: {state}" + ("" if s.server_running else " (no tmux server)"),
+            f"session {visible(s.name)}: {state}"
+            + ("" if s.server_running else " (no tmux server)"),
             highlight=False,
+            markup=False,
         )
     if r is not None:
         out_console.print(
-            f"run {r.run_id}: log {r.log_size_bytes if r.log_exists else 'missing'} bytes, "
-            f"exit status {r.exit_status}",
+            f"run {visible(r.run_id)}: log {r.log_size_bytes if r.log_exists else 'missing'} "
+            f"bytes, exit status {r.exit_status}",
             highlight=False,
+            markup=False,
         )
     if n is not None and not n.ok:
-        out_console.print(f"[red]NVML {n.error_kind}[/]: {n.message}", highlight=False)
+        out_console.print(
+            f"[red]NVML {escape(visible(str(n.error_kind)))}[/]: {escape(visible(n.message or ''))}",
+            highlight=False,
+        )
     for g in snap.gpus:
         procs = len(g.processes) if g.processes is not None else "?"
         out_console.print(
             f"GPU {g.index}: "
             + (
-                g.error
+                visible(g.error or "")
                 or f"{g.utilization_pct} %, {g.memory_used_mib} / "
                 f"{g.memory_total_mib} MiB, {g.power_w} W, {procs} processes"
             ),
             highlight=False,
+            markup=False,
         )
     if snap.metrics is not None:
         m = snap.metrics

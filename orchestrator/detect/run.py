@@ -56,6 +56,10 @@ def _stopped(snap: Snapshot) -> bool:
     return snap.container_status in ("stopped", "missing")
 
 
+HOST_KEY_REFUSALS = ("HOST KEY REVOKED", "HOST KEY CHANGED", "host key not known")
+"""The markers of orch.errors' HostKeyRevoked, HostKeyChanged and HostKeyUnknown messages."""
+
+
 def unreachable(history: History, limits: Limits) -> list[Finding]:
     """The newest snapshot is the transport's marker: "unreachable since T", never a death."""
     del limits
@@ -65,6 +69,8 @@ def unreachable(history: History, limits: Limits) -> list[Finding]:
     last = history[-1]
     seen = reachable(history)
     last_seen = f"; last data {fmt_time(seen[-1].taken_at)}" if seen else ""
+    # a refused host key is no passing outage: the summary (what `orch check` prints) says it
+    refused = next((e for e in last.errors if any(m in e for m in HOST_KEY_REFUSALS)), "")
     return [
         Finding(
             kind="unreachable",
@@ -73,6 +79,7 @@ def unreachable(history: History, limits: Limits) -> list[Finding]:
             summary=(
                 f"unreachable since {fmt_time(run[0].taken_at)} ({len(run)} failed polls"
                 f"{last_seen}); the run's state is unknown, not dead"
+                + (f": {refused}" if refused else "")
             ),
             since=run[0].taken_at,
             evidence=tuple(dict.fromkeys(e for s in run[-3:] for e in s.errors)),

@@ -127,13 +127,26 @@ class LaunchUncertain(TransportError):
     """
 
     def __init__(self, name: str, run_id: str, exc: BaseException) -> None:
-        reason = (str(exc).splitlines() or [type(exc).__name__])[0][:200]
+        reason = _lost_reason(exc)
         super().__init__(
             f"{name}: the connection was lost after the launch of run {run_id} was sent "
             f"({reason}): the run may have started. Check with: orch status {name}; "
             f"orch runs {name}; orch logs {name} --run {run_id} (a second launch is refused "
             "while it lives)"
         )
+
+
+def _lost_reason(exc: BaseException) -> str:
+    """How the connection was lost, without the remote command line (the agent's boot) and
+    without the transport's "unreachable" (the host answered: the run may be live).
+
+    >>> _lost_reason(OSError("h: unreachable: connection lost while running 'pct exec 1 -- x'"))
+    'h: connection lost'
+    >>> _lost_reason(EOFError())
+    'EOFError'
+    """
+    reason = (str(exc).splitlines() or [""])[0].split(" while running ", 1)[0]
+    return reason.replace("unreachable: ", "", 1)[:200] or type(exc).__name__
 
 
 def resolve_gpus(container: ContainerConfig, text: str | None) -> tuple[int, ...]:

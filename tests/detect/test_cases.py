@@ -88,6 +88,15 @@ def test_unreachable_never_reported_as_death() -> None:
     down = Snapshot.unreachable("lxc200", snaps[-1].taken_at + 5, "pve1: unreachable: timed out")
     only_down = run_detectors([down, down], limits=Limits())
     assert [f.kind for f in only_down] == ["unreachable"]
+    assert only_down[0].summary.endswith("unknown, not dead")  # a passing outage: no reason
+
+
+def test_a_refused_host_key_is_in_the_unreachable_summary() -> None:
+    revoked = ("sb (127.0.0.1:22): HOST KEY REVOKED (SHA256:k is marked @revoked on line 2 of "
+               "/k). Refusing to connect: the host must get a new key; then run: orch trust sb")  # fmt: skip
+    down = Snapshot.unreachable("ct200", 1.0e9, revoked)
+    (found,) = run_detectors([down], limits=Limits())
+    assert found.kind == "unreachable" and found.summary.endswith(f"not dead: {revoked}")
 
 
 def test_order_is_worst_first() -> None:

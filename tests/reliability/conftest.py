@@ -249,6 +249,39 @@ def tuned_config(info: Any, dest: Path, *, interval_s: float, **host: Any) -> Pa
     return dest
 
 
+@contextlib.contextmanager
+def proxied(fleet: Fleet, dest: Path, *, delay_ms: float, **host: Any) -> Iterator[Path]:
+    """A hosts.yaml (at ``dest``) reaching the sandbox sshd through bench/delay_proxy.py
+    (``delay_ms`` each way; known_hosts to match); the proxy dies when the block ends, or
+    earlier when the block kills it (``proxied.proxy``): a cut connection."""
+    from tests.views.test_delay_proxy import free_port
+
+    port = free_port()
+    proxy = subprocess.Popen(
+        [sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay-ms", str(delay_ms),
+         f"127.0.0.1:{port}=127.0.0.1:{fleet.info.port}"],
+        stdout=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    PROXIES[dest] = proxy
+    try:
+        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "ready"
+        key = Path(fleet.info.known_hosts_path).read_text().split(None, 1)[1]
+        known = dest.with_suffix(".known_hosts")
+        known.write_text(f"[127.0.0.1]:{port} {key}")
+        doc = yaml.safe_load(fleet.config.read_text())
+        doc["hosts"]["sandbox"].update(port=port, known_hosts=str(known), **host)
+        dest.write_text(yaml.safe_dump(doc, sort_keys=False))
+        yield dest
+    finally:
+        PROXIES.pop(dest, None)
+        proxy.terminate()
+        proxy.wait(timeout=10)
+
+
+PROXIES: dict[Path, subprocess.Popen[str]] = {}
+"""The running proxy of each :func:`proxied` config (to cut it mid-block: ``.terminate()``)."""
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet]:
     """A private sandbox for one test module: ct200 (and ct201), 8 GPUs, healthy."""

@@ -7,13 +7,11 @@ import re
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 import pytest
-import yaml
 
 from orchestrator.monitor.observe import BACKOFF_CAP_S
-from tests.reliability.conftest import ROOT
+from tests.reliability.conftest import ROOT, proxied
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
@@ -95,27 +93,8 @@ def test_sshd_killed_during_check(running, observe, tmp_path):
 @pytest.fixture
 def delayed_config(running, tmp_path):
     """hosts.yaml pointing at a delay proxy in front of the sandbox sshd (known_hosts to match)."""
-    from tests.views.test_delay_proxy import free_port
-
-    port = free_port()
-    proxy = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay-ms", "500",
-         f"127.0.0.1:{port}=127.0.0.1:{running.info.port}"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert proxy.stdout is not None and proxy.stdout.readline().strip() == "ready"
-        key = Path(running.info.known_hosts_path).read_text().split(None, 1)[1]
-        known = tmp_path / "known_hosts"
-        known.write_text(f"[127.0.0.1]:{port} {key}")
-        doc = yaml.safe_load(running.config.read_text())
-        doc["hosts"]["sandbox"].update(port=port, known_hosts=str(known), connect_timeout_s=20)
-        path = tmp_path / "delayed.yaml"
-        path.write_text(yaml.safe_dump(doc))
+    with proxied(running, tmp_path / "delayed.yaml", delay_ms=500, connect_timeout_s=20) as path:
         yield path
-    finally:
-        proxy.terminate()
-        proxy.wait(timeout=10)
 
 
 @pytest.mark.fault(
