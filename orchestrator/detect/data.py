@@ -9,13 +9,16 @@ it, on that target, so the drop never silently changes a state.
 from __future__ import annotations
 
 from orchestrator.config.limits import Limits
-from orchestrator.detect.base import History, trailing
+from orchestrator.detect.base import History
 from orchestrator.wire.model import Finding, Severity
 from orchestrator.wire.text import BAD_DATA_PREFIX
 
+RECENT_S = 60.0
+"""Seconds a dropped value stays said after the snapshot that dropped it."""
+
 
 def bad_metrics(history: History, limits: Limits) -> list[Finding]:
-    """The newest snapshot dropped a value or document the container wrote (a 400-digit
+    """A snapshot of the last :data:`RECENT_S` seconds dropped a value or document the container wrote (a 400-digit
     step, a ``time`` in milliseconds, ``"[" * 5000`` in manifest.json): said, on that target,
     so a number out of range never silently changes a state.
 
@@ -24,15 +27,21 @@ def bad_metrics(history: History, limits: Limits) -> list[Finding]:
     >>> s = Snapshot("ct", 1.0, errors=("bad data: train.log metrics: step out of range",))
     >>> [f.summary for f in bad_metrics([s], Limits())]
     ['a value the container wrote was dropped: train.log metrics: step out of range']
+    >>> later, much_later = Snapshot("ct", 2.0), Snapshot("ct", 100.0)
+    >>> len(bad_metrics([s, later], Limits())), len(bad_metrics([s, later, much_later], Limits()))
+    (1, 0)
     """
     del limits
     if not history:
         return []
     last = history[-1]
-    bad = [e for e in last.errors if e.startswith(BAD_DATA_PREFIX)]
+    # a bad line is read once (logs by byte offset): it stays said for RECENT_S, so a check
+    # that samples twice, or a watch interval later, still shows it
+    recent = [s for s in history if last.taken_at - s.taken_at <= RECENT_S]
+    bad = [e for s in reversed(recent) for e in s.errors if e.startswith(BAD_DATA_PREFIX)]
     if not bad:
         return []
-    run = trailing(history, lambda s: any(e.startswith(BAD_DATA_PREFIX) for e in s.errors))
+    run = [s for s in recent if any(e.startswith(BAD_DATA_PREFIX) for e in s.errors)]
     return [
         Finding(
             kind="bad-metrics",
