@@ -14,8 +14,11 @@ and unit) right; ``bench/progress.py`` prints it.
 
 from __future__ import annotations
 
+import json
 import math
 import re
+import subprocess
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,6 +36,8 @@ class Case:
     source: str
     expect: dict[str, str]
     lines: tuple[str, ...]
+    framework: str = ""
+    """``# framework:`` as written (held-out sets name the framework and its reader)."""
 
     @property
     def name(self) -> str:
@@ -59,7 +64,9 @@ def load(root: Path = DATA) -> list[Case]:
         if not lines or not lines[0].startswith("# source: ") or "expect" not in head:
             raise ValueError(f"{path}: needs '# source: URL' first and '# expect: ...'")
         expect = dict(kv.split("=", 1) for kv in head["expect"].split())
-        out.append(Case(path, head["source"], expect, tuple(lines[body_at:])))
+        out.append(
+            Case(path, head["source"], expect, tuple(lines[body_at:]), head.get("framework", ""))
+        )
     return out
 
 
@@ -96,4 +103,34 @@ def score(cases: list[Case] | None = None) -> dict[str, object]:
         if not all(verdict.values()):
             bad = [k for k, ok in verdict.items() if not ok]
             misses.append(f"{c.name} ({framework or 'generic'}): {', '.join(bad)} -> {r}")
+    return {"n": len(cases), **right, "misses": misses}
+
+
+def score_cli(cases: list[Case], python: str = sys.executable) -> dict[str, object]:
+    """:func:`score` read through ``orch diagnose LOG --json``'s ``progress`` object, one
+    process per excerpt, exactly as a user would check a log (``{"n", "step", "loss",
+    "throughput", "frameworks", "misses"}``; ``frameworks`` counts the reader named by each
+    file's ``# framework: ... (reader: X)`` that the CLI reported).
+
+    Raises:
+        subprocess.CalledProcessError: ``orch diagnose`` failed on an excerpt.
+    """
+    right = {"step": 0, "loss": 0, "throughput": 0, "frameworks": 0}
+    misses = []
+    for c in cases:
+        out = subprocess.run(
+            [python, "-m", "orchestrator.cli", "diagnose", "--json", str(c.path)],
+            capture_output=True, text=True, timeout=120, check=True,
+        ).stdout  # fmt: skip
+        p = json.loads(out)["progress"]
+        rate = p["throughput"] or {}
+        r = Reading(p["step"], p["total_steps"], p["loss"], rate.get("value"), rate.get("unit"))
+        verdict = judge(c, r)
+        for k, ok in verdict.items():
+            right[k] += ok
+        want = re.search(r"\(reader: ([\w-]+)\)", c.framework)
+        right["frameworks"] += bool(want and want.group(1) == (p["framework"] or "generic"))
+        if not all(verdict.values()):
+            bad = [k for k, ok in verdict.items() if not ok]
+            misses.append(f"{c.name} ({p['framework'] or 'generic'}): {', '.join(bad)} -> {p}")
     return {"n": len(cases), **right, "misses": misses}
