@@ -19,6 +19,7 @@ import math
 import re
 import subprocess
 import sys
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -117,20 +118,30 @@ def score_cli(cases: list[Case], python: str = sys.executable) -> dict[str, obje
     """
     right = {"step": 0, "loss": 0, "throughput": 0, "frameworks": 0}
     misses = []
-    for c in cases:
-        out = subprocess.run(
-            [python, "-m", "orchestrator.cli", "diagnose", "--json", str(c.path)],
-            capture_output=True, text=True, timeout=120, check=True,
-        ).stdout  # fmt: skip
-        p = json.loads(out)["progress"]
-        rate = p["throughput"] or {}
-        r = Reading(p["step"], p["total_steps"], p["loss"], rate.get("value"), rate.get("unit"))
-        verdict = judge(c, r)
-        for k, ok in verdict.items():
-            right[k] += ok
-        want = re.search(r"\(reader: ([\w-]+)\)", c.framework)
-        right["frameworks"] += bool(want and want.group(1) == (p["framework"] or "generic"))
-        if not all(verdict.values()):
-            bad = [k for k, ok in verdict.items() if not ok]
-            misses.append(f"{c.name} ({p['framework'] or 'generic'}): {', '.join(bad)} -> {p}")
+    with tempfile.TemporaryDirectory() as tmp:
+        for c in cases:
+            p = _diagnose(c, Path(tmp), python)
+            rate = p["throughput"] or {}
+            r = Reading(p["step"], p["total_steps"], p["loss"], rate.get("value"), rate.get("unit"))
+            verdict = judge(c, r)
+            for k, ok in verdict.items():
+                right[k] += ok
+            want = re.search(r"\(reader: ([\w-]+)\)", c.framework)
+            right["frameworks"] += bool(want and want.group(1) == (p["framework"] or "generic"))
+            if not all(verdict.values()):
+                bad = [k for k, ok in verdict.items() if not ok]
+                misses.append(f"{c.name} ({p['framework'] or 'generic'}): {', '.join(bad)} -> {p}")
     return {"n": len(cases), **right, "misses": misses}
+
+
+def _diagnose(case: Case, tmp: Path, python: str) -> dict[str, object]:
+    """``orch diagnose --json``'s ``progress`` for the excerpt's body alone: the ``# expect:``
+    header must not be read as a log line (it holds the answer)."""
+    log = tmp / f"{case.path.parent.name}-{case.path.name}"
+    log.write_text("\n".join(case.lines) + "\n", encoding="utf-8")
+    out = subprocess.run(
+        [python, "-m", "orchestrator.cli", "diagnose", "--json", str(log)],
+        capture_output=True, text=True, timeout=120, check=True,
+    ).stdout  # fmt: skip
+    progress: dict[str, object] = json.loads(out)["progress"]
+    return progress
