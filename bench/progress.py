@@ -9,7 +9,7 @@ the same length without its digits); then the whole follow-a-log path the agent 
 
 Usage: ``python bench/progress.py [--repeat 2000] [--json]``; the last line with ``--json``
 is ``{"readers": {name: {"us_per_line", "us_per_silent_line", "lines"}}, "feed_us_per_line",
-"score": {"corpus"|"heldout": {"n", "step", "loss", "throughput"}}}``.
+"score": {"corpus"|"heldout"|"heldout2": {"n", "step", "loss", "throughput"}}}``.
 """
 
 from __future__ import annotations
@@ -30,6 +30,7 @@ from orchestrator.wire.progress_readers import BY_NAME  # noqa: E402
 from tests.progress.corpus import load, score  # noqa: E402
 
 HELDOUT = ROOT / "tests" / "data" / "progress_heldout"
+HELDOUT2 = ROOT / "tests" / "data" / "progress_heldout2"
 TRAINER_LINE = "step=120 loss=2.3410 acc_len=3.21 tok/s=21500 lr=3.0e-04 gpu_mem=41.2"
 
 
@@ -74,7 +75,7 @@ def main() -> None:
     print(f"follow a log (ProgressParser.feed), all corpus lines: {feed:.2f} us/line; "
           f"the bundled trainer's line: {trainer:.2f} us/line")  # fmt: skip
     right = {}
-    for label, root in (("corpus", None), ("heldout", HELDOUT)):
+    for label, root in (("corpus", None), ("heldout", HELDOUT), ("heldout2", HELDOUT2)):
         s = score(cases if root is None else load(root))
         right[label] = {k: s[k] for k in ("n", "step", "loss", "throughput")}
         print(f"{label}: step {s['step']}/{s['n']}, loss {s['loss']}/{s['n']}, "

@@ -277,7 +277,7 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
     for k, v in _fields(reader, text, skipped).items():
         out.setdefault(k, v)
     if "_i" in out and "step" not in out:
-        out["step"] = out["_i"]
+        out["step"], out["_from_i"] = out["_i"], True
     return out if any(not k.startswith("_") for k in out) or "_i" in out else None
 
 
@@ -380,6 +380,8 @@ class ProgressParser:
         i, n = got.get("_i"), got.get("_n")
         if not isinstance(i, int) or not isinstance(n, int):
             return
+        if "step" in got and not got.pop("_from_i", False):
+            return  # the line prints the step itself (fairseq's num_updates beside [i / n])
         epoch = got.get("_epoch", self.epoch)
         epochs = got.get("_epochs", self.epochs)
         base = 1 if self.reader.name in _EPOCHS_FROM_1 else 0
@@ -410,8 +412,9 @@ class ProgressParser:
         return with_eta(self.reading)
 
 
-_EPOCHS_FROM_1 = ("keras", "mmengine")
-"""Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``)."""
+_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla")
+"""Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``,
+fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``)."""
 _EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
 

@@ -3,7 +3,8 @@
 ``{desc}: {percentage:3.0f}%|{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}, {rate_fmt}{postfix}]``
 where ``rate_fmt`` is ``{rate:5.2f}{unit}/s``, or ``{1/rate:5.2f}s/{unit}`` when the rate is
 below one per second; without a total, ``{desc}: {n_fmt}{unit} [{elapsed}, {rate_fmt}{postfix}]``.
-A notebook strips the ``|{bar}|``; a post may cut the percentage. Stdlib only (ships in wire/).
+A notebook strips the ``|{bar}|``; a post may cut the percentage, and a terminal narrower
+than the bar cuts its tail (no closing ``]``). Stdlib only (ships in wire/).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ _NOT_TRAINING = re.compile(rf"(?:{NOT_TRAINING_BARS})", re.IGNORECASE)
 _BAR = re.compile(
     r"(?:(?P<pct>\d{1,3})%)?(?:\|[^|]*\|)?\s*(?<![\w/.])(?P<n>[\d.]+[kMGTP]?)/(?P<total>[\d.]+[kMGTP]?)\s*"
     r"\[(?P<elapsed>[\d:]+)<(?P<remaining>[\d:]+|\?),\s*(?P<rate>[\d.]+[kMGTP]?|\?)\s*"
-    r"(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
+    r"(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)(?:\]|$)"
 )
 _BAR_NOTOTAL = re.compile(
     r"(?<![\w/])(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?P<unitn>[A-Za-z]*) \[(?P<elapsed>[\d:]+),\s*"

@@ -158,7 +158,9 @@ DEEPSPEED = Reader(
         "('epoch={}/micro_step={}/global_step={}, RunningAvgSamplesPerSec={}, "
         "CurrSamplesPerSec={}, ...') and deepspeed/runtime/engine.py _report_progress "
         "('step={}, skipped={}, lr={}, mom={}'); DeepSpeed <= 0.5 timer.py printed "
-        "'{epoch}/{step}, SamplesPerSec={}'; Megatron-DeepSpeed (bigscience) training.py "
+        "'{epoch}/{step}, SamplesPerSec={}' and 0.6 to 0.14 (v0.7.7 timer.py ThroughputTimer.stop) "
+        "'{epoch}/{local_step}, RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}'; "
+        "Megatron-DeepSpeed (bigscience) training.py "
         "training_log (' samples/sec: {:.3f} | iteration {:8d}/{:8d} |', 'lm_loss')"
     ),
     hints=("SamplesPerSec=", ", skipped="),
@@ -172,7 +174,10 @@ DEEPSPEED = Reader(
         Field("rate", "SamplesPerSec", "samples/s"),
         Field("rate", "samples/sec", "samples/s"),
     ),
-    counter=r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)",
+    counter=(
+        r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)"
+        r"|(?<![\w/.])\d+/(?P<step2>\d+), (?:RunningAvg)?SamplesPerSec="
+    ),
 )
 
 MEGATRON = Reader(
@@ -180,13 +185,19 @@ MEGATRON = Reader(
     source=(
         "Megatron-LM core_r0.9.0 megatron/training/training.py training_log "
         "(' iteration {:8d}/{:8d} |', ' elapsed time per iteration (ms): {:.1f} |', "
-        "' throughput per GPU (TFLOP/s/GPU): {:.1f} |', ' {key}: {:.6E} |' per loss)"
+        "' throughput per GPU (TFLOP/s/GPU): {:.1f} |', ' {key}: {:.6E} |' per loss); "
+        "Megatron-DeepSpeed (microsoft, f4157bea) megatron/training.py training_log, the same line "
+        "with ' samples per second: {:.3f} |', ' tokens per gpu per second (tgs): {:.3f} |', "
+        "' TFLOPs: {:.2f} |' (per GPU)"
     ),
     hints=("iteration ",),
     detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
     fields=(
         *_loss("lm loss", "loss"),
+        Field("rate", r"tokens per gpu per second \(tgs\)", "tokens/s/device"),
+        Field("rate", r"samples per second", "samples/s"),
         Field("rate", r"throughput per GPU \(TFLOP/s/GPU\)", "TFLOP/s/device"),
+        Field("rate", r"TFLOPs", "TFLOP/s/device"),
         Field("rate", r"elapsed time per iteration \(ms\)", "s/step", 1e-3),
     ),
     skip=(r"validation loss at", r"\bvalidation\b.*\blm loss value"),
@@ -236,16 +247,28 @@ FAIRSEQ = Reader(
         "fairseq v0.12.2 fairseq/logging/progress_bar.py SimpleProgressBar.log "
         "('{prefix}:  {i:5d} / {n:d} {k=v, ...}'), JsonProgressBar.log "
         "(json.dumps of the stats, values as formatted strings), and "
-        "fairseq_cli/train.py's stats (loss, wps, ups, num_updates)"
+        "fairseq_cli/train.py's stats (loss, wps, ups, num_updates); the first fairseq-py "
+        "(e734b0fa, 2017-09) fairseq/progress_bar.py ('{desc} {i:5d} / {n:d} {postfix}', desc "
+        "'| epoch {:03d}') with train.py's postfix ('loss', '{:.2f} ({:.2f})' value then mean; "
+        "'wps'), no num_updates; fairseq-lua (7a6fff0) train.lua "
+        "('| epoch %03d | %07d updates | words/s %7d| trainloss %8.2f | train ppl %8.2f')"
     ),
-    hints=("num_updates", "wps"),
-    detect=(r"\bnum_updates[=\"':]", r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]"),
+    hints=("num_updates", "wps", "| epoch ", " updates | "),
+    detect=(
+        r"\bnum_updates[=\"':]",
+        r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]",
+        r"^\| epoch \d{3}:?\s+\d+ / \d+ loss=",
+        r"^\| epoch \d{3} \| \d+ updates \| words/s ",
+    ),
     fields=(
         Field("step", "num_updates"),
-        *_loss("loss"),
+        Field("step", "updates", value_first=True),
+        *_loss("loss", "trainloss"),
         Field("rate", "wps", "words/s"),
+        Field("rate", "words/s", "words/s"),
     ),
-    skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b"),
+    skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b", r"\| checkpoint \d+ \|"),
+    counter=r"^\| epoch (?P<epoch>\d+):?\s+(?P<i>\d+) / (?P<n>\d+)\b",
 )
 
 MMENGINE = Reader(
@@ -319,7 +342,42 @@ MAXTEXT = Reader(
         *_loss("loss"),
         Field("rate", "Tokens/s/device", "tokens/s/device"),
         Field("rate", "TFLOP/s/device", "TFLOP/s/device"),
+        Field("rate", "TFLOP/s", "TFLOP/s/device"),
         Field("rate", "seconds", "s/step"),
+    ),
+)
+
+TINYGRAD = Reader(
+    name="tinygrad",
+    source=(
+        "tinygrad examples/mlperf/model_train.py (153250ca) train_resnet's tqdm.write "
+        "('{i:5} {t*1000:7.2f} ms run, ... {loss:5.2f} loss, ... {GFLOPS:9.2f} GFLOPS'); the "
+        "llama3 trainer of tinygrad PR 13803 prints the step time in seconds ('{t:.2f} s run')"
+    ),
+    hints=(" s run, ",),
+    detect=(r"^\s*\d+ +[\d.]+ m?s run, ",),
+    fields=(
+        Field("loss", "loss", value_first=True),
+        Field("rate", "ms run", "s/step", 1e-3, value_first=True),
+        Field("rate", "s run", "s/step", value_first=True),
+    ),
+    counter=r"^\s*(?P<step>\d+) +[\d.]+ m?s run, ",
+)
+
+TORCH_XLA = Reader(
+    name="torch-xla",
+    source=(
+        "pytorch/xla (c5cf3297) torch_xla/test/test_utils.py print_training_update "
+        "('| Training Device={} Epoch={} Step={} Loss={:.5f} Rate={:.2f} GlobalRate={:.2f} "
+        "Time={}', rate in examples/s), used by test/test_train_mp_imagenet.py; 2020's test "
+        "printed 'Step={}/{}' (pytorch/xla PR 1825)"
+    ),
+    hints=("| Training Device=",),
+    detect=(r"^\| Training Device=\S+ .*\bLoss=",),
+    fields=(*_loss("Loss"), Field("rate", "Rate", "samples/s")),
+    counter=(
+        r"\bEpoch=(?P<epoch>\d+) Step=(?P<i>\d+)/(?P<n>\d+)"
+        r"|\bStep=(?P<step>\d+)\b(?!/)"
     ),
 )
 
@@ -336,6 +394,8 @@ READERS: tuple[Reader, ...] = (
     NANOGPT,
     METRIC_LOGGER,
     KERAS,
+    TINYGRAD,
+    TORCH_XLA,
 )
 """Detection order: the most specific signature first (a MaxText or Megatron line is never
 taken for a generic ``step``/``loss`` line)."""
