@@ -97,9 +97,10 @@ GENERIC = Reader(
 HF_TRAINER = Reader(
     name="hf-trainer",
     source=(
-        "transformers v4.46 src/transformers/trainer_callback.py ProgressCallback.on_log "
-        "(training_bar.write(str(logs)), floats as f'{v:.4g}' strings since v4.45) and "
-        "on_train_begin (tqdm(total=state.max_steps)); trainer.py Trainer.log; also TRL, "
+        "transformers v4.46.0 src/transformers/trainer_callback.py ProgressCallback.on_log "
+        "(training_bar.write(str(shallow_logs)): the logs dict, floats as Python prints them, "
+        "epoch rounded to 2 places; 5.x (read at 5.25.0) writes floats as f'{v:.4g}' strings) "
+        "and on_train_begin (tqdm(total=state.max_steps, dynamic_ncols=True)); also TRL, "
         "axolotl and LLaMA-Factory, which print through the same callback"
     ),
     hints=("'loss': ", "'learning_rate': ", "'train_runtime': ", "Running training"),
@@ -118,8 +119,9 @@ HF_TRAINER = Reader(
 LLAMA_FACTORY = Reader(
     name="llama-factory",
     source=(
-        "LLaMA-Factory v0.9 src/llamafactory/train/callbacks.py LogCallback.on_log "
-        "(trainer_log.jsonl: current_steps, total_steps, loss, remaining_time, throughput)"
+        "LLaMA-Factory v0.9.0 src/llamafactory/train/callbacks.py LogCallback.on_log "
+        "(trainer_log.jsonl: current_steps, total_steps, loss, remaining_time, throughput: "
+        "input tokens seen / elapsed seconds)"
     ),
     hints=('"current_steps"', '"total_steps"'),
     detect=(r'"current_steps": \d+', r'"total_steps": \d+'),
@@ -134,9 +136,10 @@ LLAMA_FACTORY = Reader(
 LIGHTNING = Reader(
     name="lightning",
     source=(
-        "lightning v2.4 src/lightning/pytorch/callbacks/progress/tqdm_progress.py "
-        "(train bar desc 'Epoch {n}', postfix from get_metrics: v_num, train_loss_step...) "
-        "and rich_progress.py (Epoch {n}/{max} ... {rate}it/s {metrics})"
+        "lightning 2.4.0 src/lightning/pytorch/callbacks/progress/tqdm_progress.py "
+        "(train bar desc f'Epoch {trainer.current_epoch}', postfix from get_metrics: v_num, "
+        "train_loss_step...) and rich_progress.py (f'Epoch {current_epoch}/{max_epochs - 1}' "
+        "... f'{task_speed}it/s' {metrics})"
     ),
     hints=("v_num",),
     detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
@@ -160,8 +163,8 @@ DEEPSPEED = Reader(
         "('step={}, skipped={}, lr={}, mom={}'); DeepSpeed <= 0.5 timer.py printed "
         "'{epoch}/{step}, SamplesPerSec={}' and 0.6 to 0.14 (v0.7.7 timer.py ThroughputTimer.stop) "
         "'{epoch}/{local_step}, RunningAvgSamplesPerSec={}, CurrSamplesPerSec={}'; "
-        "Megatron-DeepSpeed (bigscience) training.py "
-        "training_log (' samples/sec: {:.3f} | iteration {:8d}/{:8d} |', 'lm_loss')"
+        "GPT-NeoX v2.0 megatron/logging.py training_log "
+        "(' samples/sec: {:.3f} |' then ' iteration {:8d}/{:8d} |', loss key 'lm_loss')"
     ),
     hints=("SamplesPerSec=", ", skipped="),
     detect=(r"RunningAvgSamplesPerSec=", r"\bstep=\d+, skipped=\d+, lr=", r"\bSamplesPerSec="),
@@ -226,8 +229,8 @@ TORCHTITAN = Reader(
 NANOGPT = Reader(
     name="nanogpt",
     source=(
-        "nanoGPT (karpathy, master 2023-06) train.py "
-        "(f'iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {mfu*100:.2f}%'; "
+        "nanoGPT (karpathy, 3adf61e1) train.py "
+        "(f'iter {iter_num}: loss {lossf:.4f}, time {dt*1000:.2f}ms, mfu {running_mfu*100:.2f}%'; "
         "eval: f'step {iter_num}: train loss {:.4f}, val loss {:.4f}')"
     ),
     hints=("iter ",),
@@ -247,7 +250,8 @@ FAIRSEQ = Reader(
         "fairseq v0.12.2 fairseq/logging/progress_bar.py SimpleProgressBar.log "
         "('{prefix}:  {i:5d} / {n:d} {k=v, ...}'), JsonProgressBar.log "
         "(json.dumps of the stats, values as formatted strings), and "
-        "fairseq_cli/train.py's stats (loss, wps, ups, num_updates); the first fairseq-py "
+        "the stats logged by fairseq/trainer.py (num_updates, ups) and "
+        "fairseq/tasks/fairseq_task.py (wps); the first fairseq-py "
         "(e734b0fa, 2017-09) fairseq/progress_bar.py ('{desc} {i:5d} / {n:d} {postfix}', desc "
         "'| epoch {:03d}') with train.py's postfix ('loss', '{:.2f} ({:.2f})' value then mean; "
         "'wps'), no num_updates; fairseq-lua (7a6fff0) train.lua "
@@ -297,9 +301,11 @@ MMENGINE = Reader(
 METRIC_LOGGER = Reader(
     name="metric-logger",
     source=(
-        "torchvision v0.19 references/classification/utils.py MetricLogger.log_every "
-        "('Epoch: [{epoch}]  [{i}/{n}]  eta: {}  {name}: {median:.4f} ({global_avg:.4f})  "
-        "time: {}  data: {}  max mem: {}'), copied by DeiT, MAE and LLaMA2-Accessory "
+        "torchvision (721a6ae1) references/classification/utils.py MetricLogger.log_every "
+        "(header 'Epoch: [{epoch}]', then '[{i}/{n}]  eta: {}  {name}: {median:.4f} "
+        "({global_avg:.4f})  time: {}  data: {}  max mem: {}'; the first number is the median "
+        "of the last 20, the parenthesised one the mean so far), copied by DeiT, MAE and "
+        "LLaMA2-Accessory "
         "(whose loss meter is closs)"
     ),
     hints=("Epoch: [",),
@@ -331,9 +337,11 @@ KERAS = Reader(
 MAXTEXT = Reader(
     name="maxtext",
     source=(
-        "MaxText (AI-Hypercomputer/maxtext, 2025-06) MaxText/metric_logger.py "
+        "MaxText (AI-Hypercomputer/maxtext 79e717f89, 2025-06) MaxText/metric_logger.py "
         "MetricLogger.log_metrics ('completed step: {}, seconds: {:.3f}, "
-        "TFLOP/s/device: {:.3f}, Tokens/s/device: {:.3f}, total_weights: {}, loss: {:.3f}')"
+        "TFLOP/s/device: {:.3f}, Tokens/s/device: {:.3f}, total_weights: {}, loss: {:.3f}'); "
+        "before c85d11c39 (2023-11) MaxText/train.py printed 'TFLOP/s: {:.3f}' "
+        "(perf/per_device_tflops_per_sec)"
     ),
     hints=("completed step: ",),
     detect=(r"\bcompleted step: \d+, seconds: ",),
