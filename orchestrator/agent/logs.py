@@ -7,8 +7,10 @@
 - Only complete lines are returned; an unterminated last line waits for its
   newline unless it already exceeds ``max_line_bytes``.
 - A line longer than ``max_line_bytes`` is cut (``…[cut N bytes]``); invalid
-  UTF-8 and control characters are replaced; after a ``\\r`` only the last
-  segment is kept (what a terminal shows for progress bars).
+  UTF-8 and control characters are replaced; a line redrawn in place with ``\\r``
+  (a progress bar) gives its newest ``MAX_CR_SEGMENTS`` non-blank segments, one line
+  each, oldest first: a ``tqdm.write`` message lands after the bar it cleared, and the
+  bar's step and rate must not be lost with it.
 - A missing, deleted or truncated log is data (``error``), never an exception.
 """
 
@@ -22,6 +24,43 @@ from pathlib import Path
 from typing import Any, BinaryIO
 
 _CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f]")
+
+MAX_CR_SEGMENTS = 2
+"""Segments kept of a raw line holding carriage returns. tqdm v4.66 ``tqdm/std.py``
+``tqdm.write`` clears the bar (``clear``: ``'\\r' + spaces + '\\r'``), writes the message and
+its newline, then redraws the bar, so a redirected log holds ``\\r bar1 \\r bar2 ... \\r
+spaces \\r message\\n``: the newest bar and the message are the last two non-blank segments."""
+
+
+def cr_segments(raw: bytes, max_line_bytes: int, keep: int = MAX_CR_SEGMENTS) -> list[bytes]:
+    r"""The newest ``keep`` non-blank ``\r`` segments of ``raw``, oldest first (``[raw]``
+    without a carriage return; ``[b""]`` when every segment is blank).
+
+    Bounded: only the last ``(keep + 1) x (max_line_bytes + 1)`` bytes are split, so a
+    megabyte of bar updates on one line costs no more than a few lines.
+
+    >>> cr_segments(b"\r 1/9 [00:01]\r 2/9 [00:02]\r    \r{'loss': 2.5}", 100)
+    [b' 2/9 [00:02]', b"{'loss': 2.5}"]
+    >>> cr_segments(b"step 1", 100), cr_segments(b"\r   \r", 100)
+    ([b'step 1'], [b''])
+    """
+    if b"\r" not in raw:
+        return [raw]
+    start = max(0, len(raw) - (keep + 1) * (max_line_bytes + 1))
+    parts = raw[start:].split(b"\r")
+    if start > 0 and len(parts) > 1:
+        parts = parts[1:]  # the window may begin inside a segment
+    kept = [p for p in parts if p.strip()]
+    return kept[-keep:] or [b""]
+
+
+def line_texts(raw: bytes, max_line_bytes: int) -> list[str]:
+    r"""The lines one raw log line shows (:func:`cr_segments`, each through :func:`clean_line`).
+
+    >>> line_texts(b"\r 3/9 [00:03, 1.0it/s]\r   \r{'loss': 2.5}", 100)
+    [' 3/9 [00:03, 1.0it/s]', "{'loss': 2.5}"]
+    """
+    return [clean_line(seg, max_line_bytes) for seg in cr_segments(raw, max_line_bytes)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -39,7 +78,8 @@ class LogChunk:
 
 
 def clean_line(raw: bytes, max_line_bytes: int) -> str:
-    r"""Decode one log line safely and bound its length.
+    r"""Decode one log line safely and bound its length (of a line redrawn with ``\r``, its
+    newest non-blank segment: :func:`line_texts` keeps more).
 
     >>> clean_line(b"step 1\r step 2 loss=0.5\r", 100)
     ' step 2 loss=0.5'
@@ -49,8 +89,7 @@ def clean_line(raw: bytes, max_line_bytes: int) -> str:
     'xxxxxxxx…[cut 12 bytes]'
     """
     if b"\r" in raw:
-        parts = [p for p in raw.split(b"\r") if p]
-        raw = parts[-1] if parts else b""
+        raw = cr_segments(raw, max_line_bytes, keep=1)[-1]
     cut = len(raw) - max_line_bytes
     if cut > 0:
         raw = raw[:max_line_bytes]
@@ -85,11 +124,11 @@ def split_lines(
     consumed = start
     if end >= start:
         for raw in data[start:end].split(b"\n"):
-            lines.append(clean_line(raw.rstrip(b"\r"), max_line_bytes))
+            lines.extend(line_texts(raw.rstrip(b"\r"), max_line_bytes))
         consumed = end + 1
     rest = len(data) - consumed
     if at_eof and rest > max_line_bytes:
-        lines.append(clean_line(data[consumed:], max_line_bytes))
+        lines.extend(line_texts(data[consumed:], max_line_bytes))
         consumed = len(data)
     return lines, consumed
 
@@ -190,7 +229,7 @@ def tail_lines(
 
     Bounded like the snapshot's log reader (:mod:`orchestrator.agent.logs`): reads
     64 KiB blocks from the end, never more than ``max_bytes`` in all; each line
-    goes through :func:`~orchestrator.agent.logs.clean_line` (cut at
+    goes through :func:`~orchestrator.agent.logs.line_texts` (cut at
     ``max_line_bytes``, invalid UTF-8 and control characters replaced). When the
     window ends inside a line before ``n`` lines were found, the first line says
     ``…[skipped N bytes]``. A missing file gives ``([], 0)``.
@@ -214,7 +253,7 @@ def tail_lines(
     skipped = 0
     if pos > 0 and raws:  # the window began inside a line
         skipped = pos + len(raws.pop(0)) + 1
-    lines = [clean_line(raw.rstrip(b"\r"), max_line_bytes) for raw in raws[-n:]]
+    lines = [t for raw in raws[-n:] for t in line_texts(raw.rstrip(b"\r"), max_line_bytes)][-n:]
     if skipped and len(lines) < n:
         lines.insert(0, f"…[skipped {min(skipped, size)} bytes]")
     return lines, size
