@@ -10,7 +10,9 @@
   collective``, before the survivors' collective timeout fires. When several nodes have
   failed, the first failure (:func:`orchestrator.detect.distributed.first_failure`) is named
   and the others are called its consequences;
-- tokens/s per node and the job's total.
+- each node's newest rate with its unit, and the job's figure per unit
+  (:mod:`orchestrator.monitor.job_rates`: summed per unit, a per-device rate times the
+  node's device count when known, never two units added); ``tokens_per_s`` is its tokens/s.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ from orchestrator.detect.distributed import (
     first_failure,
     link_down_events,
 )
+from orchestrator.monitor.job_rates import JobRate, job_rates, node_rate
+from orchestrator.monitor.job_rates import tokens_per_s as job_tokens_per_s
 from orchestrator.monitor.judge import Judgement
 from orchestrator.monitor.state import stopped_on_request
 from orchestrator.wire.model import Finding, HostProbe, KernelEvent, Severity, Snapshot
@@ -57,7 +61,12 @@ def worst_state(states: Sequence[str]) -> str:
 
 @dataclass(frozen=True, slots=True)
 class NodeRow:
-    """One node under its job: the node, its judgement, its latest tokens/s and step."""
+    """One node under its job: the node, its judgement, its latest tokens/s and step.
+
+    ``throughput``/``throughput_unit`` is the node's newest rate as its log prints it;
+    ``devices`` the GPUs it uses (the job's ``gpus``, else those its snapshot sees; ``None``
+    when neither says); ``tokens_per_s`` its tokens/s, a per-device rate times ``devices``.
+    """
 
     node: JobNode
     judgement: Judgement
@@ -65,6 +74,9 @@ class NodeRow:
     tokens_per_s: float | None = None
     step: int | None = None
     failure: NodeFailure | None = None
+    throughput: float | None = None
+    throughput_unit: str | None = None
+    devices: int | None = None
 
     def to_dict(self) -> dict[str, Any]:
         snap = self.judgement.snapshot
@@ -79,6 +91,11 @@ class NodeRow:
             "run_id": snap.run.run_id if snap.run else None,
             "step": self.step,
             "tokens_per_s": self.tokens_per_s,
+            "throughput": (
+                {"value": self.throughput, "unit": self.throughput_unit, "devices": self.devices}
+                if self.throughput is not None
+                else None
+            ),
             "failure": self.failure.to_dict() if self.failure else None,
             "findings": [finding_dict(f) for f in self.judgement.findings],
         }
@@ -86,8 +103,8 @@ class NodeRow:
 
 @dataclass(frozen=True, slots=True)
 class JobJudgement:
-    """A job's nodes (rank order), state, findings (``job-node-failed``), first failure and
-    total tokens/s."""
+    """A job's nodes (rank order), state, findings (``job-node-failed``), first failure, total
+    tokens/s and its throughput per unit (:func:`~orchestrator.monitor.job_rates.job_rates`)."""
 
     name: str
     state: str
@@ -95,6 +112,7 @@ class JobJudgement:
     findings: tuple[Finding, ...] = ()
     first_failure: NodeFailure | None = None
     tokens_per_s: float | None = None
+    throughput: tuple[JobRate, ...] = ()
 
     @property
     def reachable(self) -> bool:
@@ -113,6 +131,7 @@ class JobJudgement:
             "reachable": self.reachable,
             "taken_at": max((r.judgement.snapshot.taken_at for r in self.nodes), default=None),
             "tokens_per_s": self.tokens_per_s,
+            "throughput": [r.to_dict() for r in self.throughput],
             "first_failure": self.first_failure.to_dict() if self.first_failure else None,
             "findings": [finding_dict(f) for f in self.findings],
             "nodes": [r.to_dict() for r in self.nodes],
@@ -234,8 +253,13 @@ def judge_job(
         probe = (probes or {}).get(c.host)
         events = probe.kernel_events if probe is not None else ()
         fail = node_failure(node, c, j, hist, events, playbooks)
-        tps, step = _progress(hist, j.state)
-        rows.append(NodeRow(node, j, c.host, tps, step, fail))
+        rate, unit, step = _progress(hist, j.state)
+        devices = _devices(node, j.snapshot)
+        tps = None
+        if rate is not None and unit is not None:
+            value, u = node_rate(rate, unit, devices)
+            tps = value if u == "tokens/s" else None
+        rows.append(NodeRow(node, j, c.host, tps, step, fail, rate, unit, devices))
         if fail is not None:
             failures.append(fail)
     state = worst_state([r.judgement.state for r in rows])
@@ -243,22 +267,43 @@ def judge_job(
     findings: tuple[Finding, ...] = ()
     if first is not None:
         findings = (_job_finding(job, first, failures, rows),)
-    total = sum(r.tokens_per_s for r in rows if r.tokens_per_s is not None)
-    has_rate = any(r.tokens_per_s is not None for r in rows)
-    return JobJudgement(job.name, state, tuple(rows), findings, first, total if has_rate else None)
+    rates = job_rates(
+        (r.throughput, r.throughput_unit, r.devices)
+        for r in rows
+        if r.throughput is not None and r.throughput_unit is not None
+    )
+    return JobJudgement(
+        job.name, state, tuple(rows), findings, first, job_tokens_per_s(rates), rates
+    )
 
 
-def _progress(history: Sequence[Snapshot], state: str) -> tuple[float | None, int | None]:
-    """The newest tokens/s (while running) and step a node's snapshots show."""
-    tps: float | None = None
+def _progress(
+    history: Sequence[Snapshot], state: str
+) -> tuple[float | None, str | None, int | None]:
+    """The newest rate and its unit (while running) and step a node's snapshots show; an
+    older agent's bare tokens/s is a rate in tokens/s."""
+    rate: float | None = None
+    unit: str | None = None
     step: int | None = None
     for s in history:
-        if s.metrics is not None:
-            if s.metrics.tokens_per_s is not None:
-                tps = s.metrics.tokens_per_s
-            if s.metrics.step is not None:
-                step = s.metrics.step
-    return (tps if state in ("running", "stalled") else None), step
+        m = s.metrics
+        if m is not None:
+            if m.throughput is not None and m.throughput_unit is not None:
+                rate, unit = m.throughput, m.throughput_unit
+            elif m.tokens_per_s is not None:
+                rate, unit = m.tokens_per_s, "tokens/s"
+            if m.step is not None:
+                step = m.step
+    if state not in ("running", "stalled"):
+        rate = unit = None
+    return rate, unit, step
+
+
+def _devices(node: JobNode, snap: Snapshot) -> int | None:
+    """The GPUs a node uses: the job's ``gpus`` for it, else those its snapshot sees."""
+    if node.gpu_indices:
+        return len(node.gpu_indices)
+    return len(snap.gpus) or None
 
 
 def _job_finding(
