@@ -35,7 +35,15 @@ around collecting and encoding one snapshot), median over the stream's lines.
     operator holds the parsed document minus the moment the observer began it; CPU = the
     observer's own ``cost.cpu_ms`` per document (for every container of it at once).
 
-Usage: ``python bench/poll.py [-n 30] [--tmux-only | --host-only] [--json]``; the last line with ``--json`` is
+(f) ``--compare REV``: the agent's CPU per snapshot of this tree and of commit ``REV`` in ONE
+    run, interleaved (REV, this tree, this tree, REV, ...), against the same sandbox container
+    (its fake NVML, its tmux session, its trainer writing a line every 0.2 s): per round each
+    tree's ``agent stream`` (``cost.cpu_ms`` of every line after the first two) and ``n // 6``
+    ``agent snapshot`` processes (user + system CPU from ``wait4``). Medians over all rounds,
+    the ratio this/REV, and the load average before and after (other sessions share the
+    machine). Both trees run from source with this interpreter (no bundle).
+
+Usage: ``python bench/poll.py [-n 30] [--tmux-only | --host-only | --compare REV] [--json]``; the last line with ``--json`` is
 ``{"seed_ms", "oneshot_ms", "stream_ms", "ratio_seed_vs_stream",
 "ratio_oneshot_vs_stream", "agent_cpu_ms", "first_oneshot_ms", "agent_process_cpu_ms",
 "host_stream_1_ms", "host_stream_8_ms", "host_cpu_ms_1", "host_cpu_ms_8", ...}``.
@@ -277,6 +285,89 @@ def host_path_figures(n: int, interval_s: float) -> dict[str, float]:
     return out
 
 
+def _agent(tree: Path, args: list[str], env: dict[str, str]) -> list[str]:
+    """``python -m orchestrator.agent ARGS`` from ``tree`` (its own ``orchestrator``)."""
+    env = {**env, "PYTHONPATH": str(tree)}
+    out = subprocess.run([sys.executable, "-m", "orchestrator.agent", *args], cwd=tree, env=env,
+                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    return out.stdout.splitlines()
+
+
+def _snapshot_process_cpu_ms(tree: Path, args: list[str], env: dict[str, str]) -> float:
+    argv = [sys.executable, "-m", "orchestrator.agent", "snapshot", *args]
+    quiet = [(os.POSIX_SPAWN_OPEN, 1, os.devnull, os.O_WRONLY, 0)]
+    pid = os.posix_spawn(argv[0], argv, {**env, "PYTHONPATH": str(tree)}, file_actions=quiet)
+    _, status, usage = os.wait4(pid, 0)
+    if os.waitstatus_to_exitcode(status) != 0:
+        raise RuntimeError(f"agent snapshot from {tree} exited {status}")
+    return (usage.ru_utime + usage.ru_stime) * 1000
+
+
+def compare_agents(rev: str, n: int, interval_s: float) -> dict[str, object]:
+    """(f): this tree's agent against ``rev``'s, interleaved, on one sandbox container."""
+    root = Path(__file__).resolve().parents[1]
+    tmp = Path(tempfile.mkdtemp(prefix="orch-bench-compare-"))
+    base = tmp / "base"
+    base.mkdir()
+    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "orchestrator"],
+                             capture_output=True, check=True, timeout=60).stdout  # fmt: skip
+    subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True, timeout=60)
+    trees = {"base": base, "this": root}
+    state = tmp / "sandbox"
+    info = manager.up(state, containers=1, gpus=8, scenario="healthy", isolation="process")
+    load = [os.getloadavg()]
+    cpu: dict[str, list[float]] = {k: [] for k in trees}
+    proc: dict[str, list[float]] = {k: [] for k in trees}
+    rounds = 6
+    per_round = max(5, n // rounds)
+    try:
+        inv = load_inventory(info.config_path)
+        workdir = str(info.workdir("ct200"))
+        start_trainer(Target(inv, "ct200"), workdir)
+        env = {**os.environ, **manager.host_env(info.state_dir)}
+        env["TMUX_TMPDIR"] = str(info.container_root(200) / "tmp")
+        obs = ["--workdir", workdir]
+        stream = ["stream", *obs, "--interval", str(interval_s), "--ignore-stdin",
+                  "--count", str(per_round + 2)]  # fmt: skip
+        for tree in trees.values():  # warm the page cache and the bytecode of both
+            _agent(tree, ["snapshot", *obs], env)
+        for r in range(rounds):
+            for name in ("base", "this") if r % 2 == 0 else ("this", "base"):
+                lines = _agent(trees[name], stream, env)[2:]
+                docs = [json.loads(x) for x in lines]
+                assert all(len(d["gpus"]) == 8 and d["metrics"] for d in docs), docs[-1]
+                cpu[name] += [d["cost"]["cpu_ms"] for d in docs]
+                proc[name] += [_snapshot_process_cpu_ms(trees[name], obs, env)
+                               for _ in range(max(3, n // 6))]  # fmt: skip
+        load.append(os.getloadavg())
+    finally:
+        close_all()
+        manager.down(state)
+    med = statistics.median
+    fig = {
+        "rev": rev,
+        "agent_cpu_ms_base": round(med(cpu["base"]), 3),
+        "agent_cpu_ms_this": round(med(cpu["this"]), 3),
+        "agent_cpu_ratio": round(med(cpu["this"]) / med(cpu["base"]), 3),
+        "agent_process_cpu_ms_base": round(med(proc["base"]), 1),
+        "agent_process_cpu_ms_this": round(med(proc["this"]), 1),
+        "agent_process_cpu_ratio": round(med(proc["this"]) / med(proc["base"]), 3),
+        "stream_lines_each": len(cpu["base"]),
+        "processes_each": len(proc["base"]),
+        "loadavg_before": [round(x, 2) for x in load[0]],
+        "loadavg_after": [round(x, 2) for x in load[-1]],
+    }
+    print(f"(f) agent CPU per snapshot, interleaved, {rounds} rounds ({fig['stream_lines_each']} "
+          f"stream lines, {fig['processes_each']} snapshot processes each)")  # fmt: skip
+    print(f"            stream   {rev:>10}: median {fig['agent_cpu_ms_base']:7.3f} ms   this tree: "
+          f"{fig['agent_cpu_ms_this']:7.3f} ms   ratio {fig['agent_cpu_ratio']:.3f}")  # fmt: skip
+    print(f"            snapshot {rev:>10}: median {fig['agent_process_cpu_ms_base']:7.1f} ms   "
+          f"this tree: {fig['agent_process_cpu_ms_this']:7.1f} ms   ratio "
+          f"{fig['agent_process_cpu_ratio']:.3f}")  # fmt: skip
+    print(f"            load average before {fig['loadavg_before']}, after {fig['loadavg_after']}")
+    return fig
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("-n", type=int, default=30, help="samples per way (>= 30)")
@@ -284,8 +375,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--tmux-only", action="store_true", help="only (d): raw tmux vs libtmux")
     ap.add_argument("--host-only", action="store_true", help="only (e): the host observer")
+    ap.add_argument("--compare", metavar="REV", default=None,
+                    help="only (f): this tree's agent CPU against REV's, interleaved")  # fmt: skip
     args = ap.parse_args(argv)
     n = max(args.n, 30)
+    if args.compare:
+        fig = compare_agents(args.compare, n, args.stream_interval)
+        if args.json:
+            print(json.dumps({**fig, "samples": n}))
+        return 0
     if args.host_only:
         print(f"samples: {n}")
         host_fig = host_path_figures(n, args.stream_interval)
