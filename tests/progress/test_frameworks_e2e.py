@@ -1,11 +1,12 @@
 """Stall and throughput-drop on the user's own frameworks, in the sandbox: ``orch launch`` runs
 a script printing HF Trainer's and torchtitan's real line formats (fast steps, then slower
-ones, then a hang); the ``orch watch`` path (``observe.stream`` and the detectors) must call
+ones, then a hang; the fast phase lasts 12 s, so a watch that starts late on a loaded machine
+still sees the baseline's 10 samples); the ``orch watch`` path (``observe.stream`` and the detectors) must call
 the slowdown a throughput drop in the framework's own unit and the hang a stall.
 
-The line formats are those of docs/progress.md's readers: transformers v4.46
-ProgressCallback (a tqdm training bar, one per line as a log file holds them when tqdm's
-output is line-buffered, and ``str(logs)`` dicts with ``'{v:.4g}'`` strings), torchtitan
+The line formats are those of docs/progress.md's readers: transformers' ProgressCallback
+(a tqdm training bar, one per line as a log file holds them when tqdm's output is
+line-buffered, and ``str(logs)`` dicts with 5.x's ``'{v:.4g}'`` strings), torchtitan
 v0.1.0 MetricsProcessor.log (with its ANSI colours).
 """
 
@@ -37,12 +38,12 @@ def bar(n, rate):
     pct = n * 100 // total
     print(f" {pct:>2}%|#         | {n}/{total} [00:{n % 60:02d}<05:00, {rate:5.2f}it/s]", flush=True)
 print("***** Running training *****", flush=True)
-for n in range(1, 31):
+for n in range(1, 61):
     bar(n, 10.0); time.sleep(0.2)
     if n % 10 == 0:
         print("{'loss': '%.4g', 'grad_norm': '1.2', 'learning_rate': '5e-05', 'epoch': %.2f}"
               % (2.5 - n / 100, n / total), flush=True)
-for n in range(31, 45):
+for n in range(61, 75):
     bar(n, 1.0); time.sleep(1.0)
 time.sleep(3600)
 """
@@ -54,9 +55,9 @@ def line(step, tps):
     print(f"[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - {R}step: {step:2}  "
           f"{G}loss:  6.1384  {Y}memory: 49.66GiB(52.28%)  {B}tps: {tps:,}  "
           f"{C}tflops: 339.16  {M}mfu: 34.29%{X}", flush=True)
-for s in range(1, 31):
+for s in range(1, 61):
     line(s, 5862); time.sleep(0.2)
-for s in range(31, 45):
+for s in range(61, 75):
     line(s, 1204); time.sleep(1.0)
 time.sleep(3600)
 """
@@ -150,8 +151,8 @@ def test_run_drops_in_its_own_unit_then_stalls(
         drop, stall, m = _both(watch, unit)
         assert fell in drop.summary, drop.summary
         assert (m.framework, m.total_steps, m.throughput_unit) == (framework, total, unit)
-        assert (m.step, m.tokens_per_s) == (44, None) and m.loss is not None
-        assert "last step 44" in stall.evidence, stall.evidence
+        assert (m.step, m.tokens_per_s) == (74, None) and m.loss is not None
+        assert "last step 74" in stall.evidence, stall.evidence
         code, out = _orch(config, tmp_path, "check", ct, "--json", "--critical", "none")
         [target] = json.loads(out)["targets"]
         assert target["progress"]["framework"] == framework
