@@ -379,7 +379,7 @@ def render_detail(
     free = height - 1 - len(lines) - len(gpus) - len(later) - len(messages) - keep
     procs = process_table(v, free)
     free -= len(procs)
-    infos = [gpu_info(g) for g in gpus]
+    infos = [gpu_info(g, width) for g in gpus]
     with_info = free >= sum(i is not None for i in infos)
     for g, info in zip(gpus, infos, strict=True):
         lines.append(gpu_row(v, g, width))

@@ -36,6 +36,8 @@ LOAD_STYLE = ("green", "yellow", "red")
 """Light, moderate and heavy load (nvitop's ``LoadingIntensity.color``)."""
 ANOMALY_STYLE = "bold white on red"
 USER_W = 10
+WIDE = 150
+"""From this width on a GPU's row carries its info (name, bus id, P-state, clocks) too."""
 PID_W = 12
 
 _KIB, _MIB = 1024, 1024**2
@@ -148,12 +150,19 @@ def gpu_row(v: TargetView, g: GpuSample, width: int) -> Text:
         t.append(f" {g.error}", style="bold red")
     elif ghost:
         t.append(" busy, no memory", style="bold red")
+    if width >= WIDE and info_text(g):
+        t.append(f"  {info_text(g)}", style="dim")
     t.no_wrap, t.overflow = True, "ellipsis"
     return t
 
 
-def gpu_info(g: GpuSample) -> Text | None:
-    """The GPU's name, bus id, P-state and clocks (what NVML gave; ``None``: nothing)."""
+def info_text(g: GpuSample) -> str:
+    """The GPU's name, bus id, P-state and clocks, as far as NVML gave them.
+
+    >>> info_text(GpuSample(0, name="NVIDIA H200", pci_bus_id="00000000:18:00.0", pstate=0,
+    ...                     sm_clock_mhz=1980.0, mem_clock_mhz=2619.0))
+    'NVIDIA H200  00000000:18:00.0  P0  SM 1980 MHz  MEM 2619 MHz'
+    """
     parts = [g.name, g.pci_bus_id]
     if g.pstate is not None:
         parts.append(f"P{g.pstate}")
@@ -161,10 +170,16 @@ def gpu_info(g: GpuSample) -> Text | None:
         parts.append(f"SM {g.sm_clock_mhz:.0f} MHz")
     if g.mem_clock_mhz is not None:
         parts.append(f"MEM {g.mem_clock_mhz:.0f} MHz")
-    shown = [p for p in parts if p]
-    if not shown:
+    return "  ".join(p for p in parts if p)
+
+
+def gpu_info(g: GpuSample, width: int) -> Text | None:
+    """:func:`info_text` on a line of its own below the GPU's row; ``None`` when there is
+    nothing to say or the row itself carries it (``width >= WIDE``)."""
+    text = info_text(g)
+    if not text or width >= WIDE:
         return None
-    t = Text("         " + "  ".join(shown), style="dim")
+    t = Text("         " + text, style="dim")
     t.no_wrap, t.overflow = True, "ellipsis"
     return t
 

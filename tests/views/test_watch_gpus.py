@@ -177,3 +177,11 @@ def test_size_text_matches_nvitops_bytes2human():
     """nvitop v1.7.0 api/utils.py bytes2human, fed MiB (NVML's memory in bytes / 2**20)."""
     assert [wg.size_text(m) for m in (0.0, 99.99, 100.0, 999.0, 20479.0, 20480.0, TOTAL_MIB)] == [
         "0B", "99.99MiB", "100.0MiB", "999.0MiB", "20479MiB", "20.00GiB", "140.4GiB"]  # fmt: skip
+
+
+def test_a_wide_terminal_puts_each_gpus_info_on_its_row():
+    v = view(running("ct200", gpus=devices(BUSY, FULL), vmid=200))
+    lines = render(w.render_detail(v, now=1000.0, width=200, height=24), 200, 24)
+    row = next(line for line in lines if "GPU 0 " in line)
+    assert row.endswith("612W / 700W  NVIDIA H200  00000000:18:00.0  P0  SM 1980 MHz  MEM 2619 MHz")
+    assert sum("SM 19" in line for line in lines) == 8  # every GPU's, no line of their own
