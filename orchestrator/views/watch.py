@@ -86,18 +86,6 @@ def level(fraction: float | None) -> str:
     return SPARK[round(f * (len(SPARK) - 1))]
 
 
-def bar(fraction: float | None, width: int) -> str:
-    """A horizontal bar ``width`` cells long.
-
-    >>> bar(0.5, 10)
-    '█████░░░░░'
-    """
-    if fraction is None:
-        return "?" * width
-    full = round(min(1.0, max(0.0, fraction)) * width)
-    return "█" * full + "░" * (width - full)
-
-
 def human(value: float | None) -> str:
     """Short number: ``21.5k``, ``950``, ``-`` when unknown.
 

@@ -114,6 +114,11 @@ def is_anomalous(g: GpuSample, limits: Limits) -> bool:
 
 
 def _bar(pct: float | None, width: int) -> str:
+    """A horizontal bar ``width`` cells long (``?`` when unknown).
+
+    >>> _bar(50.0, 10), _bar(None, 3)
+    ('█████░░░░░', '???')
+    """
     if pct is None:
         return "?" * width
     full = round(min(100.0, max(0.0, pct)) / 100.0 * width)
