@@ -117,6 +117,10 @@ def test_inside_a_container_the_agent_reads_its_own_processes() -> None:
         assert p.command is not None and p.command.endswith(
             '"import time; time.sleep(600)" --api-key ***'
         )
+        # a process started in this clock tick has no average yet (None); the next collection
+        # gives the interval's
+        (g,), _status = gpupids.in_container((sample,), status)
+        (p,) = g.processes or ()
         assert p.cpu_pct is not None and p.cpu_pct >= 0.0
     finally:
         child.kill()
