@@ -82,7 +82,11 @@ def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
             "--interval",
             "1",
         ]
-        pane = Pane(argv, env={"TERM": "xterm-256color", "PYTHONPATH": str(ROOT)}, cwd=str(ROOT))
+        # the pane's own size (200x50), whatever COLUMNS/LINES this test process inherited:
+        # rich prefers them to the terminal's
+        size = {"COLUMNS": "200", "LINES": "50"}
+        pane = Pane(argv, env={"TERM": "xterm-256color", "PYTHONPATH": str(ROOT), **size},
+                    cwd=str(ROOT))  # fmt: skip
         pane.wait_text("ct201", timeout_s=60)
         pane._tmux("send-keys", "-t", "t", "Down")
         pane.wait_text("▶ ct201")
@@ -105,7 +109,7 @@ def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
         assert theirs[2:4] == ["trainee", "2048MiB"] and theirs[-2:] == ["sleep", "600.8"], theirs
         assert re.search(r"GPU\s+PID\s+USER\s+GPU-MEM\s+%CPU\s+COMMAND", shown)
         assert "115.5GiB / 140.4GiB" in shown and "0B / 140.4GiB" in shown  # nvitop's sizes
-        assert "NVIDIA H200  00000000:18:00.0" in shown  # name and bus id
+        assert "NVIDIA H200  00000000:18:00.0" in shown, shown  # name and bus id
 
         # the ghost GPU's label is highlighted (bold white on red), a busy one's is not
         def coloured() -> str | None:
