@@ -14,6 +14,7 @@ from __future__ import annotations
 import os
 from dataclasses import replace
 
+from orchestrator.agent.procdetails import ProcDetails
 from orchestrator.wire.formats import nvml_pid_numbering
 from orchestrator.wire.model import GpuSample, NvmlStatus
 
@@ -41,11 +42,18 @@ def _comm(proc: str, pid: int) -> str | None:
         return None
 
 
+_DETAILS: dict[str, ProcDetails] = {}
+"""One reader of users, CPU % and commands per /proc, kept for the agent's life (CPU % is
+over the interval between two collections)."""
+
+
 def in_container(
     samples: tuple[GpuSample, ...], status: NvmlStatus, proc: str = "/proc"
 ) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
     """The samples and status of a collection inside a container, with ``pid_numbering`` set;
-    under ``namespace`` each process gets ``container_pid`` (its PID here) and ``name``."""
+    under ``namespace`` each process gets ``container_pid`` (its PID here), ``name``, and its
+    ``user``, ``cpu_pct`` and ``command`` (:class:`~orchestrator.agent.procdetails.ProcDetails`;
+    under ``host`` numbering the PID names no process here: they stay ``None``)."""
     pids = {p.pid for s in samples for p in s.processes or ()}
     missing = {p for p in pids if not os.path.exists(f"{proc}/{p}")}
     numbering = decide_numbering(pids, missing, status.driver_version)
@@ -63,4 +71,5 @@ def in_container(
         else s
         for s in samples
     )
-    return out, status
+    details = _DETAILS.setdefault(proc, ProcDetails(proc, map_ids=False))
+    return details.fill(out), status

@@ -30,6 +30,7 @@ from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
 from orchestrator.agent.kernel import KernelParser, read_kernel
 from orchestrator.agent.netlog import vmid_of_device
+from orchestrator.agent.procdetails import ProcDetails
 from orchestrator.wire.formats import parse_pct_status
 from orchestrator.wire.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
 from orchestrator.wire.requests import SESSION
@@ -266,6 +267,7 @@ class HostObserver:
         self.state_path = state_path
         self.proc = proc
         self.procs = ProcessReader(proc)
+        self.details = ProcDetails(proc)
         self.mounts = CgroupMounts(proc)
         self.views: dict[int, ContainerView] = {}
         for s in specs:
@@ -353,6 +355,7 @@ class HostObserver:
                 self.pid_vmid[p.pid] = v.vmid
         samples, nvml = self.gpus.collect()
         samples = attribute_processes(samples, self.procs, self.names, self.proc)
+        samples = self.details.fill(samples)  # user, CPU % and command of each
         samples = tuple(replace(g, host_index=g.index) for g in samples)
         for v in self.views.values():
             if v.status == "running":

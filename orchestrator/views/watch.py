@@ -19,6 +19,16 @@ from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.jobs import JobJudgement
 from orchestrator.monitor.journal import summary
 from orchestrator.views.progress import format_eta, rate_text, step_text
+from orchestrator.views.watch_gpus import (
+    ANOMALY_STYLE,
+    gpu_info,
+    gpu_row,
+    is_anomalous,
+    mem_style,
+    plain_gpu_line,
+    process_table,
+    util_style,
+)
 from orchestrator.views.watch_model import TargetView, WatchModel
 from orchestrator.wire.model import Finding, GpuSample, Severity
 from orchestrator.wire.text import visible
@@ -38,8 +48,6 @@ BADGE_STYLE = {
     "crashed": "bold red",
     "dead": "bold white on red",
 }
-ROLE_STYLE = {"target": "cyan", "drafter": "magenta"}
-UNASSIGNED_STYLE = "grey50"
 SEVERITY_STYLE = {
     Severity.INFO: "blue",
     Severity.WARNING: "yellow",
@@ -76,18 +84,6 @@ def level(fraction: float | None) -> str:
         return "?"
     f = min(1.0, max(0.0, fraction))
     return SPARK[round(f * (len(SPARK) - 1))]
-
-
-def bar(fraction: float | None, width: int) -> str:
-    """A horizontal bar ``width`` cells long.
-
-    >>> bar(0.5, 10)
-    '█████░░░░░'
-    """
-    if fraction is None:
-        return "?" * width
-    full = round(min(1.0, max(0.0, fraction)) * width)
-    return "█" * full + "░" * (width - full)
 
 
 def human(value: float | None) -> str:
@@ -135,10 +131,6 @@ def state_text(v: TargetView) -> str:
     return v.state
 
 
-def _role_style(v: TargetView, gpu: int) -> str:
-    return ROLE_STYLE.get(v.roles.get(gpu, ""), UNASSIGNED_STYLE)
-
-
 def _mem_fraction(g: GpuSample) -> float | None:
     if g.memory_used_mib is None or not g.memory_total_mib:
         return None
@@ -147,6 +139,11 @@ def _mem_fraction(g: GpuSample) -> float | None:
 
 def _util_fraction(g: GpuSample) -> float | None:
     return None if g.utilization_pct is None else g.utilization_pct / 100.0
+
+
+def _load_style(v: TargetView, g: GpuSample, style: str) -> str:
+    """A GPU's level character: coloured by load, the ghost GPU highlighted."""
+    return ANOMALY_STYLE if is_anomalous(g, v.container.limits) else style
 
 
 def _visible_findings(v: TargetView) -> list[Finding]:
@@ -205,10 +202,10 @@ def target_lines(
     if snap is not None and snap.gpus:
         gl = Text("    util ", style="dim")
         for g in snap.gpus:
-            gl.append(level(_util_fraction(g)), style=_role_style(v, g.index))
+            gl.append(level(_util_fraction(g)), style=_load_style(v, g, util_style(g)))
         gl.append("  mem ", style="dim")
         for g in snap.gpus:
-            gl.append(level(_mem_fraction(g)), style=_role_style(v, g.index))
+            gl.append(level(_mem_fraction(g)), style=_load_style(v, g, mem_style(g)))
         if width >= 100:
             used = sum(g.memory_used_mib or 0 for g in snap.gpus)
             gl.append(f"  {used / 1024:.0f} GiB used", style="dim")
@@ -342,55 +339,63 @@ def render_detail(
     titles: Mapping[str, str] | None = None,
     messages: Sequence[str] = (),
 ) -> RenderableType:
-    """One target: its row, one line per GPU, findings with evidence, and the pane or log tail."""
+    """One target: its row, one line per GPU (bars coloured by load), each GPU's name, bus id,
+    P-state and clocks, the processes on its GPUs, findings with evidence, and the pane or log
+    tail, fitted into ``height``: the GPU rows and findings first, then the process table,
+    the GPU info lines and the tail (at least two lines of it when there is one)."""
     titles = titles or {}
     lines: list[Text] = [_header(v.name, now, "q quit  esc back"), Text("")]
     lines.extend(target_lines(v, now=now, width=width, titles=titles, max_findings=0)[:1])
     snap = v.shown
-    bar_w = 10 if width < 100 else 20
-    if snap is not None:
-        for g in snap.gpus:
-            role = v.roles.get(g.index, "-")
-            t = Text(f"  GPU {g.index:<2} {role[:9]:<9} ")
-            style = _role_style(v, g.index)
-            t.append(bar(_util_fraction(g), bar_w), style=style)
-            util = "?" if g.utilization_pct is None else f"{g.utilization_pct:.0f}%"
-            t.append(f" {util:>4}  ")
-            t.append(bar(_mem_fraction(g), bar_w), style=style)
-            used = "?" if g.memory_used_mib is None else f"{g.memory_used_mib / 1024:.1f}"
-            total = "?" if g.memory_total_mib is None else f"{g.memory_total_mib / 1024:.0f}"
-            t.append(f" {used}/{total}G")
-            if width >= 90 and g.temperature_c is not None:
-                t.append(f" {g.temperature_c:.0f}C")
-            if width >= 90 and g.power_w is not None:
-                t.append(f" {g.power_w:.0f}W")
-            if g.error:
-                t.append(f" {g.error}", style="bold red")
-            t.no_wrap, t.overflow = True, "ellipsis"
-            lines.append(t)
+    gpus = list(snap.gpus) if snap is not None else []
+    later: list[Text] = []
     for f in _visible_findings(v):
-        lines.append(_finding_line(f, titles, "  "))
+        later.append(_finding_line(f, titles, "  "))
         summary = Text(f"      {f.summary}")
         summary.no_wrap, summary.overflow = True, "ellipsis"
-        lines.append(summary)
+        later.append(summary)
         for ev in f.evidence[:4]:
             e = Text(f"      > {ev}", style="dim")
             e.no_wrap, e.overflow = True, "ellipsis"
-            lines.append(e)
+            later.append(e)
     for entry in v.journal[-4:]:
         jl = Text(f"  heal: {entry.line(now)}", style="cyan")
         jl.no_wrap, jl.overflow = True, "ellipsis"
-        lines.append(jl)
+        later.append(jl)
     tail = _tail(v)
-    room = height - len(lines) - 2 - len(messages)
-    if tail and room > 0:
+    keep = min(3, len(tail) + 1) if tail else 0  # the tail's header and two of its lines
+    free = height - 1 - len(lines) - len(gpus) - len(later) - len(messages) - keep
+    procs = process_table(v, free)
+    free -= len(procs)
+    infos = [gpu_info(g, width) for g in gpus]
+    with_info = free >= sum(i is not None for i in infos)
+    for g, info in zip(gpus, infos, strict=True):
+        lines.append(gpu_row(v, g, width))
+        if with_info and info is not None:
+            lines.append(info)
+    lines.extend(procs)
+    lines.extend(later)
+    room = height - len(lines) - 1 - len(messages)
+    if tail and room > 1:
         lines.append(Text("  --- pane / log tail ---", style="dim"))
-        for raw in tail[-room:]:
+        for raw in tail[-(room - 1) :]:
             t = Text(f"  {raw}")
             t.no_wrap, t.overflow = True, "ellipsis"
             lines.append(t)
     lines.extend(Text(m, style="dim yellow") for m in messages)
     return Group(*_shown(lines[: max(1, height)]))
+
+
+def plain_gpu_lines(v: TargetView, *, now: float) -> list[str]:
+    """``--plain``'s lines for the GPUs whose numbers changed with the last snapshot
+    (``v.gpu_changes``): ``HH:MM:SS ct200 gpu3 util=100% mem=0B/140.4GiB temp=41C power=95W/700W``.
+
+    >>> from orchestrator.wire.model import GpuSample
+    >>> v = TargetView("ct200", gpu_changes=(GpuSample(0, utilization_pct=98.0),))
+    >>> plain_gpu_lines(v, now=0.0)[0][9:]
+    'ct200 gpu0 util=98% mem=-/- temp=- power=-'
+    """
+    return [visible(plain_gpu_line(v.name, g, clock(now))) for g in v.gpu_changes]
 
 
 def _shown(lines: list[Text]) -> list[Text]:

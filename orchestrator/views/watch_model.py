@@ -20,7 +20,7 @@ from orchestrator.monitor.jobs import JobJudgement, judge_job
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge, with_unreachable
 from orchestrator.monitor.state import target_state
-from orchestrator.wire.model import Finding, Snapshot
+from orchestrator.wire.model import Finding, GpuSample, Snapshot
 
 log = logging.getLogger(__name__)
 
@@ -53,6 +53,10 @@ class TargetView:
     run_id: str | None = None
     journal: tuple[JournalEntry, ...] = ()
     """The newest restart-journal entries of this target (``orch supervise``'s decisions)."""
+    gpu_changes: tuple[GpuSample, ...] = ()
+    """The GPUs of the last snapshot taken in whose ``--plain`` numbers (:func:`gpu_key`)
+    differ from the ones before (all of them at first; none for an unreachable marker)."""
+    gpu_keys: dict[int, tuple[Any, ...]] = field(default_factory=dict)
 
     def signature(self) -> tuple[Any, ...]:
         """What counts as a change for ``--plain``: state, run, findings, a new restart-journal
@@ -73,6 +77,22 @@ class TargetView:
     @property
     def container(self) -> ContainerConfig:
         return self.config or ContainerConfig(name=self.name, host="local")
+
+
+def gpu_key(g: GpuSample) -> tuple[Any, ...]:
+    """What counts as a change of a GPU's ``--plain`` line: its numbers as printed
+    (utilisation, memory in MiB, temperature and power, whole units) and its error.
+
+    >>> gpu_key(GpuSample(0, utilization_pct=97.6, memory_used_mib=118234.4)) == gpu_key(
+    ...     GpuSample(0, utilization_pct=98.1, memory_used_mib=118233.9))
+    True
+    """
+
+    def whole(x: float | None) -> int | None:
+        return None if x is None else round(x)
+
+    return (whole(g.utilization_pct), whole(g.memory_used_mib), whole(g.memory_total_mib),
+            whole(g.temperature_c), whole(g.power_w), whole(g.power_limit_w), g.error)  # fmt: skip
 
 
 class WatchModel:
@@ -127,14 +147,19 @@ class WatchModel:
         return out
 
     def apply(self, name: str, snap: Snapshot) -> bool:
-        """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature` changed."""
+        """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature`
+        changed. The GPUs whose numbers changed are in ``gpu_changes`` either way (``--plain``
+        prints :func:`~orchestrator.views.watch.plain_gpu_lines` for them)."""
         v = self.views[name]
         before = v.signature()
         v.current = snap
         v.history.append(snap)
+        v.gpu_changes = ()
         if snap.reachable:
             v.unreachable_since = None
             v.last_good = snap
+            v.gpu_changes = tuple(g for g in snap.gpus if gpu_key(g) != v.gpu_keys.get(g.index))
+            v.gpu_keys.update((g.index, gpu_key(g)) for g in v.gpu_changes)
             if snap.run is not None:
                 if snap.run.run_id != v.run_id:
                     v.rates.clear()

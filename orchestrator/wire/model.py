@@ -217,6 +217,16 @@ class GpuProcess(Wire):
     vmid: int | None = None
     container_pid: int | None = None
     container: str | None = None
+    user: str | None = None
+    """The owner's user name as the container names it (its real uid mapped through the
+    container's id map and looked up in its ``/etc/passwd``); the uid as digits when no entry
+    names it."""
+    cpu_pct: float | None = None
+    """CPU % of one core since the previous observation (first: the average since its start)."""
+    command: str | None = None
+    """Its command line (``/proc/PID/cmdline``): arguments joined by spaces, secret-looking
+    values masked, control characters shown, at most ``wire.text.MAX_COMMAND_CHARS``
+    characters (``wire.text.command_line``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -241,6 +251,10 @@ class GpuSample(Wire):
     """NVML's bus id (``00000000:5D:00.0``): how a kernel line (Xid) names this GPU."""
     host_index: int | None = None
     """The GPU's NVML index on the Proxmox host, when read there (``index`` is the container's)."""
+    sm_clock_mhz: float | None = None
+    mem_clock_mhz: float | None = None
+    power_limit_w: float | None = None
+    pstate: int | None = None
 
 
 @dataclass(frozen=True, slots=True)

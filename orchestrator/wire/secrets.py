@@ -13,7 +13,7 @@ webhooks.
 from __future__ import annotations
 
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 MASK = "***"
@@ -59,6 +59,34 @@ def mask_env(env: Mapping[str, str]) -> dict[str, str]:
     {'API_KEY': '***', 'USER': 'root'}
     """
     return {k: (MASK if is_secret_name(k) else v) for k, v in env.items()}
+
+
+def mask_argv(argv: Sequence[str]) -> list[str]:
+    """A command line with the value of every secret-looking option or assignment masked:
+    ``--hf-token=X``, ``--password X`` and ``API_KEY=X`` (a name :func:`is_secret_name` calls
+    secret, dashes read as underscores).
+
+    >>> mask_argv(["python", "train.py", "--hf-token=hf_abc", "--password", "pw1", "--lr", "3e-4"])
+    ['python', 'train.py', '--hf-token=***', '--password', '***', '--lr', '3e-4']
+    >>> mask_argv(["env", "WANDB_API_KEY=k1", "--keyed"])
+    ['env', 'WANDB_API_KEY=***', '--keyed']
+    """
+    out: list[str] = []
+    hide_next = False
+    for arg in argv:
+        if hide_next and not arg.startswith("-"):
+            out.append(MASK)
+            hide_next = False
+            continue
+        hide_next = False
+        name, eq, _value = arg.partition("=")
+        secret = is_secret_name(name.lstrip("-").replace("-", "_"))
+        if eq and secret and (name.startswith("-") or name.isidentifier()):
+            out.append(f"{name}={MASK}")
+            continue
+        hide_next = arg.startswith("-") and not eq and secret
+        out.append(arg)
+    return out
 
 
 def secret_values(env: Mapping[str, str]) -> list[str]:

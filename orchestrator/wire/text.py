@@ -87,6 +87,44 @@ def fence(text: str) -> str:
     return "`" * max(3, longest + 1)
 
 
+MAX_COMMAND_CHARS = 256
+"""The longest command line carried for a process (``GpuProcess.command``); longer ends in ``…``."""
+MAX_CMDLINE_BYTES = 4096
+"""How much of ``/proc/PID/cmdline`` is read (the kernel gives up to a page per read)."""
+
+
+def command_line(raw: bytes | None, *, limit: int = MAX_COMMAND_CHARS) -> str | None:
+    r"""A process's ``/proc/PID/cmdline`` (NUL-separated arguments, written by the process
+    itself: hostile) as one line: arguments joined by spaces, one with a space in it quoted,
+    secret-looking values masked (:func:`orchestrator.wire.secrets.mask_argv`), every control
+    character and bidi override shown (:func:`visible`), cut to ``limit`` characters. ``None``
+    for an empty one (a kernel thread, a zombie). A process that rewrote its title into one
+    argument (``setproctitle``) reads as that title, as nvitop shows it
+    (``nvitop/api/process.py`` ``command_join``, v1.7.0).
+
+    >>> command_line(b"python3\x00train.py\x00--hf-token=hf_abc\x00")
+    'python3 train.py --hf-token=***'
+    >>> command_line(b"sh\x00-c\x00echo hi\x00")
+    'sh -c "echo hi"'
+    >>> command_line(b"evil\x1b]0;pwned\x07\x00"), command_line(b""), command_line(None)
+    ('evil␛]0;pwned␇', None, None)
+    >>> len(command_line(b"x" * 5000))
+    256
+    """
+    if not raw:
+        return None
+    from orchestrator.wire.secrets import mask_argv
+
+    text = raw[:MAX_CMDLINE_BYTES].decode("utf-8", "replace")
+    args = text.rstrip("\0").split("\0")
+    args = mask_argv(args)
+    line = " ".join(f'"{a}"' if (" " in a or not a) and '"' not in a else a for a in args)
+    line = visible(line)
+    if not line.strip():
+        return None
+    return line if len(line) <= limit else line[: limit - 1] + "…"
+
+
 def bounded_int(value: object, *, lo: int = 0, hi: int = MAX_STEP) -> int | None:
     """``value`` as an int in ``[lo, hi)``; ``None`` for anything else (inf, NaN, a bool,
     a 400-digit number, a string).
