@@ -31,8 +31,10 @@ Fetch = Callable[[str, "tuple[str, int] | None"], Snapshot]
 class Handles:
     """The observer's hold on the containers ``names`` of ``inventory`` (see the module).
 
-    ``fetch`` stands in for every one-shot snapshot and ``connect(name)`` for every stream
-    (both put every target on the in-container path); ``timeout_s`` is a round's deadline.
+    ``fetch`` stands in for every one-shot snapshot (and the pane) and ``connect(name)`` for
+    every stream: both put every target on the in-container path, unless ``host_link(host,
+    names)`` stands in for the host observer (a recorded host). ``timeout_s`` is a round's
+    deadline.
     """
 
     def __init__(
@@ -44,6 +46,7 @@ class Handles:
         workers: int = DEFAULT_JOBS,
         fetch: Fetch | None = None,
         connect: Callable[[str], Connect] | None = None,
+        host_link: Callable[[str, Sequence[str]], Any] | None = None,
     ) -> None:
         self.inventory = inventory
         self.names = list(names)
@@ -51,6 +54,7 @@ class Handles:
         self.workers = workers
         self.fetch = fetch
         self.connect = connect
+        self.host_link = host_link
         self.ledger = Ledger(inventory, self.names)
         self.resume: dict[str, tuple[str, int]] = {}
         """Where each run's log continues (the next round reads only what is new)."""
@@ -65,8 +69,9 @@ class Handles:
         self._lock = threading.Lock()
 
     def groups(self, names: Iterable[str] | None = None) -> dict[str, list[str]]:
-        """The targets observed from their host now, by host (none with ``fetch``/``connect``)."""
-        if self.fetch is not None or self.connect is not None:
+        """The targets observed from their host now, by host (none with ``fetch``/``connect``
+        and no ``host_link``)."""
+        if self.host_link is None and (self.fetch is not None or self.connect is not None):
             return {}
         from orchestrator.remote.hostlink import host_groups
 
@@ -94,6 +99,8 @@ class Handles:
 
     def pane(self, name: str) -> Snapshot | None:
         """An in-container snapshot of ``name`` for its pane lines (on demand)."""
+        if self.fetch is not None:
+            return self.fetch(name, None)
         return self.target(name).snapshot(timeout=self.timeout_s)
 
     def link(self, host: str, names: Sequence[str]) -> Any:
@@ -103,7 +110,8 @@ class Handles:
 
         link = self.links.get(host)
         if link is None or link.names != list(names):
-            link = self.links[host] = HostLink(self.inventory, host, names)
+            make = self.host_link or (lambda h, ns: HostLink(self.inventory, h, ns))
+            link = self.links[host] = make(host, names)
         link.resume = {n: self.resume[n] for n in names if n in self.resume}
         link.cursor, link.since = self.cursors.get(host, (None, None))
         return link

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Sequence
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.monitor.jobs import JobJudgement, judge_job
@@ -21,7 +22,8 @@ from orchestrator.wire.model import Snapshot
 class Poller:
     """Keeps the newest :class:`Judgement` of each target, refreshed by :meth:`poll_once`.
 
-    ``fetch(name) -> Snapshot`` stands in for the one-shot snapshot (tests, the benchmark).
+    ``fetch(name) -> Snapshot`` stands in for the one-shot snapshot and ``host_link`` for each
+    host's observer (tests, the benchmark).
     """
 
     def __init__(
@@ -33,6 +35,7 @@ class Poller:
         workers: int = DEFAULT_JOBS,
         fetch: Callable[[str], Snapshot] | None = None,
         jobs: Sequence[str] = (),
+        host_link: Callable[[str, Sequence[str]], Any] | None = None,
     ) -> None:
         self.inventory = inventory
         self.names = list(names)
@@ -40,7 +43,7 @@ class Poller:
                      if all(n in names for n in inventory.job(j).containers)]  # fmt: skip
         one = (lambda n, _resume: fetch(n)) if fetch is not None else None
         self.observer = Observer(inventory, self.names, timeout_s=timeout_s, workers=workers,
-                                 fetch=one)  # fmt: skip
+                                 fetch=one, host_link=host_link)  # fmt: skip
         self._stop = threading.Event()
 
     def latest(self) -> list[Judgement]:

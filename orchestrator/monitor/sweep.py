@@ -15,9 +15,10 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
+from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.detect.engine import default_playbooks
@@ -134,19 +135,24 @@ def stored(snaps: Iterable[Snapshot], secrets: set[str]) -> list[Snapshot]:
 
 
 def run_check(
-    inventory: Inventory, opts: CheckOptions, *, fetch: Fetch | None = None
+    inventory: Inventory,
+    opts: CheckOptions,
+    *,
+    fetch: Fetch | None = None,
+    host_link: Callable[[str, Sequence[str]], Any] | None = None,
 ) -> CheckReport:
     """Observe (one round of the :class:`~orchestrator.monitor.observer.Observer`), judge over
     the stored history, alert, remember. Raises ``HistoryError`` when the database is unusable.
-    ``fetch`` stands in for every target's snapshot (tests feed a recorded history through it;
-    recorded snapshots are never sampled twice).
+    ``fetch`` stands in for every target's snapshot and ``host_link`` for each host's observer
+    (tests feed a recorded history through them; recorded snapshots are never sampled twice).
     """
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
     picked = [inventory.jobs[j] for j in select_jobs(inventory, opts.names)]
     job_cfgs = [j for j in picked if all(n in containers for n in j.containers)]
     job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
-    obs = Observer(inventory, names, timeout_s=opts.timeout_s, workers=opts.workers, fetch=fetch)
+    obs = Observer(inventory, names, timeout_s=opts.timeout_s, workers=opts.workers, fetch=fetch,
+                   host_link=host_link)  # fmt: skip
     history = History.open(opts.db_path, inventory=inventory)
     with history:
         started = time.time()
@@ -155,7 +161,7 @@ def run_check(
         since = _host_meta(history, obs, {c.host for c in containers.values() if not c.is_local},
                            started)  # fmt: skip
         fresh = history.newest(names)
-        pair = set() if fetch else {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
+        pair = set() if fetch or host_link else {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
         past: dict[str, list[Snapshot]] = {}
 
         def meanwhile() -> None:  # the stored history decoded while the targets answer
