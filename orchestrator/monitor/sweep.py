@@ -161,7 +161,11 @@ def run_check(
         since = _host_meta(history, obs, {c.host for c in containers.values() if not c.is_local},
                            started)  # fmt: skip
         fresh = history.newest(names)
-        pair = set() if fetch or host_link else {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
+        pair = (
+            set()
+            if fetch or host_link
+            else {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
+        )
         past: dict[str, list[Snapshot]] = {}
 
         def meanwhile() -> None:  # the stored history decoded while the targets answer
