@@ -73,7 +73,8 @@ def take(
     jobs.update(_inside_jobs(obs, inside, pair))
     probed = _probe_hosts(obs, inside, probe_also) if probe_since is not None else set()
     jobs.update({f"h:{h}": _probe_job(obs, h, probe_since) for h in probed})
-    got = gather(jobs, workers=obs.workers, timeout_s=obs.timeout_s, meanwhile=meanwhile)
+    got = settle(jobs, gather(jobs, workers=obs.workers, timeout_s=obs.timeout_s,
+                              meanwhile=meanwhile))  # fmt: skip
     out = Round(time.time())
     pids = known_pids(past or {})
     fallback: list[str] = []
@@ -84,7 +85,7 @@ def take(
         if probe_since is not None:
             more.update({f"h:{h}": _probe_job(obs, h, probe_since)
                          for h in _probe_hosts(obs, fallback, ()) - probed})  # fmt: skip
-        got.update(gather(more, workers=obs.workers, timeout_s=obs.timeout_s))
+        got.update(settle(more, gather(more, workers=obs.workers, timeout_s=obs.timeout_s)))
         inside += fallback
     for n in inside:
         value = got[f"t:{n}"]
@@ -120,13 +121,11 @@ def _inside_jobs(
         if name not in pair:
             return lambda: one(name, resume)
 
-        def twice() -> tuple[Snapshot, Snapshot]:
-            first = one(name, resume)
-            time.sleep(PAIR_GAP_S)
+        def second(first: Snapshot) -> Snapshot:
             run = first.run if first.reachable else None
-            return first, one(name, (run.run_id, run.log_offset) if run and run.run_id else resume)
+            return one(name, (run.run_id, run.log_offset) if run and run.run_id else resume)
 
-        return twice
+        return Pair(lambda: one(name, resume), second)
 
     return {f"t:{n}": job(n) for n in names}
 
@@ -142,14 +141,45 @@ def _host_job(
     if not any(n in pair for n in names):
         return once
 
-    def twice() -> tuple[HostDocument, HostDocument]:
-        cursor, since = link.cursor, link.since
-        first = once()
-        time.sleep(PAIR_GAP_S)
-        link.cursor, link.since = cursor, since  # the same kernel events again, and newer ones
-        return first, once()
+    cursor, since = link.cursor, link.since
 
-    return twice
+    def second(_first: HostDocument) -> HostDocument:
+        after = link.cursor, link.since
+        link.cursor, link.since = cursor, since  # the same kernel events again, and newer ones
+        try:
+            return once()
+        except BaseException:
+            link.cursor, link.since = after  # the first's are the newest read
+            raise
+
+    return Pair(once, second)
+
+
+class Pair:
+    """A job that samples twice, :data:`PAIR_GAP_S` apart: ``(first, second)``, or the first
+    alone when the second fails; :attr:`first` stays readable when the round's deadline
+    passes during the second (:func:`settle`)."""
+
+    def __init__(self, first: Callable[[], Any], second: Callable[[Any], Any]) -> None:
+        self._first, self._second = first, second
+        self.first: Any = None
+
+    def __call__(self) -> Any:
+        self.first = self._first()
+        time.sleep(PAIR_GAP_S)
+        try:
+            return self.first, self._second(self.first)
+        except Exception as exc:  # noqa: BLE001 - one sample is still an answer
+            log.info("second sample failed, keeping the first: %s", failure_reason(exc))
+            return self.first
+
+
+def settle(jobs: Mapping[str, Callable[[], Any]], got: dict[str, Any]) -> dict[str, Any]:
+    """``got`` with the first sample of each pair the deadline cut short."""
+    for key, job in jobs.items():
+        if isinstance(job, Pair) and isinstance(got.get(key), BaseException) and job.first:
+            got[key] = job.first
+    return got
 
 
 def _probe_hosts(obs: Handles, names: list[str], also: Collection[str]) -> set[str]:
@@ -188,6 +218,7 @@ def _read_host(
                 out.earlier.update({n: s for n, s in snaps.items() if n in pair})
             seen += view.events
         out.snaps.update(snaps)
+        seen = list(dict.fromkeys(seen))  # a pair read the same kernel lines twice
         out.hosts[host] = HostView(host, seen, errors=view.errors, taken_at=view.taken_at)
         out.cursors[host] = (docs[-1].kernel_cursor, docs[-1].taken_at)
         link = obs.links[host]
