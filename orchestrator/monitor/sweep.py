@@ -161,11 +161,8 @@ def run_check(
         since = _host_meta(history, obs, {c.host for c in containers.values() if not c.is_local},
                            started)  # fmt: skip
         fresh = history.newest(names)
-        pair = (
-            set()
-            if fetch or host_link
-            else {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
-        )
+        stale = {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
+        pair = set() if fetch or host_link else stale  # recorded snapshots are never paired
         past: dict[str, list[Snapshot]] = {}
 
         def meanwhile() -> None:  # the stored history decoded while the targets answer
@@ -189,9 +186,7 @@ def run_check(
                 host = containers[n].host
                 probes = [recent[host]] if host in recent and n in got.inside else []
                 j = obs.ledger.judge(n, got.snaps[n], probes)
-                results.append(
-                    replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
-                )
+                results.append(replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds))))  # fmt: skip
             for view in got.hosts.values():
                 obs.ledger.saw_host(view)
             for h, p in recent.items():
