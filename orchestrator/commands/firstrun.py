@@ -49,11 +49,12 @@ def demo_cmd(
     Exit codes: 0 the loop ran and reached a verdict; 1 a step failed; 2 something
     needed is missing (each item is named with its install command).
     """
+    from orchestrator.commands.watching import watch_for
     from orchestrator.firstrun import demo
     from orchestrator.views.demo import RichDemoUI
 
     interactive = sys.stdin.isatty() and not yes and not as_json
-    ui = RichDemoUI(out_console, interactive=interactive)
+    ui = RichDemoUI(out_console, interactive=interactive, watcher=watch_for)
     result = demo.run_demo(
         ui,
         state_dir=state_dir,

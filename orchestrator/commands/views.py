@@ -26,7 +26,13 @@ def watch_cmd(
         help="Containers or jobs to watch (default: all); one container opens its detail "
         "view, a job shows its row and its nodes beneath.",
     ),
-    interval: float = typer.Option(2.0, "--interval", min=0.2, help="Seconds between snapshots."),
+    interval: float | None = typer.Option(
+        None,
+        "--interval",
+        min=0.2,
+        help="Seconds between snapshots.",
+        show_default="hosts.yaml poll_interval",
+    ),
     plain: bool = typer.Option(
         False,
         "--plain",
@@ -39,7 +45,7 @@ def watch_cmd(
     Keys: q quits, up/down select, Enter opens a target's detail (GPUs, evidence,
     pane tail, the restart journal), Esc goes back. Exit code 0 on q or Ctrl-C.
     """
-    from orchestrator.views.watch_loop import watch
+    from orchestrator.commands.watching import watch
 
     raise typer.Exit(
         watch(
@@ -193,6 +199,7 @@ def export_cmd(
 ) -> None:
     """Prometheus metrics: dcgm-exporter GPU names and labels plus orch_* run and health gauges
     (a job: orch_job_state, orch_job_tokens_per_second, orch_job_node_*, orch_job_first_failure)."""
+    from orchestrator.commands.exporting import serve
     from orchestrator.errors import UsageError
     from orchestrator.monitor.observe import select_jobs, select_targets
     from orchestrator.monitor.poller import Poller
@@ -209,7 +216,7 @@ def export_cmd(
     poller = Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout,
                     jobs=select_jobs(inventory, targets or []))  # fmt: skip
     try:
-        export.serve(
+        serve(
             poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval
         )
     except KeyboardInterrupt:

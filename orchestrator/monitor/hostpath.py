@@ -3,32 +3,25 @@ views and alerts stay per container (the monitor's half of :mod:`orchestrator.re
 
 - :func:`fan_out` gives each container its snapshot: the GPUs it sees (numbered as it
   numbers them, each process named with its container and PID inside), the host's NVML
-  status, and the kernel events that belong to it. Events that belong to no container of
-  hosts.yaml are the host's: :func:`host_judgement` reports them once, for the host.
-- :class:`HostFeed` does that for a stream, keeping each container's events since its run
-  began (so an Xid stays a finding while the run lives) and the host's of the last hour,
-  and fetching the tmux pane through ``pct exec`` only on demand (:func:`needs_pane`: a
-  live run without its log, the tee-bypass check), at most every :data:`PANE_EVERY_S`.
-- :func:`pump_host` feeds a queue from one host's stream with the one reconnect policy of
-  :mod:`orchestrator.monitor.observe`; a lost stream makes every container unreachable.
+  status, and the kernel events that belong to it.
+- :func:`host_own` is THE rule of which events are the host's own (no container of hosts.yaml
+  owns it, no run holds its GPU, no container's finding shows it); :func:`host_judgement`
+  reports them once, for the host (``host:<name>``).
+- :mod:`orchestrator.monitor.hostfeed` keeps a host's documents in order (a stream's, or a
+  round's); :mod:`orchestrator.monitor.ledger` applies the rule.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
-import queue
-import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Collection, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.limits import Limits
 from orchestrator.detect import host as host_detect
 from orchestrator.detect.base import alive
-from orchestrator.monitor.observe import BACKOFF_CAP_S, reconnecting
 from orchestrator.wire.model import (
     Finding,
     GpuSample,
@@ -41,14 +34,10 @@ from orchestrator.wire.model import (
 
 log = logging.getLogger(__name__)
 
-PANE_EVERY_S = 30.0
-"""Least seconds between two on-demand pane captures of one container in a stream."""
 HOST_EVENTS_KEEP_S = 3600.0
 """How long a host-wide event stays shown in a stream (seconds)."""
-KEEP_EVENTS = 64
-"""Most events kept per container (the newest)."""
-MAX_PIDS = 4096
-"""Run processes (host PIDs) a stream remembers, to place an OOM kill of one gone since."""
+KEEP_HOST_EVENTS = 64
+"""Most host-wide events kept per host (the newest)."""
 HOST_PREFIX = "host:"
 """The target name of a host's own findings (``host:pve1``)."""
 
@@ -176,9 +165,37 @@ def host_judgement(host: str, events: Sequence[KernelEvent], limits: Limits) -> 
             for f in found]  # fmt: skip
 
 
+def host_own(
+    events: Iterable[KernelEvent],
+    vmids: Collection[int],
+    claimed_gpus: Collection[int],
+    shown: Collection[str],
+) -> list[KernelEvent]:
+    """THE rule of which kernel events are the host's own, for check, watch and export alike:
+    no container of hosts.yaml on that host owns it (``vmids``), it is not on a GPU a run there
+    holds (``claimed_gpus``: host NVML indices, :func:`~orchestrator.detect.host.run_host_gpus`), and no
+    container's finding shows its line (``shown``: :func:`owned_lines`). Each line once.
+
+    >>> mine = KernelEvent(kind="xid", line="a", at=1.0, xid=79, vmid=200)
+    >>> stray = KernelEvent(kind="xid", line="b", at=1.0, xid=79, vmid=999)
+    >>> held = KernelEvent(kind="xid", line="c", at=1.0, xid=79, gpu=3)
+    >>> free = KernelEvent(kind="xid", line="d", at=1.0, xid=79)
+    >>> [e.line for e in host_own([mine, stray, held, free, free], {200}, {3}, set())]
+    ['b', 'd']
+    """
+    out: dict[tuple[str, float | None], KernelEvent] = {}
+    for e in events:
+        if e.vmid is not None and e.vmid in vmids:
+            continue
+        if (e.gpu is not None and e.gpu in claimed_gpus) or e.line in shown:
+            continue
+        out.setdefault((e.line, e.at), e)
+    return list(out.values())
+
+
 @dataclass
 class HostView:
-    """What a stream knows of one host: its events of the last hour and their findings."""
+    """What is known of one host: its own events of the last hour and their findings."""
 
     host: str
     events: list[KernelEvent] = dataclasses.field(default_factory=list)
@@ -187,169 +204,9 @@ class HostView:
     taken_at: float | None = None
 
 
-Pane = Callable[[str], "Snapshot | None"]
-"""``pane(name)``: an in-container snapshot of ``name`` (its pane lines), or ``None``."""
-
-
-class HostFeed:
-    """Turns one host's stream of documents into per-container snapshots (see the module)."""
-
-    def __init__(
-        self,
-        inventory: Inventory,
-        host: str,
-        names: Sequence[str],
-        *,
-        pane: Pane | None = None,
-        fallback: Callable[[list[str]], None] | None = None,
-    ) -> None:
-        self.inventory = inventory
-        self.host = host
-        self.names = list(names)
-        self.pane = pane
-        self.fallback = fallback
-        self.view = HostView(host)
-        self._events: dict[str, list[KernelEvent]] = {n: [] for n in self.names}
-        self._pane_at: dict[str, float] = {}
-        self._pane: dict[str, Snapshot] = {}
-        self._pids: dict[int, str] = {}
-
-    def apply(self, doc: HostDocument) -> dict[str, Snapshot]:
-        """The containers' snapshots of ``doc`` (events accumulated, panes when needed)."""
-        snaps, host_events = fan_out(doc, self.inventory, self.names, self._pids)
-        self._pids.update(run_host_pids(snaps.values()))
-        if len(self._pids) > 4 * MAX_PIDS:
-            self._pids = dict(list(self._pids.items())[-MAX_PIDS:])
-        out = {}
-        for name, snap in snaps.items():
-            kept = self._events[name]
-            started = (snap.run.manifest.started_at if snap.run is not None and snap.run.manifest
-                       else None)  # fmt: skip
-            kept.extend(snap.kernel_events)
-            if started is not None:
-                kept[:] = [e for e in kept if e.at is None or e.at >= started - 1.0]
-            del kept[:-KEEP_EVENTS]
-            snap = dataclasses.replace(snap, kernel_events=tuple(kept))
-            out[name] = self._paned(name, snap)
-        claimed = {g for snap in out.values() for g in host_detect.run_host_gpus([snap])}
-        host_events = [e for e in host_events if e.gpu is None or e.gpu not in claimed]
-        now = doc.taken_at
-        self.view.events = [e for e in [*self.view.events, *host_events]
-                            if e.at is None or now - e.at <= HOST_EVENTS_KEEP_S][-KEEP_EVENTS:]  # fmt: skip
-        self.view.findings = tuple(host_judgement(self.host, self.view.events, Limits()))
-        self.view.errors, self.view.taken_at = doc.errors, doc.taken_at
-        return out
-
-    def _paned(self, name: str, snap: Snapshot) -> Snapshot:
-        if self.pane is None or not needs_pane(snap):
-            self._pane.pop(name, None)
-            return snap
-        now = time.monotonic()
-        if name not in self._pane or now - self._pane_at.get(name, 0.0) >= PANE_EVERY_S:
-            self._pane_at[name] = now
-            try:
-                got = self.pane(name)
-            except Exception as exc:  # noqa: BLE001 - the pane is extra; the snapshot stands
-                log.info("%s: pane capture failed: %s", name, exc)
-                got = None
-            if got is not None:
-                self._pane[name] = got
-        return with_pane(snap, self._pane.get(name))
-
-    def fell_back(self) -> bool:
-        """Whether the host turned out unable to run the observer: its containers then go to
-        ``fallback`` (observed from inside from now on), once."""
-        from orchestrator.remote.hostlink import observe_path
-
-        if self.fallback is None or not self.names:
-            return False
-        if observe_path(self.inventory, self.inventory.container(self.names[0])).mode == "host":
-            return False
-        log.warning("%s: observing %s from inside", self.host, ", ".join(self.names))
-        self.fallback(self.names)
-        self.fallback = None
-        return True
-
-    def gap(self, marker: Snapshot) -> dict[str, Snapshot]:
-        """Every container unreachable, with the host stream's reason."""
-        reason = "; ".join(marker.errors) or "host stream ended"
-        return {n: Snapshot.unreachable(n, marker.taken_at, f"{self.host}: {reason}")
-                for n in self.names}  # fmt: skip
-
-
-def pump_host(
-    feed: HostFeed,
-    connect: Callable[[], Iterable[HostDocument]],
-    out: queue.Queue[tuple[str, Any]],
-    stop: threading.Event,
-    *,
-    backoff_cap_s: float = BACKOFF_CAP_S,
-) -> None:
-    """Put ``(name, Snapshot)`` for every container of the host, and ``(HOST_PREFIX + host,
-    HostView)`` after each document, on ``out`` until ``stop`` is set (a thread's body)."""
-    items = reconnecting(feed.host, connect, backoff_cap_s=backoff_cap_s, sleep=stop.wait,
-                         stop=stop)  # fmt: skip
-    try:
-        for item in items:
-            if stop.is_set():
-                return
-            if not isinstance(item, HostDocument) and feed.fell_back():
-                return
-            batch = feed.apply(item) if isinstance(item, HostDocument) else feed.gap(item)
-            for name, snap in batch.items():
-                out.put((name, snap))
-            out.put((HOST_PREFIX + feed.host, feed.view))
-    finally:
-        items.close()
-
-
 def severity_of(findings: Iterable[Finding]) -> Severity | None:
     """The worst severity among ``findings`` (``None`` when there is none)."""
     return max((f.severity for f in findings), default=None)
-
-
-@dataclass
-class HostRound:
-    """What one round of one-shot host observations (``orch check``) gave."""
-
-    snaps: dict[str, Snapshot] = dataclasses.field(default_factory=dict)
-    host_events: dict[str, list[KernelEvent]] = dataclasses.field(default_factory=dict)
-    cursors: dict[str, tuple[str | None, float | None]] = dataclasses.field(default_factory=dict)
-    fallback: list[str] = dataclasses.field(default_factory=list)
-    """Containers whose host turned out unable to run the observer: observe them from inside."""
-
-
-def read_round(
-    inventory: Inventory,
-    groups: Mapping[str, Sequence[str]],
-    got: Mapping[str, Any],
-    at: float,
-    known_pids: Mapping[int, str] | None = None,
-) -> HostRound:
-    """Turn each host's answer (``got[host]``: a :class:`HostDocument` or the exception its
-    observation raised) into per-container snapshots; a failed host's containers are
-    unreachable with its reason, or fall back to the in-container path when the host cannot
-    run the observer (:func:`~orchestrator.remote.hostlink.observe_path` says so by now)."""
-    from orchestrator.monitor.observe import failure_reason
-    from orchestrator.remote.hostlink import observe_path
-
-    out = HostRound()
-    for host, names in groups.items():
-        value = got.get(host)
-        if isinstance(value, HostDocument):
-            snaps, events = fan_out(value, inventory, names, known_pids)
-            out.snaps.update(snaps)
-            out.host_events[host] = events
-            out.cursors[host] = (value.kernel_cursor, value.taken_at)
-            continue
-        first = inventory.container(names[0])
-        if observe_path(inventory, first).mode == "container":
-            out.fallback.extend(names)
-            continue
-        reason = f"{host}: {failure_reason(value)}"
-        log.info("%s", reason)
-        out.snaps.update({n: Snapshot.unreachable(n, at, reason) for n in names})
-    return out
 
 
 def owned_lines(findings: Iterable[Finding]) -> set[str]:

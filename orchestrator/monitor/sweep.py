@@ -1,11 +1,11 @@
 """``orch check``'s pass over the fleet: observe, judge, alert, remember (the monitor's half;
 :mod:`orchestrator.views.check` renders the lines and the exit code).
 
-One pass: a concurrent one-shot snapshot of every target plus one probe per
-Proxmox host (:func:`~orchestrator.monitor.observe.gather`; a target that does not answer
-within the timeout is *unreachable*, never dead), then, under the history lock,
-:func:`~orchestrator.monitor.judge.judge` over each target's stored history plus the new
-snapshot, the alerts, and the new history written back.
+One pass: one round of the :class:`~orchestrator.monitor.observer.Observer` (every target at
+once; a target that does not answer within the timeout is *unreachable*, never dead; one
+without recent history sampled twice), then, under the history lock, the observer's ledger
+judges each target's stored history plus the new snapshot, the hosts' own events by the one
+rule, the alerts, and the new history written back.
 
 Status codes, as Nagios plugins use them: 0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN
 (no target answered, or the check itself could not run).
@@ -24,26 +24,12 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.detect.engine import default_playbooks
 from orchestrator.monitor import alerts
 from orchestrator.monitor.history import History
-from orchestrator.monitor.hostpath import (
-    HOST_PREFIX,
-    HostRound,
-    host_judgement,
-    needs_pane,
-    owned_lines,
-    read_round,
-    run_host_pids,
-    with_pane,
-)
+from orchestrator.monitor.hostpath import HostView
 from orchestrator.monitor.jobs import JobJudgement, judge_job
-from orchestrator.monitor.judge import DETECT_WINDOW, Judgement, judge
-from orchestrator.monitor.observe import (
-    DEFAULT_JOBS,
-    as_snapshot,
-    gather,
-    select_jobs,
-    select_targets,
-)
-from orchestrator.remote.target import Host, Target
+from orchestrator.monitor.judge import DETECT_WINDOW, Judgement
+from orchestrator.monitor.observe import DEFAULT_JOBS, select_jobs, select_targets
+from orchestrator.monitor.observer import Fetch, Observer
+from orchestrator.monitor.rounds import Round
 from orchestrator.wire.model import Finding, HostProbe, Severity, Snapshot
 
 log = logging.getLogger(__name__)
@@ -55,11 +41,9 @@ JOB_LOOKBACK_S = 24 * 3600.0
 """A host that runs a job's node is probed for kernel events this far back (a link that went
 down hours ago still explains a node of a running job); its nodes' own detectors still see
 only the events since the previous check."""
-PAIR_GAP_S = 1.0
-"""A target with no snapshot in the history since :data:`STALE_S` is sampled twice this many
-seconds apart, so detectors that want consecutive samples (``ghost_samples``: 2) decide on the
-first check as on the second (they count samples, not seconds)."""
 STALE_S = 3600.0
+"""A target with no snapshot in the history since this many seconds is sampled twice
+(:data:`~orchestrator.monitor.observer.PAIR_GAP_S` apart) by the check."""
 DEFAULT_CRITICAL_KINDS: tuple[str, ...] = ()
 """Kinds the check pages for even when a detector rates them a warning (none by default:
 severity is the detectors' call; ``--critical KIND`` is an opt-in paging policy)."""
@@ -134,11 +118,6 @@ class CheckOptions:
     extra_secrets: set[str] = field(default_factory=set)
 
 
-Fetch = Callable[[str, "tuple[str, int] | None"], Snapshot]
-"""``fetch(name, resume) -> Snapshot``: one target's one-shot snapshot, continuing the log at
-``resume`` (run id, byte offset) when given."""
-
-
 def stored(snaps: Iterable[Snapshot], secrets: set[str]) -> list[Snapshot]:
     """``snaps`` as orch.db keeps them: every known secret value redacted from their text
     (log lines, the pane, errors), as in every other artefact orch writes.
@@ -156,233 +135,140 @@ def stored(snaps: Iterable[Snapshot], secrets: set[str]) -> list[Snapshot]:
 
 
 def run_check(
-    inventory: Inventory, opts: CheckOptions, *, fetch: Fetch | None = None
+    inventory: Inventory,
+    opts: CheckOptions,
+    *,
+    fetch: Fetch | None = None,
+    host_link: Callable[[str, Sequence[str]], Any] | None = None,
 ) -> CheckReport:
-    """Snapshot, judge, alert, remember. Raises ``HistoryError`` when the database is unusable.
-
-    Containers observed from their host (:func:`~orchestrator.remote.hostlink.host_groups`) take one
-    ``host-observe`` call per host; the others one in-container snapshot each plus one probe
-    per host. ``fetch`` stands in for every target's snapshot (tests feed a recorded history
-    through it).
+    """Observe (one round of the :class:`~orchestrator.monitor.observer.Observer`), judge over
+    the stored history, alert, remember. Raises ``HistoryError`` when the database is unusable.
+    ``fetch`` stands in for every target's snapshot and ``host_link`` for each host's observer
+    (tests feed a recorded history through them; recorded snapshots are never sampled twice).
     """
-    from orchestrator.remote.hostlink import HostLink, host_groups
-
     names = select_targets(inventory, opts.names)
     containers = {n: inventory.container(n) for n in names}
-    groups = host_groups(inventory, names)
-    on_host = {n for ns in groups.values() for n in ns}
     picked = [inventory.jobs[j] for j in select_jobs(inventory, opts.names)]
     job_cfgs = [j for j in picked if all(n in containers for n in j.containers)]
     job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
-    job_names = [j.name for j in job_cfgs]
-
+    obs = Observer(inventory, names, timeout_s=opts.timeout_s, workers=opts.workers, fetch=fetch,
+                   host_link=host_link)  # fmt: skip
     history = History.open(opts.db_path, inventory=inventory)
     with history:
-        # continue each run's log where the previous check stopped (each line is seen once);
-        # read in SQLite so the targets are asked at once, the stored history decoded meanwhile
-        resume = history.last_runs(names)
-        meta = {h: (history.get_meta(f"kernel-cursor:{h}"), history.get_meta(f"probe-since:{h}"))
-                for h in {c.host for c in containers.values() if not c.is_local}}  # fmt: skip
-        past: dict[str, list[Snapshot]] = {}
         started = time.time()
-
-        def one_shot(name: str, prev: tuple[str, int] | None) -> Snapshot:
-            t = Target(inventory, name)
-            if prev is None:
-                return t.snapshot(timeout=opts.timeout_s)
-            run_id, offset = prev
-            return t.snapshot(offset, run_id=run_id, timeout=opts.timeout_s)
-
+        # continue each run's log and each host's kernel log where the previous check stopped
+        obs.resume.update(history.last_runs(names))
+        since = _host_meta(history, obs, {c.host for c in containers.values() if not c.is_local},
+                           started)  # fmt: skip
         fresh = history.newest(names)
-        first: dict[str, Snapshot] = {}  # the earlier of a pair (no recent history)
+        stale = {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
+        pair = set() if fetch or host_link else stale  # recorded snapshots are never paired
+        past: dict[str, list[Snapshot]] = {}
 
-        def snap_job(name: str) -> Callable[[], Snapshot]:
-            prev = resume.get(name)
-            get = fetch or one_shot
-            if fetch is not None or fresh.get(name, 0.0) >= started - STALE_S:
-                return lambda: get(name, prev)  # recorded snapshots (tests) are never paired
-
-            def pair() -> Snapshot:
-                one = first[name] = get(name, prev)
-                time.sleep(PAIR_GAP_S)
-                run = one.run if one.reachable else None
-                return get(name, (run.run_id, run.log_offset) if run and run.run_id else prev)
-
-            return pair
-
-        def meanwhile() -> None:
-            for n in names:
-                past[n] = history.snapshots(n, limit=DETECT_WINDOW - 1)
+        def meanwhile() -> None:  # the stored history decoded while the targets answer
+            past.update({n: history.snapshots(n, limit=DETECT_WINDOW - 1) for n in names})
             default_playbooks()  # parsed once per process; the detectors need them
 
-        def probe_job(host: str) -> Callable[[], HostProbe]:
-            raw = meta[host][1]
-            since = float(raw) if raw else started - 3600.0
-            if host in job_hosts:
-                since = min(since, started - JOB_LOOKBACK_S)
-            return lambda: Host(inventory, host).probe(since)
-
-        def host_job(host: str) -> Callable[[], Any]:
-            link = HostLink(inventory, host, groups[host])
-            link.resume = {n: resume[n] for n in groups[host] if n in resume}
-            cursor, raw = meta[host]
-            link.cursor, link.since = cursor, float(raw) if raw else started - 3600.0
-            return lambda: link.observe(timeout=opts.timeout_s)
-
-        def inside_jobs(targets: Sequence[str]) -> dict[str, Callable[[], Any]]:
-            jobs: dict[str, Callable[[], Any]] = {f"t:{n}": snap_job(n) for n in targets}
-            if opts.probe_hosts:
-                hosts = sorted({containers[n].host for n in targets if not containers[n].is_local})
-                jobs.update({f"h:{h}": probe_job(h) for h in hosts})
-            return jobs
-
-        jobs = inside_jobs([n for n in names if n not in on_host])
-        if opts.probe_hosts:  # a job's hosts: their kernel log a day back, even when observed
-            # from the host (whose document has only what is new since the last check)
-            jobs.update({f"h:{h}": probe_job(h) for h in sorted(job_hosts) if f"h:{h}" not in jobs})
-        if fetch is None:
-            jobs.update({f"H:{h}": host_job(h) for h in groups})
-        else:  # tests feed recorded snapshots: every target through ``fetch``
-            jobs.update({f"t:{n}": snap_job(n) for n in on_host})
-            groups = {}
-        got = gather(jobs, workers=opts.workers, timeout_s=opts.timeout_s, meanwhile=meanwhile)
-        now = time.time()
-        known = run_host_pids(s for n in on_host for s in past.get(n, ())[-2:])
-        hosted = read_round(inventory, groups, {h: got.get(f"H:{h}") for h in groups}, now, known)
-        if hosted.fallback:  # a host that cannot run the observer: its containers from inside
-            got.update(gather(inside_jobs(hosted.fallback), workers=opts.workers,
-                              timeout_s=opts.timeout_s))  # fmt: skip
-        snaps = {n: hosted.snaps[n] if n in hosted.snaps else as_snapshot(n, got[f"t:{n}"], now)
-                 for n in names}  # fmt: skip
-        snaps.update(_panes(inventory, snaps, opts))
-        paired = [n for n in names if n in first and isinstance(got.get(f"t:{n}"), Snapshot)]
-        for n in paired:  # the earlier of a pair: history the detectors see
-            past[n] = [*past[n], first[n]][-(DETECT_WINDOW - 1) :]
-        probes: dict[str, HostProbe] = {}
-        problems: list[str] = []
-        for h in meta:
-            value = got.get(f"h:{h}")
-            if isinstance(value, HostProbe):
-                probes[h] = value
-            elif value is not None:
-                log.info("%s: host probe failed: %s", h, value)
-        # what the containers' own detectors and the host's findings see: the kernel events since
-        # the previous check (a job host's probe reaches a day back for the job's judgement only)
-        recent = {h: _since(p, meta[h][1], started) for h, p in probes.items()}
-
+        probe_since = {h: min(t, started - JOB_LOOKBACK_S) if h in job_hosts else t
+                       for h, t in since.items()}  # fmt: skip
+        got = obs.round(pair=pair, probe_since=probe_since if opts.probe_hosts else None,
+                        probe_also=job_hosts if opts.probe_hosts else (), past=past,
+                        meanwhile=meanwhile)  # fmt: skip
+        for n, first in got.earlier.items():  # the earlier of a pair: history the detectors see
+            past[n] = [*past[n], first][-(DETECT_WINDOW - 1) :]
+        # a node's own detectors and the hosts' findings see the kernel events since the
+        # previous check (a job host's probe reaches a day back for the job's judgement only)
+        recent = {h: _since(p, since.get(h, started - 3600.0)) for h, p in got.probes.items()}
         with history.locked(timeout_s=max(opts.timeout_s, 10.0)):
             results = []
-            all_findings: list[Finding] = []
             for n in names:
-                cfg = containers[n]
-                host_probes = (  # a host-observed container has its events in its snapshot
-                    [recent[cfg.host]] if cfg.host in recent and n not in on_host else []
-                )
-                j = judge(n, cfg, [*past[n], snaps[n]], probes=host_probes)
-                j = replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
-                all_findings.extend(j.findings)
-                results.append(j)
+                obs.ledger.seed(n, past[n])
+                host = containers[n].host
+                probes = [recent[host]] if host in recent and n in got.inside else []
+                j = obs.ledger.judge(n, got.snaps[n], probes)
+                results.append(replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds))))  # fmt: skip
+            for view in got.hosts.values():
+                obs.ledger.saw_host(view)
+            for h, p in recent.items():
+                obs.ledger.saw_host(HostView(h, list(p.kernel_events), taken_at=p.taken_at))
             # the hosts' own events belong to a check of the whole fleet, not of named targets
-            host_results = [] if opts.names else _host_results(hosted, recent, all_findings, now)
-            all_findings.extend(f for j in host_results for f in j.findings)
+            host_results = [] if opts.names else obs.ledger.host_judgements()
             secrets = alerts.environment_secrets([c.env for c in containers.values()])
-            earlier = [first[n] for n in paired]
-            history.record(stored([*earlier, *snaps.values()], secrets | opts.extra_secrets))
-            for h, p in probes.items():
-                history.set_meta(f"probe-since:{h}", repr(p.taken_at))
-            for h, (cursor, at) in hosted.cursors.items():
-                if cursor:
-                    history.set_meta(f"kernel-cursor:{h}", cursor)
-                if at is not None:
-                    history.set_meta(f"probe-since:{h}", repr(at))
-
+            history.record(stored([*got.earlier.values(), *got.snaps.values()],
+                                  secrets | opts.extra_secrets))  # fmt: skip
+            _save_cursors(history, got)
             by_name = {r.name: r for r in results}
-            job_results = [
-                judge_job(
-                    job,
-                    containers,
-                    by_name,
-                    histories={n: [*past[n], snaps[n]] for n in job.containers},
-                    probes=probes,
-                )  # fmt: skip
-                for job in job_cfgs
-            ]
+            job_results = [judge_job(job, containers, by_name, probes=got.probes,
+                                     histories={n: [*past[n], got.snaps[n]] for n in job.containers})
+                           for job in job_cfgs]  # fmt: skip
             job_findings = [f for jj in job_results for f in jj.findings]
-            all_findings.extend(job_findings)
-
             status = nagios_status([*results, *host_results], job_findings)
-            notified = 0
-            notifier = alerts.Notifier(webhook_url=opts.webhook_url, command=opts.notify_cmd)
-            checked = [*names, *job_names, *(j.name for j in host_results)]
-            if notifier.configured:
-                previous = history.alerts(checked)
-                notes, planned = alerts.plan(
-                    previous,
-                    all_findings,
-                    checked=checked,
-                    held=[r.name for r in results if not r.snapshot.reachable],
-                    now=now,
-                    renotify_s=opts.renotify_h * 3600.0,
-                )
-                delivered = True
-                if notes:
-                    body = alerts.payload(
-                        notes,
-                        status=STATUS_NAMES[status],
-                        titles=playbook_titles(),
-                        secrets=secrets | opts.extra_secrets,
-                    )
-                    for d in notifier.deliver(body):
-                        if not d.ok:
-                            delivered = False
-                            problems.append(f"{d.sink} alert not delivered: {d.detail}")
-                    notified = len(notes) if delivered else 0
-                history.save_alerts(
-                    checked, alerts.settle(previous, planned, notes, delivered).values()
-                )
+            found = [f for j in [*results, *host_results] for f in j.findings] + job_findings
+            checked = [*names, *(j.name for j in job_cfgs), *(j.name for j in host_results)]
+            held = [r.name for r in results if not r.snapshot.reachable]
+            notified, problems = _notify(history, opts, found, checked, held, status,
+                                         secrets | opts.extra_secrets, got.taken_at)  # fmt: skip
     return CheckReport(status, tuple(results), tuple(problems), notified,
                        hosts=tuple(host_results), jobs=tuple(job_results))  # fmt: skip
 
 
-def _panes(
-    inventory: Inventory, snaps: dict[str, Snapshot], opts: CheckOptions
-) -> dict[str, Snapshot]:
-    """The pane lines, through ``pct exec``, of the containers the host cannot judge without
-    them (:func:`~orchestrator.monitor.hostpath.needs_pane`)."""
-    wanted = [n for n, s in snaps.items() if needs_pane(s)]
-    if not wanted:
-        return {}
-
-    def job(name: str) -> Callable[[], Snapshot]:
-        return lambda: Target(inventory, name).snapshot(timeout=opts.timeout_s)
-
-    got = gather({n: job(n) for n in wanted}, workers=opts.workers, timeout_s=opts.timeout_s)
-    return {n: with_pane(snaps[n], v if isinstance(v, Snapshot) else None) for n, v in got.items()}
+def _host_meta(
+    history: History, obs: Observer, hosts: Iterable[str], started: float
+) -> dict[str, float]:
+    """Each host's kernel cursor into ``obs``; the time each host's kernel log is read from
+    (the previous check's, else an hour back)."""
+    since: dict[str, float] = {}
+    for h in hosts:
+        raw = history.get_meta(f"probe-since:{h}")
+        since[h] = float(raw) if raw else started - 3600.0
+        obs.cursors[h] = (history.get_meta(f"kernel-cursor:{h}"), since[h])
+    return since
 
 
-def _host_results(
-    hosted: HostRound, probes: dict[str, HostProbe], findings: Sequence[Finding], now: float
-) -> list[Judgement]:
-    """One judgement per host with events no container owns (or no container's finding shows)."""
-    from orchestrator.config.limits import Limits
-
-    shown = owned_lines(findings)
-    events = {h: list(evs) for h, evs in hosted.host_events.items()}
-    for h, p in probes.items():
-        events.setdefault(h, []).extend(e for e in p.kernel_events if e.vmid is None)
-    out = []
-    for h, evs in sorted(events.items()):
-        found = host_judgement(h, [e for e in evs if e.line not in shown], Limits())
-        if found:
-            snap = Snapshot(HOST_PREFIX + h, now)
-            out.append(Judgement(HOST_PREFIX + h, snap, "host", tuple(found), host=h))
-    return out
+def _save_cursors(history: History, got: Round) -> None:
+    """Where the next check continues each host's kernel log."""
+    for h, p in got.probes.items():
+        history.set_meta(f"probe-since:{h}", repr(p.taken_at))
+    for h, (cursor, at) in got.cursors.items():
+        if cursor:
+            history.set_meta(f"kernel-cursor:{h}", cursor)
+        if at is not None:
+            history.set_meta(f"probe-since:{h}", repr(at))
 
 
-def _since(probe: HostProbe, raw: str | None, started: float) -> HostProbe:
-    """``probe`` with only the kernel events since the previous check (what a node's own
-    detectors see; a job host's probe reaches further back for the job's sake)."""
-    since = float(raw) if raw else started - 3600.0
+def _notify(
+    history: History,
+    opts: CheckOptions,
+    found: Sequence[Finding],
+    checked: Sequence[str],
+    held: Sequence[str],
+    status: int,
+    secrets: set[str],
+    now: float,
+) -> tuple[int, list[str]]:
+    """Plan, deliver and settle the alerts (deduplicated through the history); the number of
+    notifications delivered and the delivery problems."""
+    notifier = alerts.Notifier(webhook_url=opts.webhook_url, command=opts.notify_cmd)
+    if not notifier.configured:
+        return 0, []
+    previous = history.alerts(checked)
+    notes, planned = alerts.plan(previous, found, checked=checked, held=held, now=now,
+                                 renotify_s=opts.renotify_h * 3600.0)  # fmt: skip
+    delivered, problems = True, []
+    if notes:
+        body = alerts.payload(notes, status=STATUS_NAMES[status], titles=playbook_titles(),
+                              secrets=secrets)  # fmt: skip
+        for d in notifier.deliver(body):
+            if not d.ok:
+                delivered = False
+                problems.append(f"{d.sink} alert not delivered: {d.detail}")
+    history.save_alerts(checked, alerts.settle(previous, planned, notes, delivered).values())
+    return (len(notes) if delivered else 0), problems
+
+
+def _since(probe: HostProbe, since: float) -> HostProbe:
+    """``probe`` with only the kernel events since ``since`` (what a node's own detectors see;
+    a job host's probe reaches further back for the job's sake)."""
     kept = tuple(e for e in probe.kernel_events if e.at is None or e.at >= since)
     return probe if len(kept) == len(probe.kernel_events) else replace(probe, kernel_events=kept)
 

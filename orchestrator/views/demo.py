@@ -3,9 +3,7 @@ the verdict, and what to do next. Implements :class:`orchestrator.firstrun.demo.
 
 from __future__ import annotations
 
-import contextlib
-import threading
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from rich.console import Console
@@ -37,8 +35,16 @@ def yes_no(answer: str, default: bool) -> bool:
 class RichDemoUI:
     """Prints the demo's progress on ``console``; asks questions only when ``interactive``."""
 
-    def __init__(self, console: Console, *, interactive: bool = False, interval_s: float = 1.0):
+    def __init__(
+        self,
+        console: Console,
+        *,
+        interactive: bool = False,
+        interval_s: float = 1.0,
+        watcher: Callable[..., None] | None = None,
+    ):
         self.console = console
+        self.watcher = watcher
         self.interactive = interactive
         self.interval_s = interval_s
         self._phases: PhaseProgress | None = None
@@ -73,43 +79,17 @@ class RichDemoUI:
         seconds: float,
         on_snapshot: Callable[[Snapshot], bool],
     ) -> None:
-        """``orch watch NAME`` for ``seconds`` (plain lines when not a terminal).
+        """``orch watch NAME`` for ``seconds`` (plain lines when not a terminal), through the
+        ``watcher`` given (the commands layer's: the observer's threads are not a view's).
 
         Every snapshot goes to ``on_snapshot`` first; once it answers True the view
         stays :data:`SHOW_AFTER_FOUND_S` longer and ends.
         """
-        from orchestrator.remote.target import Target
-        from orchestrator.views.watch_loop import watch
-
-        stop = threading.Event()
-        streams: list[Any] = []
-
-        def factory(n: str) -> Callable[[], Iterator[Snapshot]]:
-            target = Target(inventory, n)
-
-            def open_stream() -> Iterator[Snapshot]:
-                inner = target.stream_once(self.interval_s)
-                streams.append(inner)
-                for snap in inner:
-                    if on_snapshot(snap) and not stop.is_set():
-                        threading.Timer(SHOW_AFTER_FOUND_S, stop.set).start()
-                    yield snap
-
-            return open_stream
-
-        timer = threading.Timer(seconds, stop.set)
-        timer.daemon = True
-        timer.start()
-        plain = not self.console.is_terminal
-        try:
-            watch(inventory, [name], interval_s=self.interval_s, plain=plain,
-                  console=self.console, stream_factory=factory, stop=stop)  # fmt: skip
-        finally:
-            stop.set()
-            timer.cancel()
-            for s in streams:  # closes the remote `agent stream` at once
-                with contextlib.suppress(ValueError):  # still running in the pump thread
-                    s.close()
+        if self.watcher is None:
+            raise RuntimeError("RichDemoUI.watch needs a watcher")
+        self.watcher(inventory, name, seconds=seconds, on_snapshot=on_snapshot,
+                     console=self.console, interval_s=self.interval_s,
+                     show_after_s=SHOW_AFTER_FOUND_S)  # fmt: skip
 
     def findings(self, findings: Sequence[Finding]) -> None:
         if not findings:

@@ -15,8 +15,6 @@ format atomically (temp file + rename, by prometheus-client).
 from __future__ import annotations
 
 import logging
-import threading
-import time
 from collections.abc import Iterator, Sequence
 
 from prometheus_client.core import GaugeMetricFamily, Metric
@@ -297,46 +295,3 @@ def registry_for(poller: Poller) -> CollectorRegistry:
     registry = CollectorRegistry(auto_describe=False)
     registry.register(FleetCollector(poller))
     return registry
-
-
-def serve(
-    poller: Poller,
-    *,
-    listen: str | None,
-    textfile: str | None,
-    interval_s: float | None,
-    stop: threading.Event | None = None,
-) -> None:
-    """Run the exporter until ``stop`` is set or Ctrl-C.
-
-    ``listen``: serve ``/metrics`` on HOST:PORT (polling every ``interval_s``,
-    default 15 s). ``textfile``: write the file after each poll; without
-    ``interval_s`` (and without ``listen``) write it once and return, for cron.
-    """
-    from prometheus_client import start_http_server, write_to_textfile
-
-    stop = stop or threading.Event()
-    registry = registry_for(poller)
-    server = None
-    if listen:
-        host, port = parse_listen(listen)
-        server, _thread = start_http_server(port, addr=host, registry=registry)
-        log.info("serving metrics on http://%s:%d/metrics", host, port)
-    once = not listen and interval_s is None
-    period = interval_s if interval_s is not None else 15.0
-    if not once:  # one stream per host; the rounds ask the in-container targets
-        poller.stream(min(period, 15.0))
-    try:
-        while not stop.is_set():
-            started = time.monotonic()
-            poller.poll_once()
-            if textfile:
-                write_to_textfile(textfile, registry)
-            if once:
-                return
-            stop.wait(max(0.0, period - (time.monotonic() - started)))
-    finally:
-        if server is not None:
-            server.shutdown()
-            server.server_close()
-        poller.close()

@@ -146,10 +146,11 @@ class WatchModel:
                 self.messages.append(f"{job.name}: not judged: {exc}")
         return out
 
-    def apply(self, name: str, snap: Snapshot) -> bool:
-        """Take in ``snap`` for target ``name``; ``True`` when its :meth:`~TargetView.signature`
-        changed. The GPUs whose numbers changed are in ``gpu_changes`` either way (``--plain``
-        prints :func:`~orchestrator.views.watch.plain_gpu_lines` for them)."""
+    def apply(self, name: str, snap: Snapshot, judged: Judgement | None = None) -> bool:
+        """Take in ``snap`` for target ``name`` (``judged``: the observer's judgement of it,
+        else the model's ``judge``); ``True`` when its :meth:`~TargetView.signature` changed.
+        The GPUs whose numbers changed are in ``gpu_changes`` either way (``--plain`` prints
+        :func:`~orchestrator.views.watch.plain_gpu_lines` for them)."""
         v = self.views[name]
         before = v.signature()
         v.current = snap
@@ -178,7 +179,7 @@ class WatchModel:
         elif v.unreachable_since is None:
             v.unreachable_since = snap.taken_at
         try:
-            j = self.judge(name, v.container, list(v.history))
+            j = judged or self.judge(name, v.container, list(v.history))
             v.findings, v.state = j.findings, j.state
         except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
             log.debug("detectors failed for %s", name, exc_info=True)

@@ -147,25 +147,43 @@ def test_unknown_target_is_unknown_with_one_line(healthy, tmp_path):
     assert "Traceback" not in proc.stderr
 
 
-def test_the_first_check_of_a_ghost_gpu_is_critical(healthy, tmp_path):
-    """No history yet: the check samples the container twice (PAIR_GAP_S apart), so the ghost
-    detector's two consecutive samples come from one run; both are kept for the next check."""
+@pytest.mark.parametrize("path", ["host", "container"])
+def test_the_first_check_of_a_ghost_gpu_is_critical(healthy, tmp_path, path):
+    """No history yet: the check samples the container twice (PAIR_GAP_S apart), on either
+    path, so the ghost detector's two consecutive samples come from one run; both are kept
+    for the next check. On the host path the second call reads the kernel log from the same
+    cursor: a host-wide Xid logged before the check shows once, not lost, not twice."""
     from pathlib import Path
 
     from orchestrator.config.inventory import load_inventory
     from orchestrator.monitor.history import History
+    from orchestrator.sandbox import kernel
 
+    if path == "host" and healthy.info.isolation != "lxc":
+        pytest.skip("process-mode containers are observed from inside")
     db = tmp_path / "orch.db"
-    config = healthy.config_for("container", tmp_path)  # the in-container path is paired
+    config = healthy.config_for(path, tmp_path)
     inventory = load_inventory(Path(config))
     healthy.scenario("ghost")
-    rc, proc = check(healthy, db, "--json", "ct200", config=config)
+    stray = f"NVRM: Xid (PCI:0000:ee:00): 79, pid=1, name=stray-{path}, GPU has fallen off the bus."
+    kernel.append_kernel_line(healthy.state_dir, stray)
+    rc, proc = check(healthy, db, "--json", config=config)
     doc = json.loads(proc.stdout)
     assert rc == 2, doc
-    ghost = [f for t in doc["targets"] for f in t["findings"] if f["kind"] == "ghost-utilization"]
+    ct200 = next(t for t in doc["targets"] if t["name"] == "ct200")
+    assert ct200["observed_from"] == path, ct200
+    ghost = [f for f in ct200["findings"] if f["kind"] == "ghost-utilization"]
     assert ghost and ghost[0]["severity"] == "critical" and ghost[0]["gpus"] == [3]
+    host_xids = [f for h in doc["hosts"] for f in h["findings"] if f["kind"] == "xid"]
+    evidence = [line for f in host_xids for line in f["evidence"] if f"name=stray-{path}" in line]
+    assert len(evidence) == 1, doc["hosts"]  # the host's own, once (the pair read it twice)
     with History.open(db, inventory=inventory) as h:
         assert len(h.snapshots("ct200")) == 2
-    check(healthy, db, "ct200", config=config)  # fresh history now: one more sample, not two
+    rc, proc = check(healthy, db, "--json", config=config)  # fresh history: one more sample
+    assert rc == 2, proc.stdout
+    again = json.loads(proc.stdout)["hosts"]
+    assert not [
+        f for h in again for f in h["findings"] if f"name=stray-{path}" in " ".join(f["evidence"])
+    ]
     with History.open(db, inventory=inventory) as h:
         assert len(h.snapshots("ct200")) == 3
