@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.cli import run
+from orchestrator.views.scales import overlaps
 from tests.helpers import wait_for
 from tests.postmortem import browser
 
@@ -230,6 +231,12 @@ def test_ghost_scenario_is_ghost_utilization(orch, sandbox, sandbox_scenario, tm
     assert bundle.parent == tmp_path / "state" / "postmortems"
     assert bundle.name.startswith(f"ct200-{run_dir.name}-")
     _check_bundle(bundle)
+    episodes = [e for e in doc["episodes"] if e["kind"] == "ghost-utilization"]
+    assert [e["gpu"] for e in episodes] == [3] and episodes[0]["cleared_at"] is None, episodes
+    page = (bundle / "report.html").read_text()
+    assert "Episodes in the GPU history (1)" in page, "the ghost episode is listed"
+    assert "still on at the last sample (the finding above)" in page
+    _screenshot(bundle / "report.html", tmp_path)
     # the text view names the verdict and the remedy
     code, stdout, _ = orch("postmortem", "ct200", "--out", str(tmp_path / "text"))
     assert code == 0 and "ghost-utilization" in stdout and "remedy:" in stdout
@@ -299,7 +306,14 @@ def test_bundle_is_never_overwritten(orch, sandbox, tmp_path) -> None:  # type: 
 
 
 def _screenshot(report: Path, tmp_path: Path) -> None:
-    """Open the report in headless Chromium; the screenshot must exist and not be blank."""
+    """Open the report in headless Chromium; the screenshot must exist and not be blank, and
+    the charts Chromium laid out fill the page's width with no marker label over another."""
     data = browser.screenshot(report, tmp_path / "report.png", 1200, 900, tmp_path / "chromium")
     assert len(data) > 10_000, f"screenshot only {len(data)} bytes"
     assert browser.colors(data) > 8, "the screenshot is blank"
+    got = browser.measure(report, 1200, tmp_path / "chromium")
+    assert got["charts"], "no chart in the report"
+    for chart in got["charts"]:
+        left, _, right, _ = chart["box"]
+        assert right - left >= got["body"] - 1, (chart["box"], got["body"])
+        assert overlaps(chart["markers"]) == [], chart["markers"]

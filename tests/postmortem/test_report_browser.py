@@ -16,6 +16,8 @@ from orchestrator.views.postmortem import html
 from orchestrator.views.scales import overlaps
 from tests.postmortem import browser, report_case
 
+pytestmark = pytest.mark.slow  # six Chromium starts, 20-40 s
+
 MARGIN_PX = 20  # the page's body margin (views/postmortem.py _CSS)
 CHART_BG = (0xFA, 0xFA, 0xFA)  # the charts' background rect (views/timeline.py _svg_open)
 
