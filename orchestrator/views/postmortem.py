@@ -1,9 +1,10 @@
 """Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
 ``orchestrator.postmortem.collect.write_bundle`` writes :func:`markdown` and :func:`html`
-(self-contained HTML, inline SVG timelines of per-GPU utilization and memory and
-tokens/s with a clock axis, a legend per GPU and markers for the launch, the first finding
-and the death: views/timeline.py).
+(self-contained HTML: inline SVG timelines of per-GPU utilization and memory and tokens/s
+that fill the page's width, with clock and value axes, a legend per GPU, the GPU episodes
+shaded, gaps in the samples left as gaps, markers for the launch, the first finding and the
+death (views/timeline.py), a key to every mark, and every episode under Findings).
 """
 
 from __future__ import annotations

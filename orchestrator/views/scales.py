@@ -4,7 +4,7 @@ No SVG here (:mod:`orchestrator.views.timeline` draws): numbers in, numbers and 
 so each rule is a doctest. Value axes start at 0 and step by 1, 2 or 5 times a power of
 ten in the unit a reader expects (``%``, MiB shown as GiB past 1 GiB, ``tok/s``); a series
 that never leaves 0 still gets a readable axis (0 to one unit of the kind: 100 %, 1 GiB,
-1 tok/s). A gap is a pause between samples longer than ``GAP_FACTOR`` times the median
+1 tok/s; nor does a memory axis go below 1 GiB). A gap is a pause between samples longer than ``GAP_FACTOR`` times the median
 interval: the line breaks there instead of drawing a ramp nobody measured. Marker labels
 go into rows so that no two overlap (:func:`place_labels`).
 """
@@ -26,18 +26,18 @@ and lower case are ~0.55-0.64 em), so an estimated box is at least as wide as th
 @dataclass(frozen=True, slots=True)
 class Unit:
     """How a chart's values read: ``symbol`` after each tick (``%``, ``MiB``, ``tok/s``),
-    ``empty_top`` the axis top of a series that is all 0 (in the same unit), ``fixed_top``
-    an axis top that never changes (a percentage); ``binary`` values are MiB, shown as GiB
-    from 1 GiB up."""
+    ``min_top`` the lowest axis top (in the same unit: what an all-zero series gets, and
+    what a few MiB on a GPU of many GiB are drawn against), ``fixed_top`` an axis top that
+    never changes (a percentage); ``binary`` values are MiB, shown as GiB from 1 GiB up."""
 
     symbol: str
-    empty_top: float = 1.0
+    min_top: float = 1.0
     fixed_top: float | None = None
     binary: bool = False
 
 
-PERCENT = Unit("%", empty_top=100.0, fixed_top=100.0)
-MIB = Unit("MiB", empty_top=1024.0, binary=True)
+PERCENT = Unit("%", min_top=100.0, fixed_top=100.0)
+MIB = Unit("MiB", min_top=1024.0, binary=True)
 TOK_S = Unit("tok/s")
 
 
@@ -87,8 +87,8 @@ def axis(values: Sequence[float], unit: Unit, want: int = 5) -> Axis:
     >>> a = axis([0.0, 0.0], MIB)
     >>> a.top, a.labels[-1], a.note
     (1024.0, '1.0 GiB', 'every sample is 0 MiB')
-    >>> axis([100.0, 900.0], MIB).labels
-    ('0 MiB', '200 MiB', '400 MiB', '600 MiB', '800 MiB', '1,000 MiB')
+    >>> axis([3.0], MIB).labels  # a few MiB on a GPU of many GiB: nearly empty
+    ('0 GiB', '0.2 GiB', '0.4 GiB', '0.6 GiB', '0.8 GiB', '1.0 GiB')
     >>> axis([70_000.0], MIB).labels  # 68.4 GiB
     ('0 GiB', '20 GiB', '40 GiB', '60 GiB', '80 GiB')
     >>> axis([21_432.0], TOK_S).labels, axis([], TOK_S).labels[-1]
@@ -101,10 +101,7 @@ def axis(values: Sequence[float], unit: Unit, want: int = 5) -> Axis:
     note = f"every sample is 0 {unit.symbol}" if finite and peak <= 0 else ""
     if not finite:
         note = "no samples"
-    if unit.fixed_top is not None:
-        peak = max(peak, unit.fixed_top)
-    elif peak <= 0:
-        peak = unit.empty_top
+    peak = max(peak, unit.min_top if unit.fixed_top is None else unit.fixed_top)
     scale, symbol = 1.0, unit.symbol
     if unit.binary and peak >= 1024.0:
         scale, symbol = 1024.0, "GiB"

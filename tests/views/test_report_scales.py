@@ -26,7 +26,7 @@ def _mantissa(step: float) -> float:
     return round(step / 10 ** math.floor(math.log10(step)), 6)
 
 
-@pytest.mark.parametrize("peak", [0.3, 1.0, 7.0, 23.0, 99.0, 100.0, 101.0, 1234.0, 21_432.0,
+@pytest.mark.parametrize("peak", [1.7, 1.0, 7.0, 23.0, 99.0, 100.0, 101.0, 1234.0, 21_432.0,
                                   1e6, 3.3e7])  # fmt: skip
 def test_ticks_step_by_one_two_or_five_and_cover_the_peak(peak: float) -> None:
     a = axis([0.0, peak], TOK_S)
@@ -59,8 +59,9 @@ def test_an_all_zero_series_gets_a_labelled_unit_axis() -> None:
     assert axis([5.0], MIB).note == ""
 
 
-def test_memory_reads_in_gib_from_one_gib() -> None:
-    assert axis([900.0], MIB).labels[-1] == "1,000 MiB"
+def test_memory_reads_in_gib_and_never_below_one_gib() -> None:
+    assert axis([3.0], MIB).top == 1024.0 and axis([900.0], MIB).labels[-1] == "1.0 GiB"
+    assert axis([1500.0], MIB).labels[-1] == "1.5 GiB"
     big = axis([140_000.0], MIB)
     assert big.labels[-1] == "150 GiB" and big.top == 150 * 1024.0
 
