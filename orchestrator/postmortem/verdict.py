@@ -30,6 +30,7 @@ from orchestrator.detect.host import run_pids_and_names as history_pids_and_name
 from orchestrator.monitor.journal import JournalEntry
 from orchestrator.playbooks.loader import Match, Playbook, match_log
 from orchestrator.playbooks.matching import CERTAIN, PROBABLE
+from orchestrator.postmortem.episodes import Episode, gpu_episodes
 from orchestrator.postmortem.evidence import Evidence, reconstruct_history
 from orchestrator.wire.model import (
     Finding,
@@ -98,6 +99,9 @@ class Postmortem:
     restarts: tuple[JournalEntry, ...] = ()
     """What ``orch supervise`` / ``check --heal`` decided about this run (the restart journal:
     the decisions about its death, and the restart that started it)."""
+    episodes: tuple[Episode, ...] = ()
+    """Every stretch of the GPU history a GPU detector's condition held, cleared ones too
+    (:func:`orchestrator.postmortem.episodes.gpu_episodes`)."""
 
     def to_dict(self) -> dict[str, Any]:
         """The ``--json`` document."""
@@ -108,6 +112,7 @@ class Postmortem:
             "run_id": ev.run_id,
             "verdict": self.verdict.to_dict(),
             "findings": [f.to_dict() for f in self.findings],
+            "episodes": [e.to_dict() for e in self.episodes],
             "matches": [m.to_dict() for m in self.matches],
             "exit_status": ev.exit_status,
             "container_status": ev.container_status,
@@ -186,7 +191,10 @@ def judge(
     )
     matches = match_log([*ev.log_tail, *ev.pane, *([ev.tee_error] if ev.tee_error else ())], pbs)
     verdict = decide(ev, history, findings, matches, pbs)
-    return Postmortem(ev, tuple(history), tuple(findings), tuple(matches), verdict)
+    episodes = gpu_episodes(history, limits or Limits())
+    return Postmortem(
+        ev, tuple(history), tuple(findings), tuple(matches), verdict, episodes=episodes
+    )
 
 
 def claim_gpu_events(ev: Evidence, roles: dict[int, str] | None = None) -> HostProbe:

@@ -12,7 +12,8 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.detect.base import fmt_time
-from orchestrator.views.timeline import Marker, Series, chart, lanes, span_of
+from orchestrator.views.scales import GAP_FACTOR
+from orchestrator.views.timeline import Marker, Series, chart, key, lanes, marks_of, span_of
 from orchestrator.wire.text import fence, visible
 
 _STYLE = {"consequence": "yellow", "cause": "bold red", "unknown": "magenta"}
@@ -119,6 +120,28 @@ def _markers(pm: Any) -> list[Marker]:
     return out
 
 
+_MARKS = {
+    "launch": "launch: the first node's launch",
+    "finding": "first finding: the earliest sample in which any node's finding was seen",
+    "failure": "first failure: the node that failed first (the job's verdict)",
+    "death": "a node died (its exit status, else its last live sample)",
+}
+
+
+def _key(marks: Sequence[Marker], drawn: set[str]) -> str:
+    """The key of the job report's marks: lane dots, the tokens/s lines, gaps, markers."""
+    entries = [("dot", "an event in a node's lane (colour by kind: launch green, death dark "
+                "red, error orange, others blue); hover it for its text")]  # fmt: skip
+    if "line" in drawn:
+        entries.append(("line", "tokens/s of a node (one colour per node, named in the legend)"))
+    if "band:gap" in drawn:
+        entries.append(
+            ("band:gap", f"no samples for over {GAP_FACTOR:g} times the median interval")
+        )
+    entries += [(f"marker:{k}", _MARKS.get(k, k)) for k in dict.fromkeys(m.kind for m in marks)]
+    return key(entries)
+
+
 def html(pm: Any) -> str:
     """report.html: self-contained; the verdict, one lane per node (launch, steps, kernel
     events, deaths), tokens/s per node, markers, clock offsets."""
@@ -155,7 +178,8 @@ def html(pm: Any) -> str:
         f"<title>postmortem job {esc(pm.job)} {esc(pm.run_id)}</title>"
         "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;"
         "white-space:pre-wrap;padding:8px;font-size:12px}td,th{padding:2px 8px;text-align:left}"
-        ".v{font-size:18px;color:#c00;font-weight:bold}</style></head><body>"
+        ".v{font-size:18px;color:#c00;font-weight:bold}ul.key{list-style:none;padding:0;"
+        "font-size:13px}</style></head><body>"
         f"<h1>Postmortem: job {esc(pm.job)} run {esc(pm.run_id)}</h1>"
         f"<p class='v'>{esc(v.kind)}" + (f" [{esc(v.playbook)}]" if v.playbook else "") + "</p>"
         f"<p>{esc(v.summary)}</p>{head}"
@@ -163,6 +187,7 @@ def html(pm: Any) -> str:
         + "<h2>Timeline</h2>"
         + lanes("events per node (hover a dot)", rows, t0, t1, marks)
         + chart("tokens/s per node", rates, t0, t1, marks)
+        + _key(marks, marks_of(rates, t0, t1))
         + "<h2>Nodes</h2><table><tr><th>rank</th><th>node</th><th>host</th><th>verdict</th>"
         f"<th>exit status</th><th>clock offset</th></tr>{nodes}</table>"
         + "<h2>Remedy</h2><ul>"

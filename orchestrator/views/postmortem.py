@@ -1,9 +1,10 @@
 """Render a postmortem: the verdict on the terminal (rich), and the bundle's report.md / report.html.
 
 ``orchestrator.postmortem.collect.write_bundle`` writes :func:`markdown` and :func:`html`
-(self-contained HTML, inline SVG timelines of per-GPU utilization and memory and
-tokens/s with a clock axis, a legend per GPU and markers for the launch, the first finding
-and the death: views/timeline.py).
+(self-contained HTML: inline SVG timelines of per-GPU utilization and memory and tokens/s
+that fill the page's width, with clock and value axes, a legend per GPU, the GPU episodes
+shaded, gaps in the samples left as gaps, markers for the launch, the first finding and the
+death (views/timeline.py), a key to every mark, and every episode under Findings).
 """
 
 from __future__ import annotations
@@ -17,7 +18,9 @@ from rich.console import Console
 from rich.text import Text
 
 from orchestrator.detect.base import fmt_time
-from orchestrator.views.timeline import Marker, Series, chart, span_of
+from orchestrator.postmortem.episodes import Episode, finding_of
+from orchestrator.views.scales import GAP_FACTOR, MIB, PERCENT, TOK_S, Unit
+from orchestrator.views.timeline import Band, Marker, Series, chart, key, marks_of, span_of
 from orchestrator.wire.text import fence, visible
 
 _STYLE = {"critical": "bold red", "warning": "yellow", "info": "green"}
@@ -113,6 +116,9 @@ def markdown(pm: Any) -> str:
         "\n## Findings\n",
         _md_list([f"{f.severity} {f.kind}: {f.summary}" for f in pm.findings]),
     ]
+    if getattr(pm, "episodes", ()):
+        out += ["\n### Episodes in the GPU history\n",
+                _md_list([f"{e.line()}" for e, _ in episode_rows(pm)])]  # fmt: skip
     if pm.restarts:
         out += ["\n## Restart journal\n", _md_list([e.line() for e in pm.restarts])]
     out += ["\n## Log tail\n", _md_list(list(ev.log_tail[-50:]), True)]
@@ -126,10 +132,9 @@ def markdown(pm: Any) -> str:
     return visible("".join(out), multiline=True)  # nothing from the container is a control
 
 
-def _series(pm: Any) -> dict[str, list[Series]]:
+def _series(pm: Any) -> dict[str, tuple[list[Series], Unit]]:
     """The single run's charts: per-GPU utilization and memory (one legend entry per GPU,
-    ``*`` marking the run's own GPUs), and tokens/s."""
-    mine = set(pm.evidence.manifest.gpus) if pm.evidence.manifest else set()
+    ``*`` marking the run's own GPUs), and tokens/s, each with its unit."""
     util: dict[int, list[tuple[float, float]]] = {}
     mem: dict[int, list[tuple[float, float]]] = {}
     for s in pm.history:
@@ -138,6 +143,7 @@ def _series(pm: Any) -> dict[str, list[Series]]:
                 util.setdefault(g.index, []).append((s.taken_at, g.utilization_pct))
             if g.memory_used_mib is not None:
                 mem.setdefault(g.index, []).append((s.taken_at, g.memory_used_mib))
+    mine = _mine(pm)
 
     def named(rows: dict[int, list[tuple[float, float]]]) -> list[Series]:
         return [Series(f"GPU {k}" + ("*" if k in mine else ""), tuple(v))
@@ -149,10 +155,14 @@ def _series(pm: Any) -> dict[str, list[Series]]:
         if isinstance(r.get("time"), (int, float)) and isinstance(r.get("tok_s"), (int, float))
     )
     return {
-        "GPU utilization (%)": named(util),
-        "GPU memory used (MiB)": named(mem),
-        "tokens/s": [Series("tokens/s", tok)] if tok else [],
+        "GPU utilization": (named(util), PERCENT),
+        "GPU memory used": (named(mem), MIB),
+        "tokens/s": ([Series("tokens/s", tok)] if tok else [], TOK_S),
     }
+
+
+def _mine(pm: Any) -> set[int]:
+    return set(pm.evidence.manifest.gpus) if pm.evidence.manifest else set()
 
 
 def markers(pm: Any) -> list[Marker]:
@@ -169,14 +179,120 @@ def markers(pm: Any) -> list[Marker]:
     return out
 
 
-def html(pm: Any) -> str:
-    """report.html: self-contained (no external asset), the verdict and an inline SVG timeline."""
-    v, ev = pm.verdict, pm.evidence
+def _episodes(pm: Any) -> tuple[Episode, ...]:
+    return tuple(getattr(pm, "episodes", ()))
+
+
+def episode_bands(pm: Any) -> list[Band]:
+    """A shaded band per episode in the GPU history (cleared or not)."""
+    return [Band(e.start, e.end, e.kind, e.line()) for e in _episodes(pm)]
+
+
+_MARKER_MEANING = {
+    "launch": "launch: the run started (its manifest's start time)",
+    "finding": "first finding: the earliest sample in which a finding below was seen",
+    "failure": "death: when the run died (its exit status was written; else the first sample "
+    "with no live process)",
+}
+_BAND_MEANING = {
+    "ghost-utilization": "ghost-utilization episode: the GPU read busy while nearly empty "
+    "(each one, cleared or not, under Findings)",
+    "nvml-error": "nvml-error episode: the GPU answered NVML with an error (under Findings)",
+}
+
+
+_DRAWN = {
+    "line": "a series: one colour per GPU (named in each chart's legend), one point per sample",
+    "dot": "a sample alone between two gaps (such as the postmortem's own last reading)",
+    "band:gap": f"no samples for over {GAP_FACTOR:g} times the median interval: the line "
+    "breaks there, nothing is drawn across",
+}
+
+
+def key_entries(pm: Any, marks: Sequence[Marker], drawn: set[str]) -> list[tuple[str, str]]:
+    """What each mark of the timeline means: the lines, dots and gaps ``drawn``
+    (:func:`~orchestrator.views.timeline.marks_of`), every band and marker kind shown, and
+    the ``*`` of the run's own GPUs."""
+    out = [(k, text) for k, text in _DRAWN.items() if k in drawn]
+    out += [(f"band:{k}", _BAND_MEANING.get(k, k)) for k in sorted({e.kind for e in _episodes(pm)})]
+    kinds = dict.fromkeys(m.kind for m in marks)
+    out += [(f"marker:{k}", _MARKER_MEANING.get(k, k)) for k in kinds]
+    if _mine(pm):
+        out.append(("text:*", "GPU n*: a GPU of this run (its manifest's GPU list); the others "
+                    "are the container's other GPUs"))  # fmt: skip
+    return out
+
+
+def episode_rows(pm: Any) -> list[tuple[Episode, str]]:
+    """Each episode with its state: cleared (when) or still on at the last sample, and
+    whether a finding above reports it."""
+    out = []
+    for e in _episodes(pm):
+        if e.cleared_at is not None:
+            state = f"cleared by {fmt_time(e.cleared_at)}"
+        elif finding_of(e, pm.findings) is not None:
+            state = "still on at the last sample (the finding above)"
+        else:
+            state = "still on at the last sample"
+        out.append((e, state))
+    return out
+
+
+_CSS = (
+    "body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;"
+    "white-space:pre-wrap;padding:8px;overflow:auto;font-size:12px}h1{font-size:20px}"
+    "table.ep{border-collapse:collapse;font-size:13px}table.ep td,table.ep th{padding:2px 10px;"
+    "text-align:left;border-bottom:1px solid #eee}.cleared{color:#2a7a2a;font-weight:bold}"
+    "ul.key{list-style:none;padding:0;columns:2 420px;font-size:13px;margin:4px 0 16px}"
+    "ul.key li{margin:2px 0;break-inside:avoid}"
+)
+
+
+def _timeline(pm: Any) -> str:
+    """The charts (full width, one per metric) and the key of every mark on them."""
     series = _series(pm)
     marks = markers(pm)
-    times = [t for rows in series.values() for s in rows for t, _ in s.points]
+    times = [t for rows, _ in series.values() for s in rows for t, _ in s.points]
     t0, t1 = span_of(times + [mk.at for mk in marks])
-    charts = "".join(chart(k, rows, t0, t1, marks) for k, rows in series.items())
+    bands = episode_bands(pm)
+    note = "* this run's GPU" if _mine(pm) else ""
+    charts = "".join(
+        chart(title, rows, t0, t1, marks, unit, bands=bands if unit is not TOK_S else (),
+              note=note if unit is not TOK_S else "")
+        for title, (rows, unit) in series.items()
+    )  # fmt: skip
+    drawn = set().union(*(marks_of(rows, t0, t1) for rows, _ in series.values()))
+    return charts + key(key_entries(pm, marks, drawn))
+
+
+def _findings_html(pm: Any) -> str:
+    esc = _html.escape
+    out = "<ul>" + "".join(
+        f"<li>{esc(str(f.severity))} {esc(f.kind)}: {esc(f.summary)}</li>" for f in pm.findings
+    )
+    out += "</ul>" if pm.findings else "<li>none at the last sample</li></ul>"
+    rows = episode_rows(pm)
+    if not rows:
+        return out
+    out += (
+        f"<h3>Episodes in the GPU history ({len(rows)})</h3><table class='ep'><tr><th>kind</th>"
+        "<th>GPU</th><th>start</th><th>end</th><th>samples</th><th>state</th><th>detail</th></tr>"
+    )
+    for e, state in rows:
+        cls = " class='cleared'" if e.cleared else ""
+        out += (
+            f"<tr class='episode'><td>{esc(e.kind)}</td><td>{e.gpu}</td>"
+            f"<td>{esc(fmt_time(e.start))}</td><td>{esc(fmt_time(e.end))}</td>"
+            f"<td>{e.samples} ({e.end - e.start:.0f} s)</td><td{cls}>{esc(state)}</td>"
+            f"<td>{esc(e.detail)}</td></tr>"
+        )
+    return out + "</table>"
+
+
+def html(pm: Any) -> str:
+    """report.html: self-contained (no script, no external asset), the verdict, inline SVG
+    timelines that fill the page's width, their key, the findings and every episode."""
+    v, ev = pm.verdict, pm.evidence
     esc = _html.escape
     sev = {"critical": "#c00", "warning": "#b80", "info": "#080"}.get(str(v.severity), "#333")
 
@@ -185,10 +301,9 @@ def html(pm: Any) -> str:
 
     return visible(
         "<!doctype html><html><head><meta charset='utf-8'>"
+        "<meta name='viewport' content='width=device-width, initial-scale=1'>"
         f"<title>postmortem {esc(ev.target)} {esc(ev.run_id or '')}</title>"
-        "<style>body{font-family:sans-serif;margin:20px;color:#222}pre{background:#f4f4f4;white-space:pre-wrap;"
-        "padding:8px;overflow:auto;font-size:12px}h1{font-size:20px}.v{font-size:18px;"
-        f"color:{sev};font-weight:bold}}</style></head><body>"
+        f"<style>{_CSS}.v{{font-size:18px;color:{sev};font-weight:bold}}</style></head><body>"
         f"<h1>Postmortem: {esc(ev.target)} run {esc(ev.run_id or '-')}</h1>"
         f"<p class='v'>{esc(v.kind)}" + (f" [{esc(v.playbook)}]" if v.playbook else "") + "</p>"
         f"<p>{esc(v.summary)}</p><p>died at {esc(fmt_time(v.died_at))}; exit status "
@@ -201,14 +316,10 @@ def html(pm: Any) -> str:
         + f"<p class='c'>confidence: <b>{esc(v.confidence)}</b>"
         + (f"; to confirm: {esc(v.confirm)}" if v.confirm else "")
         + "</p>"
-        + f"<h2>Timeline</h2>{charts}"
+        + f"<h2>Timeline</h2>{_timeline(pm)}"
         f"<h2>Evidence</h2>{pre(list(v.evidence))}"
         "<h2>Remedy</h2><ul>" + "".join(f"<li>{esc(r)}</li>" for r in v.remedy) + "</ul>"
-        "<h2>Findings</h2><ul>"
-        + "".join(
-            f"<li>{esc(str(f.severity))} {esc(f.kind)}: {esc(f.summary)}</li>" for f in pm.findings
-        )
-        + "</ul>"
+        f"<h2>Findings</h2>{_findings_html(pm)}"
         + (f"<h2>Restart journal</h2>{pre([e.line() for e in pm.restarts])}" if pm.restarts else "")
         + f"<h2>Log tail</h2>{pre(list(ev.log_tail[-50:]))}"
         f"<h2>Last pane screen</h2>{pre(list(ev.pane[-40:]))}</body></html>\n",

@@ -197,3 +197,34 @@ def test_clock_offset_takes_the_shortest_round_trip() -> None:
     )
     bad = measure_offset("pve2", lambda: "garbage")
     assert bad.offset_s == 0.0 and bad.error
+
+
+def test_the_job_report_draws_its_markers_apart_and_explains_them() -> None:
+    """ct201's death is the first failure: two markers at one instant, labels in two rows."""
+    import re
+
+    from orchestrator.postmortem.job_verdict import JobPostmortem
+    from orchestrator.views.job_report import html
+    from orchestrator.views.scales import overlaps
+
+    r0 = _report("ct200", 0, exit_status=1, exit_status_at=T0 + 90, run_state="exited")
+    r1 = _report("ct201", 1, offset=30.0, exit_status=1, exit_status_at=T0 + 100,
+                 run_state="exited", pane=KILLED_PANE)  # fmt: skip
+    pm = JobPostmortem("pair", "R", (r0, r1), decide(JOB, [r0, r1], default_playbooks()),
+                       tuple(timeline([r0, r1])))  # fmt: skip
+    page = html(pm)
+    for svg in re.findall(r"<svg [^>]*class=\"chart\".*?</svg>", page):
+        assert 'width="100%"' in svg and 'viewBox="0 0 1000 ' in svg
+        boxes = [
+            (float(a), float(y) - 12, float(b), float(y))
+            for y, a, b in re.findall(
+                r'<text class="marker"[^>]*y="([\d.]+)"[^>]*data-left="([\d.]+)" '
+                r'data-right="([\d.]+)"',
+                svg,
+            )
+        ]
+        assert len(boxes) == 5 and overlaps(boxes) == [], (
+            boxes
+        )  # launch, finding, failure, 2 deaths
+    assert "first failure: ct201" in page and "ct201 died" in page
+    assert "first failure: the node that failed first" in page and "a node died" in page

@@ -11,18 +11,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import stat
-import struct
-import subprocess
-import zlib
 from pathlib import Path
 
 import pytest
 
 from orchestrator.cli import run
+from orchestrator.views.scales import overlaps
 from tests.helpers import wait_for
+from tests.postmortem import browser
 
 pytestmark = pytest.mark.e2e
 
@@ -233,6 +231,12 @@ def test_ghost_scenario_is_ghost_utilization(orch, sandbox, sandbox_scenario, tm
     assert bundle.parent == tmp_path / "state" / "postmortems"
     assert bundle.name.startswith(f"ct200-{run_dir.name}-")
     _check_bundle(bundle)
+    episodes = [e for e in doc["episodes"] if e["kind"] == "ghost-utilization"]
+    assert [e["gpu"] for e in episodes] == [3] and episodes[0]["cleared_at"] is None, episodes
+    page = (bundle / "report.html").read_text()
+    assert "Episodes in the GPU history (1)" in page, "the ghost episode is listed"
+    assert "still on at the last sample (the finding above)" in page
+    _screenshot(bundle / "report.html", tmp_path)
     # the text view names the verdict and the remedy
     code, stdout, _ = orch("postmortem", "ct200", "--out", str(tmp_path / "text"))
     assert code == 0 and "ghost-utilization" in stdout and "remedy:" in stdout
@@ -301,60 +305,15 @@ def test_bundle_is_never_overwritten(orch, sandbox, tmp_path) -> None:  # type: 
 # --- headless Chromium ---------------------------------------------------------------------------
 
 
-def _png_colors(data: bytes) -> int:
-    """How many distinct pixel values a (non-interlaced, 8-bit RGB/RGBA) PNG holds, sampled."""
-    assert data[:8] == b"\x89PNG\r\n\x1a\n"
-    pos, idat, width, height, ctype = 8, b"", 0, 0, 2
-    while pos < len(data):
-        (length,) = struct.unpack(">I", data[pos : pos + 4])
-        kind, body = data[pos + 4 : pos + 8], data[pos + 8 : pos + 8 + length]
-        if kind == b"IHDR":
-            width, height, depth, ctype = struct.unpack(">IIBB", body[:10])
-            assert depth == 8 and ctype in (2, 6)
-        elif kind == b"IDAT":
-            idat += body
-        pos += 12 + length
-    bpp = 3 if ctype == 2 else 4
-    raw = zlib.decompress(idat)
-    stride = width * bpp
-    prev = bytearray(stride)
-    seen: set[bytes] = set()
-    for row in range(height):
-        start = row * (stride + 1)
-        filt, line = raw[start], bytearray(raw[start + 1 : start + 1 + stride])
-        for i in range(stride):
-            a = line[i - bpp] if i >= bpp else 0
-            b, c = prev[i], prev[i - bpp] if i >= bpp else 0
-            if filt == 1:
-                line[i] = (line[i] + a) & 255
-            elif filt == 2:
-                line[i] = (line[i] + b) & 255
-            elif filt == 3:
-                line[i] = (line[i] + (a + b) // 2) & 255
-            elif filt == 4:
-                p = a + b - c
-                pa, pb, pc = abs(p - a), abs(p - b), abs(p - c)
-                line[i] = (line[i] + (a if pa <= pb and pa <= pc else b if pb <= pc else c)) & 255
-        prev = line
-        if row % 10 == 0:
-            seen.update(bytes(line[i : i + bpp]) for i in range(0, stride, bpp * 5))
-    return len(seen)
-
-
 def _screenshot(report: Path, tmp_path: Path) -> None:
-    """Open the report in headless Chromium; the screenshot must exist and not be blank."""
-    browser = shutil.which("chromium") or shutil.which("chromium-browser")
-    if browser is None:
-        pytest.skip("chromium not installed (apt-get install chromium)")
-    png = tmp_path / "report.png"
-    subprocess.run(
-        [browser, "--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         f"--user-data-dir={tmp_path / 'chromium'}", f"--screenshot={png}",
-         "--window-size=1200,900", report.resolve().as_uri()],
-        capture_output=True, timeout=90, check=False,
-    )  # fmt: skip
-    assert png.exists(), "chromium wrote no screenshot"
-    data = png.read_bytes()
+    """Open the report in headless Chromium; the screenshot must exist and not be blank, and
+    the charts Chromium laid out fill the page's width with no marker label over another."""
+    data = browser.screenshot(report, tmp_path / "report.png", 1200, 900, tmp_path / "chromium")
     assert len(data) > 10_000, f"screenshot only {len(data)} bytes"
-    assert _png_colors(data) > 8, "the screenshot is blank"
+    assert browser.colors(data) > 8, "the screenshot is blank"
+    got = browser.measure(report, 1200, tmp_path / "chromium")
+    assert got["charts"], "no chart in the report"
+    for chart in got["charts"]:
+        left, _, right, _ = chart["box"]
+        assert right - left >= got["body"] - 1, (chart["box"], got["body"])
+        assert overlaps(chart["markers"]) == [], chart["markers"]
