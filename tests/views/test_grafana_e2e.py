@@ -26,6 +26,7 @@ import pytest
 from tests.helpers import SANDBOX_ISOLATION, free_port, wait_for
 from tests.views.conftest import ROOT, Fleet
 from tests.views.dcgm_defaults import FROM_NVML, GPU_LABELS
+from tests.views.test_export_e2e import stop as _stop
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 PROMETHEUS = shutil.which("prometheus") or "/usr/bin/prometheus"
@@ -50,15 +51,6 @@ class Prom:
             return []
         assert doc.get("status") == "success", (expr, doc)
         return doc["data"]["result"]
-
-
-def _stop(proc: subprocess.Popen) -> None:
-    proc.terminate()
-    try:
-        proc.wait(timeout=15)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait(timeout=5)
 
 
 @pytest.fixture
