@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.agent import gpupids
+from orchestrator.agent.gpu_fields import mib as _mib
+from orchestrator.agent.gpu_fields import read_more
 from orchestrator.agent.gpu_smi import SmiReader
 from orchestrator.agent.procs import in_host_pid_namespace
 from orchestrator.wire.model import GpuProcess, GpuSample, NvmlStatus
@@ -155,16 +157,6 @@ class _Worker:
             self._retired = True
             self._cv.notify_all()
 
-
-# nvml.h's numbers, spelled out: an older pynvml in a container may not name them.
-NVML_CLOCK_SM, NVML_CLOCK_MEM = 1, 2
-NVML_PSTATE_UNKNOWN = 32
-NVML_MEMORY_V2 = 0x02000028  # nvmlMemory_v2: the struct version nvmlDeviceGetMemoryInfo_v2 checks
-NVML_FI_DEV_MEMORY_TEMP = 82
-NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 138, 139  # KiB
-ALL_LINKS = 0xFFFFFFFF
-"""The scopeId that asks an NVLink field for every link together (DCGM 4.x,
-dcgmlib/src/DcgmCacheManager.cpp, ReadAndCacheNvLinkBandwidth)."""
 
 #: Threads one hung GPU may hold blocked in NVML at once; past this, no new probe of it
 #: until one returns (a GPU that hangs forever costs this many threads, not one per poll).
@@ -434,7 +426,9 @@ class GpuCollector:
         sample = self._read_device(worker, g.handle, g.index, g.uuid, g.name)
         if sample.error is None:
             try:
-                sample = dataclasses.replace(sample, **self._read_more(worker, g))
+                calls = functools.partial(self._field, worker)
+                more, g.nvlink = read_more(self._pynvml, g.handle, g.index, calls, g.nvlink)
+                sample = dataclasses.replace(sample, **more)
             except nv.NVMLError as exc:
                 kind = nvml_error_kind(getattr(exc, "value", None))
                 sample = GpuSample(index=g.index, uuid=g.uuid, name=g.name, error=kind)
@@ -498,69 +492,6 @@ class GpuCollector:
             processes=processes,
         )
 
-    def _read_more(self, worker: _Worker, g: _Gpu) -> dict[str, Any]:
-        """dcgm-exporter's other default fields (etc/default-counters.csv, 4.5.3-4.8.2) from
-        the NVML call DCGM reads each from (dcgmlib/src/DcgmCacheManager.cpp, DCGM 4.x): a
-        reading the device lacks (NOT_SUPPORTED) is left ``None``. Device errors propagate."""
-        nv, h = self._pynvml, g.handle
-        calls: dict[str, tuple[str, Callable[[], Any]]] = {
-            "sm": ("GetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, NVML_CLOCK_SM)),
-            "mem": ("GetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, NVML_CLOCK_MEM)),
-            "limit": ("GetEnforcedPowerLimit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h)),
-            "pstate": ("GetPerformanceState", lambda: nv.nvmlDeviceGetPerformanceState(h)),
-            "energy": ("GetTotalEnergyConsumption",
-                       lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
-            "replay": ("GetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
-            "rows": ("GetRemappedRows", lambda: nv.nvmlDeviceGetRemappedRows(h)),
-            "mem2": ("GetMemoryInfo_v2",
-                     lambda: nv.nvmlDeviceGetMemoryInfo(h, version=NVML_MEMORY_V2)),
-            "enc": ("GetEncoderUtilization", lambda: nv.nvmlDeviceGetEncoderUtilization(h)),
-            "dec": ("GetDecoderUtilization", lambda: nv.nvmlDeviceGetDecoderUtilization(h)),
-            "fields": ("GetFieldValues", lambda: nv.nvmlDeviceGetFieldValues(h, [
-                NVML_FI_DEV_MEMORY_TEMP, (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
-                (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS)])),
-        }  # fmt: skip
-        got = {k: self._field(worker, call, f"{step}(GPU {g.index})")
-               for k, (step, call) in calls.items()}  # fmt: skip
-        sm, mem, limit, pstate = got["sm"], got["mem"], got["limit"], got["pstate"]
-        energy, replay, rows, mem2 = got["energy"], got["replay"], got["rows"], got["mem2"]
-        enc, dec, fields = got["enc"], got["dec"], got["fields"]
-        values: list[int | float | None] = (
-            [_field_value(fv) for fv in fields] if fields is not None else [None] * 3
-        )
-        return {
-            "sm_clock_mhz": _num(sm),
-            "mem_clock_mhz": _num(mem),
-            "power_limit_w": limit / 1000.0 if isinstance(limit, int) else None,
-            "pstate": pstate if isinstance(pstate, int) and pstate != NVML_PSTATE_UNKNOWN else None,
-            "memory_temp_c": _num(values[0]),
-            "energy_mj": _num(energy),
-            "pcie_replay_count": replay if isinstance(replay, int) else None,
-            "remapped_rows_correctable": rows[0] if rows is not None else None,
-            "remapped_rows_uncorrectable": rows[1] if rows is not None else None,
-            "remapped_rows_pending": bool(rows[2]) if rows is not None else None,
-            "row_remap_failure": bool(rows[3]) if rows is not None else None,
-            "nvlink_bandwidth_mib_s": self._nvlink_rate(g, fields, values[1:]),
-            "memory_reserved_mib": _mib(mem2.reserved) if mem2 is not None else None,
-            "encoder_util_pct": _num(enc[0]) if enc is not None else None,
-            "decoder_util_pct": _num(dec[0]) if dec is not None else None,
-        }
-
-    @staticmethod
-    def _nvlink_rate(g: _Gpu, fields: Any, kib: list[int | float | None]) -> float | None:
-        """NVLink rx + tx since this GPU's previous reading, as DCGM computes
-        DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL: KiB difference / seconds / 1000 (ReadAndCacheNvLinkBandwidth).
-        ``None`` on the first reading, without NVLink, or when the counter went back (reset)."""
-        if fields is None or kib[0] is None or kib[1] is None:
-            g.nvlink = None
-            return None
-        total = int(kib[0]) + int(kib[1])
-        at = max(int(fields[1].timestamp), int(fields[2].timestamp)) or int(time.time() * 1e6)
-        prev, g.nvlink = g.nvlink, (total, at)
-        if prev is None or at <= prev[1] or total < prev[0]:
-            return None
-        return round((total - prev[0]) / ((at - prev[1]) / 1e6) / 1000.0, 3)
-
     def _collect_smi(self) -> tuple[tuple[GpuSample, ...], NvmlStatus]:
         note = f" (pynvml unavailable: {self._fallback_reason})" if self._fallback_reason else ""
         self._smi_reader.smi, self._smi_reader.deadline_s = self.smi, self.deadline_s
@@ -571,32 +502,6 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _num(value: Any) -> float | None:
-    """An NVML integer reading as a float; ``None`` for anything else (a missing reading).
-
-    >>> _num(1980), _num(None), _num(True)
-    (1980.0, None, None)
-    """
-    return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def _field_value(fv: Any) -> int | float | None:
-    """One ``nvmlFieldValue_t``'s value by its ``valueType`` (nvml.h), ``None`` when its own
-    ``nvmlReturn`` is not success (a field the device lacks: the call itself succeeded)."""
-    if fv.nvmlReturn != 0:
-        return None
-    kind = int(fv.valueType)
-    names = {0: "dVal", 1: "uiVal", 2: "ulVal", 3: "ullVal", 4: "sllVal", 5: "siVal", 6: "usVal"}
-    value = getattr(fv.value, names[kind]) if kind in names else None
-    return value if isinstance(value, (int, float)) else None
-
-
-def _mib(value: Any) -> float | None:
-    if value is None or not isinstance(value, int) or value < 0 or value >= 2**63:
-        return None
-    return round(value / 1048576.0, 1)
 
 
 def _with_elapsed(status: NvmlStatus, start: float) -> NvmlStatus:
