@@ -27,6 +27,8 @@ from collections.abc import Callable
 from typing import Any
 
 from orchestrator.agent import gpupids
+from orchestrator.agent.gpu_fields import mib as _mib
+from orchestrator.agent.gpu_fields import read_more
 from orchestrator.agent.gpu_smi import SmiReader
 from orchestrator.agent.procs import in_host_pid_namespace
 from orchestrator.wire.model import GpuProcess, GpuSample, NvmlStatus
@@ -169,7 +171,7 @@ class _Gpu:
 
     __slots__ = (
         "index", "handle", "uuid", "name", "pci", "minor", "total_mib", "worker", "stuck",
-        "hang_since",
+        "hang_since", "nvlink",
     )  # fmt: skip
 
     def __init__(self, index: int) -> None:
@@ -183,6 +185,7 @@ class _Gpu:
         self.worker: _Worker | None = None
         self.stuck: list[_Worker] = []  # retired workers still blocked in an NVML call
         self.hang_since: float | None = None  # monotonic start of the call that overran
+        self.nvlink: tuple[int, int] | None = None  # previous (rx + tx KiB, NVML timestamp in us)
 
     def timed_out(self) -> GpuSample:
         return GpuSample(
@@ -421,6 +424,14 @@ class GpuCollector:
             except nv.NVMLError:
                 pass  # read below: the reading reports the device's error
         sample = self._read_device(worker, g.handle, g.index, g.uuid, g.name)
+        if sample.error is None:
+            try:
+                calls = functools.partial(self._field, worker)
+                more, g.nvlink = read_more(self._pynvml, g.handle, g.index, calls, g.nvlink)
+                sample = dataclasses.replace(sample, **more)
+            except nv.NVMLError as exc:
+                kind = nvml_error_kind(getattr(exc, "value", None))
+                sample = GpuSample(index=g.index, uuid=g.uuid, name=g.name, error=kind)
         if sample.memory_total_mib is not None:
             g.total_mib = sample.memory_total_mib
         return dataclasses.replace(sample, pci_bus_id=g.pci) if g.pci else sample
@@ -473,6 +484,7 @@ class GpuCollector:
             uuid=uuid,
             name=name,
             utilization_pct=float(util.gpu) if util is not None else None,
+            mem_copy_util_pct=float(util.memory) if util is not None else None,
             memory_used_mib=_mib(mem.used) if mem is not None else None,
             memory_total_mib=_mib(mem.total) if mem is not None else None,
             temperature_c=float(temp) if temp is not None else None,
@@ -490,12 +502,6 @@ def _text(value: Any) -> str | None:
     if value is None:
         return None
     return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
-
-
-def _mib(value: Any) -> float | None:
-    if value is None or not isinstance(value, int) or value < 0 or value >= 2**63:
-        return None
-    return round(value / 1048576.0, 1)
 
 
 def _with_elapsed(status: NvmlStatus, start: float) -> NvmlStatus:

@@ -1,15 +1,19 @@
 """GPU readings from nvidia-smi: the fallback when pynvml or the NVML library cannot load.
 
-Equivalent shell commands (what the seeds ran every poll)::
+Equivalent shell commands (what the seeds ran every poll, with dcgm-exporter's other fields
+that nvidia-smi's ``--query-gpu`` gives appended)::
 
     nvidia-smi --query-gpu=index,uuid,name,utilization.gpu,memory.used,memory.total,\
-temperature.gpu,power.draw,driver_version --format=csv,noheader,nounits
+temperature.gpu,power.draw,driver_version,clocks.sm,clocks.mem,enforced.power.limit,pstate,\
+utilization.memory,temperature.memory,memory.reserved,utilization.encoder,utilization.decoder \
+--format=csv,noheader,nounits
     nvidia-smi --query-compute-apps=gpu_uuid,pid,used_memory,process_name \
 --format=csv,noheader,nounits
 
 One process answers for every GPU, so both queries together get the collector's deadline;
-nvidia-smi prints no row for a failed GPU (the gaps in the index range are it). Parsing is
-pure (:func:`parse_smi_gpus`, :func:`parse_smi_apps`); failures are data, never exceptions.
+nvidia-smi prints no row for a failed GPU (the gaps in the index range are it). An older
+nvidia-smi that refuses a field (``Field "memory.reserved" is not a valid field to query.``)
+is asked the seeds' fields alone from then on. Parsing is pure (:func:`parse_smi_gpus`, :func:`parse_smi_apps`); failures are data, never exceptions.
 """
 
 from __future__ import annotations
@@ -36,6 +40,7 @@ class SmiReader:
         self.smi = smi
         self.deadline_s = deadline_s
         self._smi_stuck: subprocess.Popen[bytes] | None = None
+        self.more = True  # False once this nvidia-smi refused one of SMI_MORE_FIELDS
 
     def _smi(self, argv: list[str], end: float) -> tuple[int | str, str, str]:
         """One nvidia-smi query until monotonic ``end``; remembers one that would not die."""
@@ -56,9 +61,7 @@ class SmiReader:
             )
         self._smi_stuck = None
         end = time.monotonic() + self.deadline_s  # both queries together stay within it
-        rc, out, err = self._smi(
-            [self.smi, f"--query-gpu={SMI_GPU_FIELDS}", "--format=csv,noheader,nounits"], end
-        )
+        rc, out, err = self._query_gpus(end)
         if rc == "missing":
             return (), NvmlStatus(
                 ok=False,
@@ -73,7 +76,7 @@ class SmiReader:
                 error_kind="timeout",
                 message=f"nvidia-smi did not return within {self.deadline_s} s",
             )
-        rows, rest = parse_smi_gpus(out)
+        rows, rest = parse_smi_gpus(out, more=self.more)
         problems = [line for line in rest + err.splitlines() if line.strip()]
         if not rows:
             text = " ".join(problems) or f"nvidia-smi exited {rc} with no output"
@@ -118,11 +121,31 @@ class SmiReader:
             ok=True, source="nvidia-smi", driver_version=driver, message=note.strip(" ()") or None
         )
 
+    def _query_gpus(self, end: float) -> tuple[int | str, str, str]:
+        """``--query-gpu`` with :data:`SMI_MORE_FIELDS` while this nvidia-smi takes them."""
+        fields = f"{SMI_GPU_FIELDS},{SMI_MORE_FIELDS}" if self.more else SMI_GPU_FIELDS
+        argv = [self.smi, f"--query-gpu={fields}", "--format=csv,noheader,nounits"]
+        rc, out, err = self._smi(argv, end)
+        if self.more and "is not a valid field to query" in out + err:
+            self.more = False
+            return self._query_gpus(end)
+        return rc, out, err
+
 
 SMI_GPU_FIELDS = (
     "index,uuid,name,utilization.gpu,memory.used,memory.total,temperature.gpu,power.draw,"
     "driver_version"
 )
+SMI_MORE_FIELDS = (
+    "clocks.sm,clocks.mem,enforced.power.limit,pstate,utilization.memory,temperature.memory,"
+    "memory.reserved,utilization.encoder,utilization.decoder"
+)
+"""dcgm-exporter's default fields that ``--query-gpu`` gives too (``nvidia-smi --help-query-gpu``)."""
+_MORE = [
+    ("sm_clock_mhz", float), ("mem_clock_mhz", float), ("power_limit_w", float),
+    ("pstate", int), ("mem_copy_util_pct", float), ("memory_temp_c", float),
+    ("memory_reserved_mib", float), ("encoder_util_pct", float), ("decoder_util_pct", float),
+]  # fmt: skip
 
 
 SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"
@@ -168,11 +191,27 @@ def _smi_number(text: str) -> float | None:
         return None
 
 
-def parse_smi_gpus(text: str) -> tuple[list[dict[str, Any]], list[str]]:
-    """Parse ``--query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits`` output.
+def _pstate(text: str) -> int | None:
+    """``P0`` .. ``P15`` -> 0 .. 15; ``None`` for ``[N/A]`` or ``P?``.
+
+    >>> _pstate("P0"), _pstate(" P8 "), _pstate("[N/A]")
+    (0, 8, None)
+    """
+    text = text.strip()
+    return int(text[1:]) if text[:1] == "P" and text[1:].isdigit() else None
+
+
+def parse_smi_gpus(text: str, more: bool = False) -> tuple[list[dict[str, Any]], list[str]]:
+    """Parse ``--query-gpu=SMI_GPU_FIELDS --format=csv,noheader,nounits`` output (with
+    ``more``: ``SMI_GPU_FIELDS,SMI_MORE_FIELDS``).
 
     Returns (rows, other lines). A row is a dict of GpuSample fields plus
     ``driver_version``; lines that are not rows (error messages) come back as-is.
+
+    >>> rows, _ = parse_smi_gpus("0, GPU-a, NVIDIA H200, 98, 1, 143771, 58, 612.40, 570.172.08, "
+    ...                          "1980, 3201, 700.00, P0, 45, [N/A], 0, 0, 0", more=True)
+    >>> rows[0]["sm_clock_mhz"], rows[0]["pstate"], rows[0]["memory_temp_c"], rows[0]["power_limit_w"]
+    (1980.0, 0, None, 700.0)
 
     >>> rows, rest = parse_smi_gpus(
     ...     "0, GPU-a, NVIDIA H200, 0, 0, 143771, 30, 75.50, 550.54.15\\n"
@@ -189,14 +228,22 @@ def parse_smi_gpus(text: str) -> tuple[list[dict[str, Any]], list[str]]:
         if not line.strip():
             continue
         cells = [c.strip() for c in line.split(",")]
-        if len(cells) < 9 or not cells[0].isdigit():
+        width = 9 + len(_MORE) if more else 9
+        if len(cells) < width or not cells[0].isdigit():
             rest.append(line.strip())
             continue
+        extra = cells[len(cells) - (width - 9) :] if more else []
+        cells = cells[: len(cells) - len(extra)]
         # a name holding commas: the fixed-width tail tells us where it ends
         name = ", ".join(cells[2 : len(cells) - 6])
         tail = cells[len(cells) - 6 :]
+        extras = {
+            key: (_pstate(cell) if key == "pstate" else _smi_number(cell))
+            for (key, _kind), cell in zip(_MORE, extra, strict=False)
+        }
         rows.append(
             {
+                **extras,
                 "index": int(cells[0]),
                 "uuid": cells[1] or None,
                 "name": name or None,

@@ -18,8 +18,11 @@
  * cuda_driver_version (e.g. 12080), init_error (name or code), init_hang_ms,
  * pid_numbering ("host" or "namespace": see visible_pid), host_pidns,
  * devices: [{index, minor, name, uuid, pci_bus_id, util_pct, mem_util_pct, mem_used_mib,
- * mem_total_mib, temp_c, power_w, power_limit_w, processes: [{pid, used_mib, pidns, ns_pid}],
- * lost, hang_ms}].
+ * mem_total_mib, mem_reserved_mib, temp_c, mem_temp_c, power_w, power_limit_w, sm_clock_mhz,
+ * mem_clock_mhz, pstate, energy_avg_w, energy_base_mj, pcie_replay, remapped_rows_correctable,
+ * remapped_rows_uncorrectable, remap_pending, remap_failure, enc_util_pct, dec_util_pct,
+ * nvlink_links, nvlink_tx_kib_s, nvlink_rx_kib_s, not_supported: [names],
+ * processes: [{pid, used_mib, pidns, ns_pid}], lost, hang_ms}].
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -708,6 +711,189 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo(nvmlDevice_t h, nvmlPciInfo_t *p) { ret
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v2(nvmlDevice_t h, nvmlPciInfo_t *p) { return pci_info(h, p); }
 EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *p) { return pci_info(h, p); }
 
+/* ------------------------------------------------------------------ clocks, energy, errors */
+
+/* A device lacks an entry point or a field when its "not_supported" list names it (a
+ * function name such as "nvmlDeviceGetRemappedRows", or a field such as
+ * "NVML_FI_DEV_MEMORY_TEMP"): the call then answers NVML_ERROR_NOT_SUPPORTED, as the real
+ * driver does on a board without the feature (GDDR boards have no memory sensor; row
+ * remapping is Ampere-and-later datacenter only; a PCIe card has no NVLink). */
+static int lacks(jv *dev, const char *what) {
+    jv *list = jget(dev, "not_supported");
+    int i;
+    if (!list || list->type != J_ARR) return 0;
+    for (i = 0; i < list->n; i++)
+        if (list->items[i].type == J_STR && !strcmp(list->items[i].str, what)) return 1;
+    return 0;
+}
+
+#define UNSUPPORTED_IF_LACKING(s, dev, what)                                      \
+    if (lacks(dev, what)) { scenario_free(&s); return NVML_ERROR_NOT_SUPPORTED; }
+
+enum { NVML_CLOCK_GRAPHICS = 0, NVML_CLOCK_SM = 1, NVML_CLOCK_MEM = 2, NVML_CLOCK_VIDEO = 3 };
+
+/* Current clocks in MHz; defaults are an H200 SXM's under load (SM 1980, HBM3e 3201). */
+EXPORT nvmlReturn_t nvmlDeviceGetClockInfo(nvmlDevice_t h, int type, unsigned int *mhz) {
+    double v;
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, "nvmlDeviceGetClockInfo")
+    if (!mhz) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    switch (type) {
+    case NVML_CLOCK_GRAPHICS:
+    case NVML_CLOCK_SM: v = jnum(dev, "sm_clock_mhz", 1980); break;
+    case NVML_CLOCK_MEM: v = jnum(dev, "mem_clock_mhz", 3201); break;
+    case NVML_CLOCK_VIDEO: v = jnum(dev, "video_clock_mhz", 1755); break;
+    default: scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT;
+    }
+    *mhz = (unsigned)v;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+/* nvmlPstates_t: 0 (P0, fastest) .. 15, 32 = NVML_PSTATE_UNKNOWN. */
+EXPORT nvmlReturn_t nvmlDeviceGetPerformanceState(nvmlDevice_t h, int *pstate) {
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, "nvmlDeviceGetPerformanceState")
+    if (!pstate) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *pstate = (int)jnum(dev, "pstate", 0);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+static double boot_seconds(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_BOOTTIME, &ts);
+    return (double)ts.tv_sec + (double)ts.tv_nsec / 1e9;
+}
+
+/* Millijoules since the driver loaded (taken as boot): "energy_base_mj" plus
+ * "energy_avg_w" (default 400) times the seconds since boot. The slope is its own key, not
+ * power_w, so the counter never runs backwards when a test switches scenario, and every
+ * process (host observer, each container's agent) reads the same value for one GPU. */
+EXPORT nvmlReturn_t nvmlDeviceGetTotalEnergyConsumption(nvmlDevice_t h, unsigned long long *mj) {
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, "nvmlDeviceGetTotalEnergyConsumption")
+    if (!mj) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *mj = (unsigned long long)(jnum(dev, "energy_base_mj", 0) + jnum(dev, "energy_avg_w", 400) * 1000.0 * boot_seconds());
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetPcieReplayCounter(nvmlDevice_t h, unsigned int *count) {
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, "nvmlDeviceGetPcieReplayCounter")
+    if (!count) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *count = (unsigned)jnum(dev, "pcie_replay", 0);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetRemappedRows(nvmlDevice_t h, unsigned int *corr, unsigned int *unc,
+                                              unsigned int *pending, unsigned int *failure) {
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, "nvmlDeviceGetRemappedRows")
+    if (!corr || !unc || !pending || !failure) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *corr = (unsigned)jnum(dev, "remapped_rows_correctable", 0);
+    *unc = (unsigned)jnum(dev, "remapped_rows_uncorrectable", 0);
+    *pending = (unsigned)jnum(dev, "remap_pending", 0);
+    *failure = (unsigned)jnum(dev, "remap_failure", 0);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+static nvmlReturn_t engine_util(nvmlDevice_t h, const char *fn, const char *key, unsigned int *util, unsigned int *period_us) {
+    DEVICE_CALL(h, s, dev)
+    UNSUPPORTED_IF_LACKING(s, dev, fn)
+    if (!util || !period_us) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    *util = (unsigned)jnum(dev, key, 0);
+    *period_us = 167000;
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetEncoderUtilization(nvmlDevice_t h, unsigned int *u, unsigned int *p) {
+    return engine_util(h, "nvmlDeviceGetEncoderUtilization", "enc_util_pct", u, p);
+}
+EXPORT nvmlReturn_t nvmlDeviceGetDecoderUtilization(nvmlDevice_t h, unsigned int *u, unsigned int *p) {
+    return engine_util(h, "nvmlDeviceGetDecoderUtilization", "dec_util_pct", u, p);
+}
+
+/* nvmlFieldValue_t and the fields modelled (nvml.h: NVML_FI_DEV_MEMORY_TEMP 82,
+ * NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX 138 / _RX 139, in KiB; scopeId is the link, or
+ * UINT_MAX for all links together, as DCGM's ReadAndCacheNvLinkBandwidth passes it). A field
+ * the device lacks gets NOT_SUPPORTED in its own nvmlReturn; the call still succeeds. */
+typedef union { double dVal; unsigned int uiVal; unsigned long ulVal; unsigned long long ullVal; long long sllVal; int siVal; unsigned short usVal; } nvmlValue_t;
+typedef struct {
+    unsigned int fieldId, scopeId;
+    long long timestamp, latencyUsec;
+    unsigned int valueType, nvmlReturn;
+    nvmlValue_t value;
+} nvmlFieldValue_t;
+
+enum { NVML_FI_DEV_MEMORY_TEMP = 82, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX = 138, NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX = 139 };
+enum { NVML_VALUE_TYPE_UNSIGNED_INT = 1, NVML_VALUE_TYPE_UNSIGNED_LONG_LONG = 3 };
+
+#define NVLINK_SLOTS 64
+/* The NVLink byte counters, one per device and direction, kept by this process: they grow
+ * at the scenario's "nvlink_tx_kib_s" / "nvlink_rx_kib_s" from a start of rate x uptime, so a
+ * rate between two readings is the scenario's whatever it was switched from. */
+static double g_nvlink_kib[NVLINK_SLOTS][2], g_nvlink_at[NVLINK_SLOTS][2];
+static char g_nvlink_lock;
+
+static unsigned long long nvlink_kib(int idx, int rx, double rate) {
+    double now = boot_seconds(), value;
+    if (idx < 0 || idx >= NVLINK_SLOTS) return (unsigned long long)(rate * now);
+    while (__atomic_test_and_set(&g_nvlink_lock, __ATOMIC_ACQUIRE)) {
+    }
+    if (g_nvlink_at[idx][rx] == 0) g_nvlink_kib[idx][rx] = rate * now;
+    else g_nvlink_kib[idx][rx] += rate * (now - g_nvlink_at[idx][rx]);
+    g_nvlink_at[idx][rx] = now;
+    value = g_nvlink_kib[idx][rx];
+    __atomic_clear(&g_nvlink_lock, __ATOMIC_RELEASE);
+    return (unsigned long long)value;
+}
+
+static void field_value(jv *dev, int idx, nvmlFieldValue_t *fv) {
+    struct timespec ts;
+    int links = (int)jnum(dev, "nvlink_links", 18);
+    clock_gettime(CLOCK_REALTIME, &ts);
+    fv->timestamp = (long long)ts.tv_sec * 1000000LL + ts.tv_nsec / 1000;
+    fv->latencyUsec = 0;
+    fv->nvmlReturn = NVML_SUCCESS;
+    switch (fv->fieldId) {
+    case NVML_FI_DEV_MEMORY_TEMP:
+        if (lacks(dev, "NVML_FI_DEV_MEMORY_TEMP")) { fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED; return; }
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_INT;
+        fv->value.uiVal = (unsigned)jnum(dev, "mem_temp_c", jnum(dev, "temp_c", 30) + 4);
+        return;
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX:
+    case NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX: {
+        int rx = fv->fieldId == NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX;
+        double rate = jnum(dev, rx ? "nvlink_rx_kib_s" : "nvlink_tx_kib_s", 0);
+        if (links <= 0 || lacks(dev, rx ? "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX" : "NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX")) {
+            fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+            return;
+        }
+        if (fv->scopeId != 0xFFFFFFFFu && fv->scopeId >= (unsigned)links) { fv->nvmlReturn = NVML_ERROR_INVALID_ARGUMENT; return; }
+        fv->valueType = NVML_VALUE_TYPE_UNSIGNED_LONG_LONG;
+        fv->value.ullVal = nvlink_kib(idx, rx, rate);
+        if (fv->scopeId != 0xFFFFFFFFu) fv->value.ullVal /= (unsigned)links; /* one link's share */
+        return;
+    }
+    default:
+        fv->nvmlReturn = NVML_ERROR_NOT_SUPPORTED;
+    }
+}
+
+EXPORT nvmlReturn_t nvmlDeviceGetFieldValues(nvmlDevice_t h, int count, nvmlFieldValue_t *values) {
+    int i, idx = (int)((uintptr_t)h - HANDLE_BASE);
+    DEVICE_CALL(h, s, dev)
+    if (!values || count <= 0) { scenario_free(&s); return NVML_ERROR_INVALID_ARGUMENT; }
+    for (i = 0; i < count; i++) field_value(dev, idx, &values[i]);
+    scenario_free(&s);
+    return NVML_SUCCESS;
+}
+
 /* ------------------------------------------------------------------ not supported here */
 
 /* A device call the fake does not model: it still honours lost/hang, then says NOT_SUPPORTED. */
@@ -721,14 +907,9 @@ EXPORT nvmlReturn_t nvmlDeviceGetPciInfo_v3(nvmlDevice_t h, nvmlPciInfo_t *p) { 
 
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetFanSpeed, unsigned int *a)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetFanSpeed_v2, unsigned int a, unsigned int *b)
-NOT_SUPPORTED_DEVICE(nvmlDeviceGetEncoderUtilization, unsigned int *a, unsigned int *b)
-NOT_SUPPORTED_DEVICE(nvmlDeviceGetDecoderUtilization, unsigned int *a, unsigned int *b)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetProcessUtilization, void *a, unsigned int *b, unsigned long long c)
-NOT_SUPPORTED_DEVICE(nvmlDeviceGetClockInfo, int a, unsigned int *b)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetMaxClockInfo, int a, unsigned int *b)
-NOT_SUPPORTED_DEVICE(nvmlDeviceGetPerformanceState, int *a)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetTotalEccErrors, int a, int b, unsigned long long *c)
-NOT_SUPPORTED_DEVICE(nvmlDeviceGetTotalEnergyConsumption, unsigned long long *a)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetSupportedEventTypes, unsigned long long *a)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetPcieThroughput, int a, unsigned int *b)
 NOT_SUPPORTED_DEVICE(nvmlDeviceGetBAR1MemoryInfo, void *a)

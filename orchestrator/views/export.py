@@ -36,6 +36,30 @@ DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "
 # orch's own series carry dcgm's Hostname and container besides target and host, so that
 # `on (Hostname, container)` joins them to the GPU series without label_replace.
 TARGET_LABELS = ["target", "host", "Hostname", "container"]
+DCGM_MORE = (
+    ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz"),
+    ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "mem_clock_mhz"),
+    ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temp_c"),
+    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
+     "energy_mj"),
+    ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay_count"),
+    ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "mem_copy_util_pct"),
+    ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "encoder_util_pct"),
+    ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "decoder_util_pct"),
+    ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "memory_reserved_mib"),
+    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+     "Total number of NVLink bandwidth counters for all lanes.", "nvlink_bandwidth_mib_s"),
+    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+     "Number of remapped rows for uncorrectable errors", "remapped_rows_uncorrectable"),
+    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
+     "remapped_rows_correctable"),
+    ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "row_remap_failure"),
+)  # fmt: skip
+"""The rest of dcgm-exporter's default counters NVML gives (etc/default-counters.csv, tag
+4.5.3-4.8.2): name, its help text there, the GpuSample field. A reading the GPU lacks is no
+series, never 0. dcgm-exporter types the energy, replay, NVLink and remapped-rows fields
+``counter``; they are gauges here (prometheus_client would rename a counter ``*_total``), so
+the stored series, names and labels are dcgm's, only the metadata type differs."""
 XID_KINDS = {"xid": None, "fallen-off-bus": 79}
 """Kernel events that set DCGM_FI_DEV_XID_ERRORS (a bare "fallen off the bus" line is Xid 79)."""
 
@@ -65,6 +89,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
     xid = GaugeMetricFamily(
         "DCGM_FI_DEV_XID_ERRORS", "Value of the last XID error encountered.", labels=DCGM_LABELS
     )
+    more = [(GaugeMetricFamily(n, h, labels=DCGM_LABELS), attr) for n, h, attr in DCGM_MORE]
     reachable = GaugeMetricFamily(
         "orch_target_reachable",
         "1 when the target's last snapshot came back.",
@@ -150,6 +175,8 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
                 fb_free.add_metric(labels, max(0.0, g.memory_total_mib - g.memory_used_mib))
             _add(temp, labels, g.temperature_c)
             _add(power, labels, g.power_w)
+            for fam, attr in more:
+                _add(fam, labels, getattr(g, attr))
             if g.error is None:
                 seen = [*host_events.get(o.host or "", ()), *snap.kernel_events]
                 xid.add_metric(labels, float(last_xid(g, seen)))
@@ -179,6 +206,7 @@ def families(observed: Sequence[Judgement], hosts: Sequence[Judgement] = ()) -> 
         temp,
         power,
         xid,
+        *(fam for fam, _ in more),
         reachable,
         state,
         taken,

@@ -255,6 +255,30 @@ class GpuSample(Wire):
     mem_clock_mhz: float | None = None
     power_limit_w: float | None = None
     pstate: int | None = None
+    mem_copy_util_pct: float | None = None
+    """Percent of the last sample period the memory was read or written (NVML's
+    ``utilization.memory``, dcgm's MEM_COPY_UTIL)."""
+    memory_temp_c: float | None = None
+    """HBM temperature (NVML field ``NVML_FI_DEV_MEMORY_TEMP``); ``None`` where the board has no sensor."""
+    energy_mj: float | None = None
+    """Energy used since the driver was loaded, in millijoules (a counter)."""
+    pcie_replay_count: int | None = None
+    """PCIe retries since the driver was loaded (a counter)."""
+    remapped_rows_correctable: int | None = None
+    """Memory rows remapped for correctable errors (``nvmlDeviceGetRemappedRows``)."""
+    remapped_rows_uncorrectable: int | None = None
+    """Memory rows remapped for uncorrectable errors."""
+    remapped_rows_pending: bool | None = None
+    """A remapping waits for a GPU reset."""
+    row_remap_failure: bool | None = None
+    """A remapping failed (the GPU should be taken out of service)."""
+    nvlink_bandwidth_mib_s: float | None = None
+    """NVLink data received plus sent over all links since the collector's previous reading,
+    in MiB/s as DCGM computes it (KiB/s / 1000); ``None`` on a first reading or without NVLink."""
+    memory_reserved_mib: float | None = None
+    """Framebuffer the driver reserves (``nvmlDeviceGetMemoryInfo_v2``)."""
+    encoder_util_pct: float | None = None
+    decoder_util_pct: float | None = None
 
 
 @dataclass(frozen=True, slots=True)

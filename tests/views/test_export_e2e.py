@@ -178,3 +178,35 @@ def test_an_injected_xid_is_dcgm_xid_errors_on_its_gpu(fleet, tmp_path):
     # the sandbox's two containers see the same GPUs: the device's series in each say it
     hit = {k for k, (pci, _) in after.items() if pci == bus}
     assert ("ct200", "3") in hit and {k for k, (_, v) in after.items() if v} == hit, after
+
+
+def test_host_and_container_paths_export_the_same_dcgm_series(fleet, tmp_path):
+    """The host observer reads the GPUs once and fans them out; the in-container agent reads
+    its own: one-shot, both give every NVML default counter but NVLink bandwidth (a rate
+    needs a previous reading of the same collector), with the same values where they are
+    moving."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from tests.views.dcgm_defaults import FROM_NVML
+
+    fleet.scenario("healthy")
+    seen = {}
+    for observe in ("host", "container"):
+        path = tmp_path / f"{observe}.prom"
+        proc = fleet.orch("export", "--textfile", str(path),
+                          config=fleet.config_for(observe, tmp_path))  # fmt: skip
+        assert proc.returncode == 0, proc.stderr
+        seen[observe] = {
+            (s.name, s.labels["container"], s.labels["gpu"]): s.value
+            for f in text_string_to_metric_families(path.read_text())
+            if f.name.startswith("DCGM_FI_")
+            for s in f.samples
+        }
+    host, container = seen["host"], seen["container"]
+    assert set(host) == set(container)
+    assert {n for n, _, _ in host} == set(FROM_NVML) - {"DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL"}
+    assert len(host) == 16 * (len(FROM_NVML) - 1)
+    # energy grows between the two exports; an Xid an earlier test injected stays in the log
+    moving = {"DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "DCGM_FI_DEV_XID_ERRORS"}
+    steady = {k: v for k, v in host.items() if k[0] not in moving}
+    assert steady == {k: container[k] for k in steady}

@@ -191,3 +191,26 @@ def test_the_mapping_table_names_every_dcgm_series_exported() -> None:
     names = {f.name for f in export.families([]) if f.name.startswith("DCGM_FI_")}
     rows = set(re.findall(r"^\| (DCGM_FI_\w+) \| same \|", doc, re.M))
     assert names and names == rows, names ^ rows
+
+
+def test_each_dcgm_field_is_its_sample_field_and_a_missing_one_no_series():
+    import dataclasses
+
+    base = gpus({}, {})
+    full = dataclasses.replace(base[0], sm_clock_mhz=1410.0, memory_temp_c=71.0, energy_mj=5e9,
+                               row_remap_failure=True, nvlink_bandwidth_mib_s=3000.0)  # fmt: skip
+    snap = running("ct200", gpus=(full, base[1]))
+    got = scrape([Judgement("ct200", snap, "running", host="pve1")])
+    for name, field in [(n, a) for n, _h, a in export.DCGM_MORE]:
+        want = getattr(full, field)
+        values = {s.labels["gpu"]: s.value for s in got.get(name, [])}
+        assert values == ({"0": float(want)} if want is not None else {}), (name, values)
+    assert {s.labels["gpu"] for s in got["DCGM_FI_DEV_GPU_UTIL"]} == {"0", "1"}
+
+
+def test_every_default_dcgm_counter_nvml_gives_is_exported_with_dcgms_labels():
+    from tests.views.dcgm_defaults import FROM_NVML, GPU_LABELS
+
+    fams = [f for f in export.families([]) if f.name.startswith("DCGM_FI_")]
+    assert sorted(f.name for f in fams) == sorted(FROM_NVML)
+    assert set(export.DCGM_LABELS) == GPU_LABELS
