@@ -27,6 +27,57 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         names = set(getattr(item, "fixturenames", ()))
         if names & E2E_FIXTURES and item.get_closest_marker("e2e") is None:
             item.add_marker(pytest.mark.e2e)
+    longest_modules_first(items)
+
+
+# xdist's --dist loadscope hands each worker one module at a time, in collection order (with
+# --no-loadscope-reorder; by default it sorts modules by their number of tests, which puts the
+# end-to-end modules, a few long tests each, last, and one worker alone at the end). The
+# longest modules first, the many short ones after them to fill the gaps, ends every worker
+# at about the same time. How long each takes: tests/durations.txt.
+
+DURATIONS = Path(__file__).with_name("durations.txt")
+
+
+def module_seconds(text: str) -> dict[str, float]:
+    """``SECONDS PATH`` lines (``#`` comments) to path -> seconds.
+
+    >>> module_seconds("# x\\n12.5 tests/a/test_b.py\\n\\n")
+    {'tests/a/test_b.py': 12.5}
+    """
+    out = {}
+    for line in text.splitlines():
+        seconds, _, path = line.partition("#")[0].strip().partition(" ")
+        if path:
+            out[path.strip()] = float(seconds)
+    return out
+
+
+def longest_modules_first(items: list[pytest.Item]) -> None:
+    """Reorder ``items`` by module, longest first (tests/durations.txt, else :func:`_guess`
+    per test), each module's own order kept (a stable sort).
+    Deterministic: every xdist worker collects the same order, as xdist requires."""
+    try:
+        known = module_seconds(DURATIONS.read_text())
+    except OSError:
+        known = {}
+    root = Path(__file__).resolve().parents[1]
+    module: dict[int, str] = {}
+    guess: dict[str, float] = {}
+    for item in items:
+        path = Path(str(item.path)).resolve()
+        mod = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+        module[id(item)] = mod
+        guess[mod] = guess.get(mod, 0.0) + _guess(item)
+    weight = {mod: known.get(mod, g) for mod, g in guess.items()}
+    items.sort(key=lambda item: -weight[module[id(item)]])
+
+
+def _guess(item: pytest.Item) -> float:
+    """Seconds a test not in tests/durations.txt is taken to last: 5 end to end, 2 slow."""
+    if item.get_closest_marker("e2e"):
+        return 5.0
+    return 2.0 if item.get_closest_marker("slow") else 0.01
 
 
 @pytest.fixture(scope="session", autouse=True)

@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
-from orchestrator.errors import LaunchFailed, OrchError, Refused
+from orchestrator.errors import LaunchFailed, LaunchInterrupted, OrchError, Refused
 from orchestrator.lifecycle.bundle import check_trainer_args, trainer_bundle, trainer_config
 from orchestrator.lifecycle.jobs import (
     NodeStop,
@@ -148,6 +148,57 @@ class JobLaunchResult:
         }
 
 
+@dataclass
+class Done:
+    """How far a job launch got, for the message of a Ctrl-C: ``stage`` is ``preflight``
+    (preflight and deploy: nothing started), ``start`` (the agents were asked to start the
+    nodes), ``started`` (verify) or ``stopping`` (a failure stops the nodes); ``started`` and
+    ``refused`` hold the containers whose agent answered the start, yes or no."""
+
+    stage: str = "preflight"
+    started: set[str] = field(default_factory=set)
+    refused: set[str] = field(default_factory=set)
+
+
+def interrupted_text(job: JobConfig, run_id: str, done: Done) -> str:
+    """What a Ctrl-C left behind, node by node, and the command that undoes it (pure).
+
+    >>> from orchestrator.config.jobs import JobConfig, JobNode
+    >>> job = JobConfig("pair", (JobNode("ct200", 0, "a"), JobNode("ct201", 1, "b")))
+    >>> interrupted_text(job, "R", Done())
+    'job pair: interrupted before the start step: nothing was started on any node'
+    >>> print(interrupted_text(job, "R", Done("started", {"ct200", "ct201"})))
+    job pair: interrupted: node ct200 (rank 0) started in ct200 and is still running; node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it
+    >>> print(interrupted_text(job, "R", Done("start", {"ct201"}, {"ct200"})))
+    job pair: interrupted in the start step: node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it; node ct200 (rank 0) did not start
+    >>> print(interrupted_text(job, "R", Done("start", {"ct201"})))
+    job pair: interrupted in the start step: node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it; node ct200 (rank 0) may have started (no answer yet: orch status pair says; the same orch stop stops it)
+    """
+    if done.stage == "preflight" or (done.stage == "start" and done.refused >= _names(job)):
+        return f"job {job.name}: interrupted before the start step: nothing was started on any node"
+    where = {"start": " in the start step", "stopping": " while stopping the nodes after a failure"}
+    running = "may still be running" if done.stage == "stopping" else "is still running"
+    undo = f"orch stop {job.name} --run {run_id} stops it"
+    parts = [f"node {n.label} started in {n.container} and {running}"
+             for n in job.nodes if n.container in done.started]  # fmt: skip
+    text = f"job {job.name}: interrupted{where.get(done.stage, '')}: " + (
+        f"{'; '.join(parts)} (run {run_id}): {undo}" if parts else f"run {run_id}: {undo} if so"
+    )
+    if done.stage == "stopping":
+        return text
+    for n in job.nodes:
+        if n.container in done.refused:
+            text += f"; node {n.label} did not start"
+        elif n.container not in done.started:
+            text += (f"; node {n.label} may have started (no answer yet: orch status {job.name} "
+                     "says; the same orch stop stops it)")  # fmt: skip
+    return text
+
+
+def _names(job: JobConfig) -> set[str]:
+    return {n.container for n in job.nodes}
+
+
 def scan(progress: NodeProgress, lines: Sequence[str]) -> None:
     """Note the rendezvous and the node's group rank in new log lines (pure on ``progress``).
 
@@ -206,6 +257,40 @@ def launch_job(
     check_trainer_args(trainer_args)
     extra_env = parse_env_options(env)
     run_id = new_run_id(run_name)
+    done = Done()
+    try:
+        return _launch_job(inventory, job, phase, done, t0, phases, run_id=run_id,
+                           extra_env=extra_env, force=force, verify=verify, grace_s=grace_s,
+                           trainer_args=trainer_args)  # fmt: skip
+    except KeyboardInterrupt:
+        if done.stage != "start":  # the start step's calls were waited for (on_nodes)
+            _close_connections()  # the threads still reading end now, not at their timeout
+        raise LaunchInterrupted(interrupted_text(job, run_id, done)) from None
+
+
+def _close_connections() -> None:
+    from orchestrator.transport.connect import close_all
+
+    close_all()
+
+
+def _launch_job(
+    inventory: Inventory,
+    job: JobConfig,
+    phase: PhaseCallback,
+    done: Done,
+    t0: float,
+    phases: list[dict[str, Any]],
+    *,
+    run_id: str,
+    extra_env: dict[str, str],
+    force: bool,
+    verify: bool,
+    grace_s: float,
+    trainer_args: Sequence[str],
+) -> JobLaunchResult:
+    """:func:`launch_job` after its arguments were checked; notes its progress in ``done``."""
+    bundled = job.command is None
     containers = {n.container: node_container(inventory, job, n) for n in job.nodes}
     targets = {n.container: Target(inventory, n.container) for n in job.nodes}
     n_nodes = len(job.nodes)
@@ -219,7 +304,7 @@ def launch_job(
             targets[n.container], gpus=n.gpu_indices, bundled=bundled, force=force, config=cfg
         )
 
-    pre = on_nodes(job, check)
+    pre = on_nodes(job, check, finish_on_interrupt=False)
     problems = {
         n.label: (list(getattr(v, "problems", None) or [str(v).splitlines()[0]]))
         for n in job.nodes
@@ -238,7 +323,8 @@ def launch_job(
         got = on_nodes(job, lambda n: deploy.ensure_agent(targets[n.container].transport,
                                                           containers[n.container].workdir,
                                                           containers[n.container].python,
-                                                          bundle=trainer_bundle()))  # fmt: skip
+                                                          bundle=trainer_bundle()),
+                       finish_on_interrupt=False)  # fmt: skip
         failed = {k: v for k, v in got.items() if isinstance(v, OrchError)}
         if failed:
             name, exc = next(iter(failed.items()))
@@ -259,6 +345,8 @@ def launch_job(
         f"torchrun on {n_nodes} nodes, rendezvous {job.rdzv_endpoint}, run {run_id}",
     )
 
+    done.stage = "start"
+
     def start(n: JobNode) -> LaunchAnswer:
         c = containers[n.container]
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
@@ -278,9 +366,12 @@ def launch_job(
             req, {**node_env(job, n, c), **extra_env}, timeout=grace_s + 60.0
         )
         if not doc.get("ok"):
+            done.refused.add(n.container)
             msg = redact(str(doc.get("message") or doc), secrets)
             raise LaunchFailed(f"{n.label}: could not start: {msg}")
-        return read_answer(n.container, doc, LaunchAnswer)
+        answer = read_answer(n.container, doc, LaunchAnswer)
+        done.started.add(n.container)
+        return answer
 
     started = on_nodes(job, start)
     bad = {k: v for k, v in started.items() if isinstance(v, OrchError)}
@@ -292,10 +383,12 @@ def launch_job(
         node = job.node(name)
         phase("start", "fail", str(exc).splitlines()[0])
         ok = [job.node(k) for k, v in started.items() if not isinstance(v, OrchError)]
+        done.stage = "stopping"
         stopped = stop_job(inventory, job, grace_s=FAIL_STOP_GRACE_S, run_id=run_id, nodes=ok,
                            by=f"orch launch {job.name}: {node.label} failed to start") if ok else []  # fmt: skip
         raise JobLaunchFailed(_failed_text(job, node, str(exc), stopped, run_id), node, stopped)
     phase("start", "ok", f"run {run_id} on {n_nodes} nodes")
+    done.stage = "started"
 
     def result(verified: bool | None) -> JobLaunchResult:
         return JobLaunchResult(job.name, run_id, job.rdzv_endpoint,
@@ -312,7 +405,7 @@ def launch_job(
         f"every node at the rendezvous and past its first step, up to {timeout:g} s",
     )
     try:
-        verify_job(inventory, job, run_id, progress, timeout_s=timeout, secrets=secrets)
+        verify_job(inventory, job, run_id, progress, timeout_s=timeout, secrets=secrets, done=done)
     except JobLaunchFailed as exc:
         phase("verify", "fail", str(exc).splitlines()[0])
         raise
@@ -359,8 +452,11 @@ def verify_job(
     *,
     timeout_s: float,
     secrets: Sequence[str] = (),
+    done: Done | None = None,
 ) -> None:
     """Poll every node until all rendezvoused with their listed rank and stepped.
+
+    ``done.stage`` becomes ``stopping`` while a failure stops the nodes (for Ctrl-C's message).
 
     Raises:
         JobLaunchFailed: a node died, its container stopped, torchrun ranked it otherwise, or
@@ -368,15 +464,15 @@ def verify_job(
     """
     deadline = time.monotonic() + timeout_s
     while True:
-        on_nodes(job, lambda n: _look(progress[n.container], run_id))
+        on_nodes(job, lambda n: _look(progress[n.container], run_id), finish_on_interrupt=False)
         for n in job.nodes:
             p = progress[n.container]
             if p.state in DEAD_STATES:
-                _fail(inventory, job, run_id, p, _death_text(p, run_id, secrets))
+                _fail(inventory, job, run_id, p, _death_text(p, run_id, secrets), done)
             if p.group_rank is not None and p.group_rank != n.rank:
                 _fail(inventory, job, run_id, p,
                       f"torchrun's c10d rendezvous gave it group rank {p.group_rank}, not {n.rank} as "
-                      f"listed (c10d ranks nodes by their sorted --local-addr)")  # fmt: skip
+                      f"listed (c10d ranks nodes by their sorted --local-addr)", done)  # fmt: skip
         if all(p.ready for p in progress.values()):
             return
         if time.monotonic() >= deadline:
@@ -388,7 +484,7 @@ def verify_job(
                 for p in late
             )
             _fail(inventory, job, run_id, first if len(late) == 1 else None,
-                  f"{why} within {timeout_s:g} s; waiting: {names}")  # fmt: skip
+                  f"{why} within {timeout_s:g} s; waiting: {names}", done)  # fmt: skip
         time.sleep(VERIFY_POLL_S)
 
 
@@ -422,9 +518,16 @@ def _death_text(p: NodeProgress, run_id: str, secrets: Sequence[str]) -> str:
 
 
 def _fail(
-    inventory: Inventory, job: JobConfig, run_id: str, culprit: NodeProgress | None, why: str
+    inventory: Inventory,
+    job: JobConfig,
+    run_id: str,
+    culprit: NodeProgress | None,
+    why: str,
+    done: Done | None = None,
 ) -> None:
     """Stop every node (the culprit too: a dead one answers not-running), then raise."""
+    if done is not None:
+        done.stage = "stopping"
     blame = culprit.node if culprit is not None else None
     by = f"orch launch {job.name}: " + (
         f"{blame.label} failed" if blame else "the job did not start in time"

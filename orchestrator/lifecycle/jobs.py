@@ -20,6 +20,7 @@ other node says ``is_host=0``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -130,10 +131,20 @@ def node_env(job: JobConfig, node: JobNode, container: ContainerConfig) -> dict[
 
 
 def on_nodes(
-    job: JobConfig, fn: Callable[[JobNode], T], nodes: Sequence[JobNode] | None = None
+    job: JobConfig,
+    fn: Callable[[JobNode], T],
+    nodes: Sequence[JobNode] | None = None,
+    *,
+    finish_on_interrupt: bool = True,
 ) -> dict[str, T | OrchError]:
     """``fn(node)`` for every node (or ``nodes``) at once: container -> value, or the OrchError
-    it raised (anything else propagates: a bug, not a node's problem)."""
+    it raised (anything else propagates: a bug, not a node's problem).
+
+    Ctrl-C (``KeyboardInterrupt`` in the calling thread) propagates. With
+    ``finish_on_interrupt`` the calls in flight finish first (a second Ctrl-C stops that wait),
+    so that ``fn``'s own record of what it did is complete; without it, nothing waits for them
+    (the caller closes their connections: :func:`orchestrator.transport.connect.close_all`).
+    """
     chosen = list(job.nodes if nodes is None else nodes)
     if not chosen:
         return {}
@@ -144,8 +155,21 @@ def on_nodes(
         except OrchError as exc:
             return exc
 
-    with ThreadPoolExecutor(max_workers=min(16, len(chosen))) as pool:
-        return dict(zip((n.container for n in chosen), pool.map(one, chosen), strict=True))
+    pool = ThreadPoolExecutor(max_workers=min(16, len(chosen)))
+    try:
+        futures = [pool.submit(one, n) for n in chosen]
+        got = {n.container: f.result() for n, f in zip(chosen, futures, strict=True)}
+    except KeyboardInterrupt:
+        if finish_on_interrupt:
+            with contextlib.suppress(KeyboardInterrupt):
+                pool.shutdown(wait=True)
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    except BaseException:
+        pool.shutdown(wait=True)
+        raise
+    pool.shutdown(wait=True)
+    return got
 
 
 def pick_node(job: JobConfig, text: str) -> JobNode:
