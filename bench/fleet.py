@@ -174,6 +174,7 @@ class Fleet:
     ) -> None:
         self.hosts, self.per_host, self.delay_ms, self.workdir = hosts, per_host, delay_ms, workdir
         self.isolation = isolation
+        self.pct_cpu_s = 0.0
         self.tag = f"ob{os.getpid() % 100000}"
         self.namespaces: list[str] = []
         self.veths: list[str] = []
@@ -208,6 +209,8 @@ class Fleet:
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
             # the containers start inside the namespace: lxc-attach reaches their monitors there
             info = json.loads(in_netns(ns, UP, str(state_dir), str(self.per_host), self.isolation))
+            # every pct call costs what a real one does (orchestrator/sandbox/pct/cli.py)
+            (state_dir / "pct_cpu_s").write_text(f"{self.pct_cpu_s}\n")
             got = info["isolation"]
             port = int(info["port"])
             self.ports.append(port)
@@ -262,12 +265,15 @@ class Fleet:
 
         def launch(name: str) -> None:
             c = inv.container(name)
-            doc = Target(inv, name).agent(
-                ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
-                 "--no-recorder", "--force", "--grace", "2"], timeout=120,
-            )  # fmt: skip
-            if not doc.get("ok"):
-                raise SystemExit(f"{name}: launch failed: {doc}")
+            for attempt in range(3):  # tmux's 10 s deadline can pass on a loaded machine
+                doc = Target(inv, name).agent(
+                    ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
+                     "--no-recorder", "--force", "--grace", "2"], timeout=120,
+                )  # fmt: skip
+                if doc.get("ok"):
+                    return
+                print(f"{name}: launch {attempt + 1} failed: {doc.get('message')}", file=sys.stderr)
+            raise SystemExit(f"{name}: launch failed: {doc}")
 
         names = [n for n in inv.containers if n != "local"]
         with concurrent.futures.ThreadPoolExecutor(16) as pool:
@@ -370,7 +376,11 @@ def med_ms(values: list[float], n: int) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--per-host", type=int, default=8, help="containers per host")
+    ap.add_argument("--per-host", "--containers-per-host", dest="per_host", type=int, default=8,
+                    help="containers per host")  # fmt: skip
+    ap.add_argument("--pct-cpu", type=float, default=0.3,
+                    help="CPU seconds every pct stand-in call spends first (a real pct is a "
+                         "Perl start-up, ~0.3 s of CPU; 0: the bare stand-in)")  # fmt: skip
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added per direction")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each check (median)")
     ap.add_argument("--seed-repeat", type=int, default=3, help="timed runs of the seeds' way")
@@ -383,6 +393,7 @@ def main(argv: list[str] | None = None) -> int:
         raise SystemExit("bench/fleet.py needs root for ip netns")
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-fleet-"))
     fleet = Fleet(args.hosts, args.per_host, args.delay_ms, workdir, args.isolation)
+    fleet.pct_cpu_s = args.pct_cpu
     n = args.hosts * args.per_host
     figures: dict[str, list[float]] = {k: [] for k in ("host", "inside", "seeds")}
     cpu: dict[str, list[float]] = {}
@@ -475,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_floor_s": floor,
             "unreachable_seen": missed,
             "cores": cores,
+            "pct_cpu_s": args.pct_cpu,
             "loadavg": [round(load_before, 2), round(load_after, 2)],
         }))  # fmt: skip
     return 0

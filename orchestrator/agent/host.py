@@ -8,9 +8,12 @@ belongs to (:func:`owner_of_event`); pct's word on every container; and per cont
 run facts the in-container snapshot has, read from the host
 (:class:`~orchestrator.agent.containerview.ContainerView`).
 
-``pct`` is asked only when a container's state is not known (start-up, its init gone, a
-stopped one every :data:`STOPPED_RECHECK_S`): ``pct list`` for several, ``pct status VMID
---verbose`` for the init PID of a running one. A container that stops, is deleted or
+A container's state is asked only when it is not known (start-up, its init gone, a
+stopped one every :data:`STOPPED_RECHECK_S`), first of LXC as pct itself does
+(:mod:`orchestrator.agent.lxcstate`: the command sockets in ``/proc/net/unix``,
+``lxc-info -p`` for the init PID); ``pct`` only for what LXC cannot tell (no
+``<lxcpath>/<vmid>``: never started here, deleted, not LXC): ``pct list`` for several,
+``pct status VMID --verbose`` for the init PID of a running one. A container that stops, is deleted or
 restarts mid-stream is reported as such; nothing about one container stops the others.
 """
 
@@ -29,6 +32,7 @@ from orchestrator.agent.containerview import ContainerView
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
 from orchestrator.agent.kernel import KernelParser, read_kernel
+from orchestrator.agent.lxcstate import LxcState
 from orchestrator.agent.netlog import vmid_of_device
 from orchestrator.wire.formats import parse_pct_status
 from orchestrator.wire.model import AgentCost, GpuSample, HostDocument, KernelEvent, Snapshot
@@ -276,6 +280,7 @@ class HostObserver:
         self.names = {s.vmid: s.name for s in specs}
         self.since, self.cursor = since, cursor
         self.timeout_s = timeout_s
+        self.lxc = LxcState(proc=proc)
         self.gpus = GpuCollector(deadline_s=gpu_deadline_s, source=gpu_source)
         self.kernel = KernelParser(boot=0)
         self.kernel_every_s = 0.0  # one-shot: every document reads it; a stream sets it
@@ -308,6 +313,7 @@ class HostObserver:
             reappeared = v.cgroup is not None and os.path.isdir(v.cgroup)
             if v.status is None or recheck or reappeared:
                 ask.append(v)
+        ask = self._ask_lxc(ask, now)
         listed: dict[int, str] = {}
         if len(ask) > 1:  # one `pct list` for all (pct is ~0.3 s of CPU a call on a real host)
             rc, out = run_tool(["pct", "list"], self.timeout_s)
@@ -330,6 +336,26 @@ class HostObserver:
                 if why:
                     v.status = "unknown"
                     errors.append(why)
+
+    def _ask_lxc(self, ask: list[ContainerView], now: float) -> list[ContainerView]:
+        """LXC's word (as pct itself learns it: :mod:`orchestrator.agent.lxcstate`) on the
+        running ones of ``ask``: attached through their init PID. Left for pct (returned):
+        those not running (stopped or deleted: only pct's config tells which), those LXC does
+        not know, and any whose init PID it could not give (starting or stopping now)."""
+        active = self.lxc.active(v.vmid for v in ask) if ask else {}
+        if not active:
+            return ask
+        left = []
+        for v in ask:
+            if not active.get(v.vmid):
+                left.append(v)
+                continue
+            pid, _why = self.lxc.init_pid(v.vmid, self.timeout_s)
+            if pid is None or v.attach(pid) is not None:
+                left.append(v)
+                continue
+            v.checked_at, v.status = now, "running"
+        return left
 
     # --- one document -----------------------------------------------------------------------
 

@@ -309,3 +309,21 @@ def test_a_container_stopped_deleted_or_restarted_mid_stream(ct) -> None:
         th.join(10)
     wait_for(lambda: manager.run_pct(ct.state_dir, "status", "201").stdout.strip() == "status: running",
              10, what="ct201 back")  # fmt: skip
+
+
+def test_a_cold_observer_asks_lxc_not_pct(ct) -> None:
+    """With no kept init PIDs (the first check of a host) the running containers' state and
+    init PIDs come from LXC (command sockets, ``lxc-info -p``), as pct itself learns them:
+    with every pct call costing 3 s of CPU, the whole document still costs less than one."""
+    inv = inventory(ct)
+    kept = Path(inv.hosts["sandbox"].agent_dir) / ".orch" / "containers.json"
+    knob = Path(ct.state_dir) / "pct_cpu_s"
+    knob.write_text("3\n")
+    try:
+        kept.unlink(missing_ok=True)
+        doc = observe(ct)
+    finally:
+        knob.unlink()
+    assert {s.container_status for s in doc.containers.values()} == {"running"}
+    assert doc.cost is not None and doc.cost.cpu_ms < 3000, doc.cost
+    assert json.loads(kept.read_text()).keys() == {"200", "201"}
