@@ -4,10 +4,11 @@ One sandbox host (``orch.sandbox.manager.up``: real LXC containers where this ma
 them, ``--isolation``) with ``--containers`` containers, a fake trainer in each. Then, each
 ``--repeat`` times:
 
-- **host side**: the observer exactly as ``orch check`` starts it over SSH
-  (``python3 -S -c BOOT DIR host-observe --containers ... --state FILE``, in the environment
-  the sandbox's sshd gives a session), under a CPU sampler; once **cold** (no kept init
-  PIDs: the first check of a host) and once **warm** (every later check);
+- **host side**: the observer as ``orch check`` starts it over SSH (``host-observe
+  --containers ... --state FILE``, in the environment the sandbox's sshd gives a session;
+  the checkout's code instead of the deployed bundle), under a CPU sampler; once **cold**
+  (no kept state: the first check of a host) and once **warm** (every later check: kept
+  init PIDs, and the kernel cursor the previous check ended at);
 - **operator side**: ``orch check --json`` over the host, in-process, under the same sampler.
 
 The sampler (:class:`Sampler`) reads every thread's own CPU clock (``pthread_getcpuclockid``)
@@ -263,6 +264,7 @@ def host_run(state_dir: Path, args: list[str], env: dict[str, str]) -> dict:
         raise SystemExit(f"host observer failed: {p.stderr[-2000:]}")
     doc = json.loads(p.stdout)
     prof = json.loads(lines[-1][8:])
+    prof["cursor"] = doc.get("kernel_cursor")
     prof["containers_seen"] = sum(
         1 for s in doc.get("containers", {}).values() if s.get("container_status") == "running"
     )
@@ -331,6 +333,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--pct-cpu", type=float, default=0.3,
                     help="CPU seconds each pct stand-in call spends (a real pct's Perl start-up)")  # fmt: skip
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--markdown", action="store_true", help="the tables as markdown (for docs)")
     args = ap.parse_args(argv)
     os.environ["ORCH_SANDBOX_PCT_CPU_S"] = str(args.pct_cpu)
     from orchestrator.config.inventory import load_inventory
@@ -368,8 +371,11 @@ def main(argv: list[str] | None = None) -> int:
         cold, warm, oper = [], [], []
         for r in range(args.repeat):
             kept.unlink(missing_ok=True)
+            (work / "journal.json").unlink(missing_ok=True)
             cold.append(host_run(state, hargs, env))
-            warm.append(host_run(state, hargs, env))
+            # a later check passes the cursor the previous one ended at (sweep keeps it)
+            cursor = ["--cursor", cold[-1]["cursor"]] if cold[-1]["cursor"] else []
+            warm.append(host_run(state, [*hargs, *cursor], env))
             oper.append(operator_run(config, work / f"op{r}.db"))
         py_host = startup_ms([sys.executable, "-S", "-c", "pass"])
         py_op = startup_ms([sys.executable, "-c", "pass"])
@@ -408,9 +414,30 @@ def main(argv: list[str] | None = None) -> int:
     print(f"operator imports (python -X importtime -c 'import orchestrator.cli'): "
           f"{imp_total:.0f} ms; heaviest: "
           + ", ".join(f"{k} {v:.0f}" for k, v in imp_top))  # fmt: skip
+    if args.markdown:
+        print()
+        print(markdown(out))
     if args.json:
         print(json.dumps(out))
     return 0
+
+
+def markdown(out: dict) -> str:
+    """The three tables side by side, one row per bucket (ms per check / per container)."""
+    tags = ("host_cold", "host_warm", "operator")
+    labels = []
+    for tag in tags:
+        labels += [r["bucket"] for r in out[tag]["rows"] if r["bucket"] not in labels]
+    lines = ["| bucket | host, cold | host, warm | operator |", "|---|---:|---:|---:|"]
+    for label in labels:
+        cells = []
+        for tag in tags:
+            row = next((r for r in out[tag]["rows"] if r["bucket"] == label), None)
+            cells.append(f"{row['ms']:.1f} ({row['ms_per_container']:.2f})" if row else "")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    totals = [f"**{out[t]['total_ms']:.1f} ({out[t]['ms_per_container']:.2f})**" for t in tags]
+    lines.append("| **all** | " + " | ".join(totals) + " |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

@@ -31,7 +31,7 @@ from orchestrator.agent.cgroups import CgroupMounts, parse_cgroup_vmid, read_tex
 from orchestrator.agent.containerview import ContainerView
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
-from orchestrator.agent.kernel import KernelParser, read_kernel
+from orchestrator.agent.kernel import KernelParser, journal_signature, read_kernel
 from orchestrator.agent.lxcstate import LxcState
 from orchestrator.agent.netlog import vmid_of_device
 from orchestrator.wire.formats import parse_pct_status
@@ -40,6 +40,9 @@ from orchestrator.wire.requests import SESSION
 
 STOPPED_RECHECK_S = 10.0
 """How often a stream asks pct again about a container it saw stopped or missing (seconds)."""
+JOURNAL_STATE = "journal.json"
+"""Beside the kept init PIDs: the cursor and journal signature of the last journalctl read.
+A check passing that cursor while the journal's files have not moved runs no journalctl."""
 KERNEL_EVERY_S = 5.0
 """Least seconds between two kernel-log reads of a stream (one ``journalctl`` process each)."""
 
@@ -288,6 +291,10 @@ class HostObserver:
         self.source: str | None = None
         self.pid_vmid: dict[int, int | None] = {}
         self._kept = load_inits(state_path)
+        self._journal_path = (
+            os.path.join(os.path.dirname(state_path), JOURNAL_STATE) if state_path else None
+        )
+        self._journal = load_journal(self._journal_path)
         for vmid, (pid, start) in self._kept.items():
             kept = self.views.get(vmid)
             if kept is not None and start_ticks(pid, proc) == start and kept.attach(pid) is None:
@@ -417,6 +424,13 @@ class HostObserver:
         self._kept = dict(inits)  # type: ignore[arg-type]
         save_inits(self.state_path, self._kept)
 
+    def _keep_journal(self, kept: tuple[str, str]) -> None:
+        if kept == self._journal:
+            return
+        self._journal = kept
+        if self._journal_path is not None:
+            save_json(self._journal_path, list(kept))
+
     def _minor(self, g: GpuSample) -> int:
         return self.gpus.minor(g.index)
 
@@ -431,7 +445,13 @@ class HostObserver:
         if self._kernel_at is not None and now - self._kernel_at < self.kernel_every_s:
             return []
         self._kernel_at = now
+        sig = journal_signature()  # before the read: what moves after it is read next time
+        if sig is not None and self.cursor and self._journal == (self.cursor, sig):
+            self.source = "journalctl"  # nothing after this cursor: no journalctl to run
+            return []
         read = read_kernel(self.since, cursor=self.cursor, timeout_s=self.timeout_s)
+        if read.source == "journalctl" and read.cursor and not read.errors and sig is not None:
+            self._keep_journal((read.cursor, sig))
         errors.extend(read.errors)
         everything = self.since is None and self.cursor is None
         if read.source is not None:
@@ -490,15 +510,36 @@ def load_inits(path: str | None) -> dict[int, tuple[int, int]]:
 
 def save_inits(path: str, inits: Mapping[int, tuple[int, int]]) -> None:
     """Write them atomically (0600: which processes are whose is the host's business)."""
+    save_json(path, {str(k): list(v) for k, v in inits.items()})
+
+
+def save_json(path: str, doc: object) -> None:
+    """Write ``doc`` to ``path`` atomically, mode 0600 (a failure leaves the old file)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({str(k): list(v) for k, v in inits.items()}, fh)
+            json.dump(doc, fh)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def load_journal(path: str | None) -> tuple[str, str] | None:
+    """The kept (journal cursor, journal signature) of the last read (``None``: none kept).
+
+    >>> load_journal(None) is None
+    True
+    """
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cursor, sig = json.load(fh)
+        return (cursor, sig) if isinstance(cursor, str) and isinstance(sig, str) else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def document_json(doc: HostDocument) -> dict[str, Any]:
