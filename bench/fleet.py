@@ -271,7 +271,7 @@ class Fleet:
 
         def launch(name: str) -> None:
             c = inv.container(name)
-            for attempt in range(3):  # tmux's 10 s deadline can pass on a loaded machine
+            for attempt in range(5):  # tmux's 10 s deadline can pass on a loaded machine
                 doc = Target(inv, name).agent(
                     ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
                      "--no-recorder", "--force", "--grace", "2"], timeout=120,
@@ -282,7 +282,9 @@ class Fleet:
             raise SystemExit(f"{name}: launch failed: {doc}")
 
         names = [n for n in inv.containers if n != "local"]
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        # 4 at a time: each launch starts a tmux server, and a loaded 2-core machine lets
+        # tmux's 10 s deadline pass when 16 start at once
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
             list(pool.map(launch, names))
         close_all()
 
