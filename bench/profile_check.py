@@ -335,7 +335,6 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="the tables as markdown (for docs)")
     args = ap.parse_args(argv)
-    os.environ["ORCH_SANDBOX_PCT_CPU_S"] = str(args.pct_cpu)
     from orchestrator.config.inventory import load_inventory
     from orchestrator.remote.hostlink import HostLink
     from orchestrator.sandbox import manager
@@ -348,6 +347,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         info = manager.up(state, containers=args.containers, gpus=8, scenario="idle",
                           isolation=args.isolation)  # fmt: skip
+        (state / "pct_cpu_s").write_text(f"{args.pct_cpu}\n")  # read by every pct call
         config = state / "hosts.yaml"
         inv = load_inventory(config)
         names = [n for n in inv.containers if n != "local"]
