@@ -127,6 +127,12 @@ def cgroup_cpu_s(path: Path, v2: bool) -> float | None:
         return None
 
 
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
 def wait_port(host: str, port: int, timeout_s: float = 20.0) -> None:
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -174,6 +180,7 @@ class Fleet:
     ) -> None:
         self.hosts, self.per_host, self.delay_ms, self.workdir = hosts, per_host, delay_ms, workdir
         self.isolation = isolation
+        self.pct_cpu_s = 0.0
         self.tag = f"ob{os.getpid() % 100000}"
         self.namespaces: list[str] = []
         self.veths: list[str] = []
@@ -208,6 +215,8 @@ class Fleet:
             sh("ip", "netns", "exec", ns, "ip", "link", "set", "lo", "up")
             # the containers start inside the namespace: lxc-attach reaches their monitors there
             info = json.loads(in_netns(ns, UP, str(state_dir), str(self.per_host), self.isolation))
+            # every pct call costs what a real one does (orchestrator/sandbox/pct/cli.py)
+            (state_dir / "pct_cpu_s").write_text(f"{self.pct_cpu_s}\n")
             got = info["isolation"]
             port = int(info["port"])
             self.ports.append(port)
@@ -262,15 +271,20 @@ class Fleet:
 
         def launch(name: str) -> None:
             c = inv.container(name)
-            doc = Target(inv, name).agent(
-                ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
-                 "--no-recorder", "--force", "--grace", "2"], timeout=120,
-            )  # fmt: skip
-            if not doc.get("ok"):
-                raise SystemExit(f"{name}: launch failed: {doc}")
+            for attempt in range(5):  # tmux's 10 s deadline can pass on a loaded machine
+                doc = Target(inv, name).agent(
+                    ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
+                     "--no-recorder", "--force", "--grace", "2"], timeout=120,
+                )  # fmt: skip
+                if doc.get("ok"):
+                    return
+                print(f"{name}: launch {attempt + 1} failed: {doc.get('message')}", file=sys.stderr)
+            raise SystemExit(f"{name}: launch failed: {doc}")
 
         names = [n for n in inv.containers if n != "local"]
-        with concurrent.futures.ThreadPoolExecutor(16) as pool:
+        # 4 at a time: each launch starts a tmux server, and a loaded 2-core machine lets
+        # tmux's 10 s deadline pass when 16 start at once
+        with concurrent.futures.ThreadPoolExecutor(4) as pool:
             list(pool.map(launch, names))
         close_all()
 
@@ -317,6 +331,46 @@ class Fleet:
             ) from None
         return wall, doc, cpu
 
+    def subset(self, hosts: int) -> tuple[Path, int]:
+        """A hosts.yaml of the first ``hosts`` hosts and their containers; (path, targets)."""
+        keep = list(self.hosts_doc["hosts"])[:hosts]
+        doc = {**self.hosts_doc, "hosts": {h: self.hosts_doc["hosts"][h] for h in keep},
+               "containers": {n: c for n, c in self.hosts_doc["containers"].items()
+                              if c["host"] in keep}}  # fmt: skip
+        path = self.workdir / f"hosts-{hosts}.yaml"
+        path.write_text(yaml.safe_dump(doc, sort_keys=False))
+        return path, len(doc["containers"])
+
+    def steady(self, argv: list[str], seconds: float, settle_s: float = 8.0) -> dict:
+        """CPU of a long-running command (``orch export``, ``orch watch --plain``) over
+        ``seconds`` after ``settle_s``: the operator's process and the hosts' side, each as
+        % of one core."""
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "orchestrator.cli", "-c", str(self.config), *argv],
+            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+            cwd=ROOT, start_new_session=True,
+        )  # fmt: skip
+        try:
+            time.sleep(settle_s)
+            if proc.poll() is not None:
+                raise SystemExit(f"{' '.join(argv)} exited {proc.returncode} while settling")
+            op0, remote0, t0 = proc_cpu_s(proc.pid), self.cpu.cpu_s(), time.monotonic()
+            time.sleep(seconds)
+            op1, remote1, t1 = proc_cpu_s(proc.pid), self.cpu.cpu_s(), time.monotonic()
+        finally:
+            os.killpg(proc.pid, signal.SIGTERM)
+            try:
+                proc.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                proc.wait(timeout=10)
+        span = t1 - t0
+        hosts = None if remote0 is None or remote1 is None else (remote1 - remote0) / span * 100
+        return {
+            "operator_pct_core": round((op1 - op0) / span * 100, 1),
+            "hosts_pct_core_per_host": None if hosts is None else round(hosts / self.hosts, 2),
+        }
+
     def seeds(self) -> tuple[float, dict]:
         """The seeds' way over every container, one after the other; (wall s, CPU s by side)."""
         remote0, inside0 = self.cpu.cpu_s(), self.container_cpu_s()
@@ -362,6 +416,28 @@ class Fleet:
         self.cpu.remove()
 
 
+def proc_cpu_s(pid: int) -> float:
+    """utime + stime of process ``pid`` (all its threads), from /proc/PID/stat."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def slope(points: list[tuple[int, float]]) -> float | None:
+    """Least-squares slope of ``(targets, value)`` points (value per extra target).
+
+    >>> slope([(8, 1.0), (64, 1.56)])
+    0.01
+    """
+    if len(points) < 2:
+        return None
+    n = len(points)
+    mx = sum(x for x, _ in points) / n
+    my = sum(y for _, y in points) / n
+    den = sum((x - mx) ** 2 for x, _ in points)
+    return round(sum((x - mx) * (y - my) for x, y in points) / den, 5) if den else None
+
+
 def med_ms(values: list[float], n: int) -> float | None:
     """Median of CPU seconds per check as ms per target."""
     return round(statistics.median(values) / n * 1000, 1) if values else None
@@ -370,7 +446,11 @@ def med_ms(values: list[float], n: int) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--per-host", type=int, default=8, help="containers per host")
+    ap.add_argument("--per-host", "--containers-per-host", dest="per_host", type=int, default=8,
+                    help="containers per host")  # fmt: skip
+    ap.add_argument("--pct-cpu", type=float, default=0.3,
+                    help="CPU seconds every pct stand-in call spends first (a real pct is a "
+                         "Perl start-up, ~0.3 s of CPU; 0: the bare stand-in)")  # fmt: skip
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added per direction")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each check (median)")
     ap.add_argument("--seed-repeat", type=int, default=3, help="timed runs of the seeds' way")
@@ -378,15 +458,27 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--timeout", type=float, default=120.0, help="orch check --timeout (s)")
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--keep", action="store_true", help="leave the state directory for inspection")
+    ap.add_argument(
+        "--slope",
+        action="store_true",
+        help="also time checks over 1 host and over all: wall and CPU against targets",
+    )
+    ap.add_argument("--steady", type=float, default=0.0, metavar="S",
+                    help="also measure orch export and orch watch --plain at a 2 s interval "
+                         "for S seconds each (CPU %% of a core)")  # fmt: skip
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench/fleet.py needs root for ip netns")
     workdir = Path(tempfile.mkdtemp(prefix="orch-bench-fleet-"))
     fleet = Fleet(args.hosts, args.per_host, args.delay_ms, workdir, args.isolation)
+    fleet.pct_cpu_s = args.pct_cpu
     n = args.hosts * args.per_host
     figures: dict[str, list[float]] = {k: [] for k in ("host", "inside", "seeds")}
     cpu: dict[str, list[float]] = {}
     missed = 0
+    med = statistics.median
+    scale: list[dict] = []
+    steady: dict[str, dict] = {}
     try:
         t0 = time.perf_counter()
         isolation = fleet.up()
@@ -427,12 +519,32 @@ def main(argv: list[str] | None = None) -> int:
                         cpu.setdefault(f"seeds_{side}", []).append(value)
                 line += f" seeds {wall:.2f} s"
             print(line, file=sys.stderr)
+        if args.slope:
+            for hosts in sorted({1, args.hosts}):
+                config, targets = fleet.subset(hosts)
+                walls, ops, remotes = [], [], []
+                for i in range(args.repeat):
+                    wall, doc, used = fleet.check(config, 64, workdir / f"s{hosts}-{i}.db",
+                                                  args.timeout)  # fmt: skip
+                    walls.append(wall)
+                    ops.append(used["operator"])
+                    if used["remote"] is not None:
+                        remotes.append(used["remote"])
+                scale.append({"targets": targets, "check_s": round(med(walls), 3),
+                              "operator_cpu_s": round(med(ops), 3),
+                              "remote_cpu_s": round(med(remotes), 3) if remotes else None})  # fmt: skip
+                print(f"  slope: {targets} targets: {scale[-1]}", file=sys.stderr)
+        if args.steady > 0:
+            for tag, argv in (("export", ["export", "--listen", f"127.0.0.1:{free_port()}",
+                                          "--interval", "2"]),
+                              ("watch", ["watch", "--plain", "--interval", "2"])):  # fmt: skip
+                steady[tag] = fleet.steady(argv, args.steady)
+                print(f"  steady {tag}: {steady[tag]}", file=sys.stderr)
         load_after = os.getloadavg()[0]
     finally:
         fleet.close()
         if not args.keep:
             shutil.rmtree(workdir, ignore_errors=True)
-    med = statistics.median
     c, inside, seeds = med(figures["host"]), med(figures["inside"]), med(figures["seeds"])
     per = {k: med_ms(v, n) for k, v in cpu.items()}
     cores = os.cpu_count() or 1
@@ -457,6 +569,17 @@ def main(argv: list[str] | None = None) -> int:
           f"{load_before:.1f} -> {load_after:.1f}")  # fmt: skip
     if missed:
         print(f"  ({missed} target answers were missing over all timed runs; see stderr)")
+    fits = {k: slope([(p["targets"], p[k]) for p in scale if p[k] is not None])
+            for k in ("check_s", "operator_cpu_s", "remote_cpu_s")}  # fmt: skip
+    for p in scale:
+        print(f"  {p['targets']:4d} targets: check {p['check_s']:.2f} s, operator CPU "
+              f"{p['operator_cpu_s']:.2f} s, hosts' CPU {p['remote_cpu_s']} s")  # fmt: skip
+    if scale:
+        print(f"  slope per extra target: wall {fits['check_s']} s, operator CPU "
+              f"{fits['operator_cpu_s']} s, hosts' CPU {fits['remote_cpu_s']} s")  # fmt: skip
+    for tag, got in steady.items():
+        print(f"  steady orch {tag} at 2 s: operator {got['operator_pct_core']} % of a core, "
+              f"hosts {got['hosts_pct_core_per_host']} % of a core per host")  # fmt: skip
     if args.json:
         print(json.dumps({
             "targets": n,
@@ -475,6 +598,10 @@ def main(argv: list[str] | None = None) -> int:
             "cpu_floor_s": floor,
             "unreachable_seen": missed,
             "cores": cores,
+            "pct_cpu_s": args.pct_cpu,
+            "scale": scale,
+            "slope_per_target": fits if scale else None,
+            "steady": steady or None,
             "loadavg": [round(load_before, 2), round(load_after, 2)],
         }))  # fmt: skip
     return 0

@@ -8,9 +8,12 @@ belongs to (:func:`owner_of_event`); pct's word on every container; and per cont
 run facts the in-container snapshot has, read from the host
 (:class:`~orchestrator.agent.containerview.ContainerView`).
 
-``pct`` is asked only when a container's state is not known (start-up, its init gone, a
-stopped one every :data:`STOPPED_RECHECK_S`): ``pct list`` for several, ``pct status VMID
---verbose`` for the init PID of a running one. A container that stops, is deleted or
+A container's state is asked only when it is not known (start-up, its init gone, a
+stopped one every :data:`STOPPED_RECHECK_S`), first of LXC as pct itself does
+(:mod:`orchestrator.agent.lxcstate`: the command sockets in ``/proc/net/unix``,
+``lxc-info -p`` for the init PID); ``pct`` only for what LXC cannot tell (no
+``<lxcpath>/<vmid>``: never started here, deleted, not LXC): ``pct list`` for several,
+``pct status VMID --verbose`` for the init PID of a running one. A container that stops, is deleted or
 restarts mid-stream is reported as such; nothing about one container stops the others.
 """
 
@@ -28,7 +31,8 @@ from orchestrator.agent.cgroups import CgroupMounts, parse_cgroup_vmid, read_tex
 from orchestrator.agent.containerview import ContainerView
 from orchestrator.agent.gpu import GpuCollector
 from orchestrator.agent.hostprocs import ProcessReader, start_ticks
-from orchestrator.agent.kernel import KernelParser, read_kernel
+from orchestrator.agent.kernel import KernelParser, journal_signature, read_kernel
+from orchestrator.agent.lxcstate import LxcState
 from orchestrator.agent.netlog import vmid_of_device
 from orchestrator.agent.procdetails import ProcDetails
 from orchestrator.wire.formats import parse_pct_status
@@ -37,6 +41,9 @@ from orchestrator.wire.requests import SESSION
 
 STOPPED_RECHECK_S = 10.0
 """How often a stream asks pct again about a container it saw stopped or missing (seconds)."""
+JOURNAL_STATE = "journal.json"
+"""Beside the kept init PIDs: the cursor and journal signature of the last journalctl read.
+A check passing that cursor while the journal's files have not moved runs no journalctl."""
 KERNEL_EVERY_S = 5.0
 """Least seconds between two kernel-log reads of a stream (one ``journalctl`` process each)."""
 
@@ -278,6 +285,7 @@ class HostObserver:
         self.names = {s.vmid: s.name for s in specs}
         self.since, self.cursor = since, cursor
         self.timeout_s = timeout_s
+        self.lxc = LxcState(proc=proc)
         self.gpus = GpuCollector(deadline_s=gpu_deadline_s, source=gpu_source)
         self.kernel = KernelParser(boot=0)
         self.kernel_every_s = 0.0  # one-shot: every document reads it; a stream sets it
@@ -285,6 +293,10 @@ class HostObserver:
         self.source: str | None = None
         self.pid_vmid: dict[int, int | None] = {}
         self._kept = load_inits(state_path)
+        self._journal_path = (
+            os.path.join(os.path.dirname(state_path), JOURNAL_STATE) if state_path else None
+        )
+        self._journal = load_journal(self._journal_path)
         for vmid, (pid, start) in self._kept.items():
             kept = self.views.get(vmid)
             if kept is not None and start_ticks(pid, proc) == start and kept.attach(pid) is None:
@@ -310,6 +322,7 @@ class HostObserver:
             reappeared = v.cgroup is not None and os.path.isdir(v.cgroup)
             if v.status is None or recheck or reappeared:
                 ask.append(v)
+        ask = self._ask_lxc(ask, now)
         listed: dict[int, str] = {}
         if len(ask) > 1:  # one `pct list` for all (pct is ~0.3 s of CPU a call on a real host)
             rc, out = run_tool(["pct", "list"], self.timeout_s)
@@ -332,6 +345,26 @@ class HostObserver:
                 if why:
                     v.status = "unknown"
                     errors.append(why)
+
+    def _ask_lxc(self, ask: list[ContainerView], now: float) -> list[ContainerView]:
+        """LXC's word (as pct itself learns it: :mod:`orchestrator.agent.lxcstate`) on the
+        running ones of ``ask``: attached through their init PID. Left for pct (returned):
+        those not running (stopped or deleted: only pct's config tells which), those LXC does
+        not know, and any whose init PID it could not give (starting or stopping now)."""
+        active = self.lxc.active(v.vmid for v in ask) if ask else {}
+        if not active:
+            return ask
+        left = []
+        for v in ask:
+            if not active.get(v.vmid):
+                left.append(v)
+                continue
+            pid, _why = self.lxc.init_pid(v.vmid, self.timeout_s)
+            if pid is None or v.attach(pid) is not None:
+                left.append(v)
+                continue
+            v.checked_at, v.status = now, "running"
+        return left
 
     # --- one document -----------------------------------------------------------------------
 
@@ -394,6 +427,13 @@ class HostObserver:
         self._kept = dict(inits)  # type: ignore[arg-type]
         save_inits(self.state_path, self._kept)
 
+    def _keep_journal(self, kept: tuple[str, str]) -> None:
+        if kept == self._journal:
+            return
+        self._journal = kept
+        if self._journal_path is not None:
+            save_json(self._journal_path, list(kept))
+
     def _minor(self, g: GpuSample) -> int:
         return self.gpus.minor(g.index)
 
@@ -408,7 +448,13 @@ class HostObserver:
         if self._kernel_at is not None and now - self._kernel_at < self.kernel_every_s:
             return []
         self._kernel_at = now
+        sig = journal_signature()  # before the read: what moves after it is read next time
+        if sig is not None and self.cursor and self._journal == (self.cursor, sig):
+            self.source = "journalctl"  # nothing after this cursor: no journalctl to run
+            return []
         read = read_kernel(self.since, cursor=self.cursor, timeout_s=self.timeout_s)
+        if read.source == "journalctl" and read.cursor and not read.errors and sig is not None:
+            self._keep_journal((read.cursor, sig))
         errors.extend(read.errors)
         everything = self.since is None and self.cursor is None
         if read.source is not None:
@@ -467,15 +513,36 @@ def load_inits(path: str | None) -> dict[int, tuple[int, int]]:
 
 def save_inits(path: str, inits: Mapping[int, tuple[int, int]]) -> None:
     """Write them atomically (0600: which processes are whose is the host's business)."""
+    save_json(path, {str(k): list(v) for k, v in inits.items()})
+
+
+def save_json(path: str, doc: object) -> None:
+    """Write ``doc`` to ``path`` atomically, mode 0600 (a failure leaves the old file)."""
     tmp = f"{path}.tmp-{os.getpid()}"
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w", encoding="utf-8") as fh:
-            json.dump({str(k): list(v) for k, v in inits.items()}, fh)
+            json.dump(doc, fh)
         os.replace(tmp, path)
     except OSError:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
+
+
+def load_journal(path: str | None) -> tuple[str, str] | None:
+    """The kept (journal cursor, journal signature) of the last read (``None``: none kept).
+
+    >>> load_journal(None) is None
+    True
+    """
+    if not path:
+        return None
+    try:
+        with open(path, encoding="utf-8") as fh:
+            cursor, sig = json.load(fh)
+        return (cursor, sig) if isinstance(cursor, str) and isinstance(sig, str) else None
+    except (OSError, ValueError, TypeError):
+        return None
 
 
 def document_json(doc: HostDocument) -> dict[str, Any]:

@@ -29,6 +29,7 @@ Equivalent shell commands::
 
 from __future__ import annotations
 
+import os
 import re
 import shutil
 import subprocess
@@ -451,6 +452,52 @@ def read_kernel(
     else:
         errors.append("neither journalctl nor dmesg found")
     return KernelRead((), None, cursor, tuple(errors))
+
+
+JOURNAL_DIRS = ("/run/log/journal", "/var/log/journal")
+"""Where journald keeps its files (volatile, persistent), one directory per machine id."""
+
+
+def journal_files() -> list[str]:
+    """journald's files: ``$ORCH_JOURNAL_FILES`` (``:``-separated; the sandbox's stand-in
+    log), else every ``*.journal`` in a machine directory of :data:`JOURNAL_DIRS`."""
+    given = os.environ.get("ORCH_JOURNAL_FILES")
+    if given:
+        return [p for p in given.split(":") if p]
+    out: list[str] = []
+    for top in JOURNAL_DIRS:
+        try:
+            machines = sorted(os.listdir(top))
+        except OSError:
+            continue
+        for m in machines:
+            try:
+                names = sorted(os.listdir(os.path.join(top, m)))
+            except OSError:
+                continue
+            out.extend(os.path.join(top, m, n) for n in names if n.endswith(".journal"))
+    return out
+
+
+def journal_signature(files: Sequence[str] | None = None) -> str | None:
+    """Size and mtime (ns) of every journal file, as one string: equal signatures mean the
+    journal has not moved. ``None`` when there is no journal file to go by (then read).
+
+    journald writes through mmap, which moves no mtime, but after each change it
+    ``ftruncate``s the file to its own size so that inotify and mtime see it (systemd
+    ``src/libsystemd/sd-journal/journal-file.c``, ``journal_file_post_change``; coalesced
+    over at most 250 ms): a line written in the last instant before a check is read by the
+    next one, after the same cursor, never lost.
+    """
+    paths = journal_files() if files is None else list(files)
+    parts = []
+    for path in paths:
+        try:
+            st = os.stat(path)
+        except OSError:
+            continue
+        parts.append(f"{path}:{st.st_size}:{st.st_mtime_ns}:{st.st_ino}")
+    return "|".join(parts) or None
 
 
 def newer_than(lines: Sequence[str], after: float | None) -> tuple[list[str], float | None]:

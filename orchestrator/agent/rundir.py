@@ -20,14 +20,16 @@ import os
 import re
 import subprocess
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from orchestrator.agent.answer import EXIT_FAILED, RunError
 from orchestrator.agent.logs import tail_lines
 from orchestrator.agent.procs import group_members, proc_stat
-from orchestrator.agent.tmux import TmuxReader
-from orchestrator.wire.answers import RunStatus, StopRequest, run_phase
 from orchestrator.wire.model import SchemaError
 from orchestrator.wire.text import BadDocument, finite, loads_bounded
+
+if TYPE_CHECKING:
+    from orchestrator.wire.answers import RunStatus, StopRequest
 
 RUNS, CURRENT = "runs", "current"
 """``<workdir>/runs/`` holds the run directories; ``runs/current`` the newest run id."""
@@ -109,6 +111,8 @@ def parse_stop_request(text: str | None) -> StopRequest | None:
     """
     if not text:
         return None
+    from orchestrator.wire.answers import StopRequest  # the run commands' module: ~8 ms
+
     try:
         doc = loads_bounded(text, max_bytes=1 << 16)
     except BadDocument:
@@ -200,6 +204,11 @@ def run_state(run_dir: Path, *, tail: int = 0, session: str | None = None) -> Ru
     container or the tmux server died, SIGKILL): the silent death of seed 000.
     ``tail`` log lines are included; ``session`` adds that tmux session's state.
     """
+    # imported here: an observation (snapshot, host observer) reads run directories
+    # without either, and both cost an interpreter that starts per check ~12 ms
+    from orchestrator.agent.tmux import TmuxReader
+    from orchestrator.wire.answers import RunStatus, run_phase
+
     exit_status = parse_exit_status(read_text(run_dir / EXIT_STATUS) or "")
     alive = wrapper_alive(run_dir)
     pgid = read_int(run_dir / "pgid")

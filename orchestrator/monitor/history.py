@@ -269,6 +269,7 @@ class History:
         self.keep = keep
         self._keys = dict(keys or {})
         self._names = {v: k for k, v in self._keys.items()}
+        self._depth = 0
 
     def key(self, name: str) -> str:
         """The rows' key of target ``name`` (:func:`identities`; the name itself otherwise)."""
@@ -369,14 +370,31 @@ class History:
             os.close(fd)  # closing the descriptor releases the flock
 
     @contextlib.contextmanager
+    def batch(self) -> Iterator[None]:
+        """Every write inside is one transaction (one commit): a check's snapshots, cursors
+        and alert states together. A failure inside rolls all of them back."""
+        with self._write():
+            yield
+
+    @contextlib.contextmanager
     def _write(self) -> Iterator[_Connection]:
+        if self._depth:  # inside batch(): the outer transaction commits
+            self._depth += 1
+            try:
+                yield self._conn
+            finally:
+                self._depth -= 1
+            return
         self._conn.execute("BEGIN IMMEDIATE")
+        self._depth = 1
         try:
             yield self._conn
         except BaseException:
             with contextlib.suppress(HistoryError):  # the failure that got here is the one to say
                 self._conn.execute("ROLLBACK")
             raise
+        finally:
+            self._depth = 0
         self._conn.execute("COMMIT")
 
     # --- snapshots -------------------------------------------------------------------------

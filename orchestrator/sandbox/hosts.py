@@ -67,6 +67,7 @@ def node_env(state_dir: Path, host: str) -> dict[str, str]:
         **host_env(state_dir),
         "ORCH_SANDBOX_NODE": host,
         "ORCH_SANDBOX_KERNEL_LOG": str(kernel_log_path(state_dir, host)),
+        "ORCH_JOURNAL_FILES": str(kernel_log_path(state_dir, host)),
     }
 
 

@@ -88,10 +88,18 @@ def host_env(state_dir: Path) -> dict[str, str]:
 
     ``ORCH_SANDBOX_ISOLATION`` tells the pct stand-in which containers it drives before
     it reads anything (so a non-root caller gets pct's "please run as root" first).
+    ``ORCH_LXC_PATH`` (LXC mode): the sandbox's lxcpath, where the host observer asks LXC
+    (what ``lxc.lxcpath`` in ``/etc/lxc/lxc.conf`` would be; Proxmox keeps the default).
+    ``ORCH_JOURNAL_FILES``: what the journalctl stand-in reads, whose size and mtime tell the
+    host observer whether the journal moved (journald's own ``*.journal`` files on a host).
     """
+    mode = isolation_of(state_dir)
+    own = {"ORCH_LXC_PATH": str(state_dir / "lxc")} if mode == "lxc" else {}
     return {
+        **own,
+        "ORCH_JOURNAL_FILES": str(state_dir / "kernel.log"),
         "ORCH_SANDBOX_STATE": str(state_dir),
-        "ORCH_SANDBOX_ISOLATION": isolation_of(state_dir),
+        "ORCH_SANDBOX_ISOLATION": mode,
         "ORCH_FAKE_NVML_SCENARIO": str(scenario_path(state_dir)),
         "LD_LIBRARY_PATH": str(state_dir / "lib"),
     }

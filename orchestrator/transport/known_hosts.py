@@ -25,14 +25,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import paramiko
-
 from orchestrator.errors import (
     HostKeyChanged,
     HostKeyRevoked,
     HostKeyUnknown,
 )
 from orchestrator.transport.ssh_config import Endpoint
+from orchestrator.transport.sshlib import paramiko
 
 CA_MARKER, REVOKE_MARKER = "@cert-authority", "@revoked"
 

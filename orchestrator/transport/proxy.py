@@ -15,10 +15,9 @@ import select
 import shlex
 import subprocess
 
-import paramiko
-
 from orchestrator.errors import HostUnreachable
 from orchestrator.transport.ssh_config import Endpoint
+from orchestrator.transport.sshlib import paramiko
 
 
 class _OnlyWhenDebugging(logging.Filter):

@@ -35,7 +35,6 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import paramiko
 from tenacity import Retrying, retry_if_exception_type, stop_after_attempt, wait_exponential
 
 from orchestrator.config.inventory import HostConfig
@@ -50,6 +49,7 @@ from orchestrator.transport.known_hosts import check_host_key, fingerprint, know
 from orchestrator.transport.local import READ_CHUNK, STDERR_TAIL_BYTES, LineBuffer, pop_line
 from orchestrator.transport.proxy import proxy_socket, quiet_paramiko
 from orchestrator.transport.ssh_config import Endpoint, hop_host, resolve
+from orchestrator.transport.sshlib import paramiko
 from orchestrator.wire.quoting import command_line, with_env
 
 log = logging.getLogger(__name__)

@@ -309,3 +309,57 @@ def test_a_container_stopped_deleted_or_restarted_mid_stream(ct) -> None:
         th.join(10)
     wait_for(lambda: manager.run_pct(ct.state_dir, "status", "201").stdout.strip() == "status: running",
              10, what="ct201 back")  # fmt: skip
+
+
+def test_a_cold_observer_asks_lxc_not_pct(ct) -> None:
+    """With no kept init PIDs (the first check of a host) the running containers' state and
+    init PIDs come from LXC (command sockets, ``lxc-info -p``), as pct itself learns them:
+    with every pct call costing 3 s of CPU, the whole document still costs less than one."""
+    inv = inventory(ct)
+    kept = Path(inv.hosts["sandbox"].agent_dir) / ".orch" / "containers.json"
+    knob = Path(ct.state_dir) / "pct_cpu_s"
+    knob.write_text("3\n")
+    try:
+        kept.unlink(missing_ok=True)
+        doc = observe(ct)
+    finally:
+        knob.unlink()
+    assert {s.container_status for s in doc.containers.values()} == {"running"}
+    assert doc.cost is not None and doc.cost.cpu_ms < 3000, doc.cost
+    assert json.loads(kept.read_text()).keys() == {"200", "201"}
+
+
+def test_the_journal_is_read_only_when_it_moved(ct, tmp_path, monkeypatch) -> None:
+    """A check passing the cursor the previous one ended at, while the journal's files have
+    not moved, runs no journalctl (with none on PATH it still says nothing went wrong); a
+    line written afterwards is read by the next check, after that same cursor."""
+    from orchestrator.agent.host import ContainerSpec, HostObserver
+    from orchestrator.sandbox import kernel
+    from orchestrator.sandbox.control import _local_env
+
+    for k, v in _local_env(Path(ct.state_dir)).items():
+        monkeypatch.setenv(k, v)
+    specs = [ContainerSpec("ct200", 200, "/root/dflash")]
+    state = str(tmp_path / "containers.json")
+
+    def check(cursor: str | None):
+        obs = HostObserver(specs, host="sandbox", cursor=cursor, since=None if cursor else 0.0,
+                           state_path=state)  # fmt: skip
+        try:
+            return obs.observe()
+        finally:
+            obs.close()
+
+    first = check(None)
+    assert first.kernel_log_source == "journalctl" and first.kernel_cursor
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", "/nonexistent")  # neither journalctl nor dmesg to be found
+    quiet = check(first.kernel_cursor)
+    assert quiet.kernel_events == () and not quiet.errors, quiet.errors
+    assert quiet.kernel_cursor == first.kernel_cursor
+    monkeypatch.setenv("PATH", path)
+    kernel.append_kernel_line(ct.state_dir, "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
+                              "name=<unknown>, GPU has fallen off the bus.", level=3)  # fmt: skip
+    moved = check(first.kernel_cursor)
+    assert [e.xid for e in moved.kernel_events] == [79]
+    assert moved.kernel_cursor != first.kernel_cursor

@@ -225,3 +225,28 @@ def test_through_the_real_sshd(sandbox) -> None:
         [*base, "pct status 200; dmesg | head -1"], capture_output=True, text=True, timeout=30
     )
     assert out.stdout.startswith("status: running\n[") and "NVRM" in out.stdout
+
+
+def test_every_call_spends_the_cpu_a_real_pct_spends(sandbox) -> None:
+    """``pct_cpu_s`` in the state directory: every call, even a failing one, first burns that
+    much CPU (a real pct's Perl start-up); without the file the stand-in's own cost stays
+    well under it."""
+    import resource
+
+    def cpu_of(*args: str) -> tuple[float, subprocess.CompletedProcess[str]]:
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        out = pct(sandbox, *args)
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        return ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime, out
+
+    knob = Path(sandbox.state_dir) / "pct_cpu_s"
+    knob.write_text("0.4\n")
+    try:
+        spent, out = cpu_of("status", "200")
+        assert out.stdout == "status: running\n" and spent >= 0.4
+        spent, out = cpu_of("status", "299")
+        assert (out.returncode, out.stderr) == (2, MISSING) and spent >= 0.4
+    finally:
+        knob.unlink()
+    spent, out = cpu_of("status", "200")
+    assert out.stdout == "status: running\n" and spent < 0.4
