@@ -572,7 +572,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tail",
         type=int,
-        default=rq.default(rq.RunsRequest, "tail"),
+        default=rq.default(rq.RunRequest, "tail"),
         help="log lines to include (detail only)",
     )
     p.set_defaults(func=guard(_cmd_runs))
