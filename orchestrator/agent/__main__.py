@@ -43,7 +43,7 @@ def _observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise SystemExit(2) from None
 
 
-def _make(Observer: Any, ObserverConfig: Any, args: argparse.Namespace, patterns: Any) -> Any:  # noqa: N803
+def _make(Observer: Any, ObserverConfig: Any, args: argparse.Namespace, patterns: Any) -> Any:
     obs = Observer(
         ObserverConfig(
             target=args.target,
