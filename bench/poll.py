@@ -66,11 +66,11 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.config.inventory import load_inventory  # noqa: E402
-from orchestrator.remote import deploy  # noqa: E402
-from orchestrator.remote.target import Target, agent_argv, parse_snapshot  # noqa: E402
-from orchestrator.sandbox import manager  # noqa: E402
-from orchestrator.transport.connect import close_all  # noqa: E402
+from orchestrator.config.inventory import load_inventory
+from orchestrator.remote import deploy
+from orchestrator.remote.target import Target, agent_argv, parse_snapshot
+from orchestrator.sandbox import manager
+from orchestrator.transport.connect import close_all
 
 SEED_REMOTE = (
     'pct exec 200 -- bash -c "tmux capture-pane -t train -p -S -8 2>/dev/null; echo ===; '

@@ -21,6 +21,8 @@ Exit codes (documented in README.md, "Exit codes", and per command in docs/comma
 
 from __future__ import annotations
 
+from typing import Any
+
 
 class OrchError(Exception):
     """Root of every error orch raises on purpose."""
@@ -245,6 +247,25 @@ class AgentProtocolError(AgentError):
     def __init__(self, target: str, detail: str) -> None:
         self.target, self.detail = target, detail
         super().__init__(f"{target}: agent protocol error: {detail}")
+
+
+class AgentRefused(AgentError):
+    """An agent command ran and said no: its answer was ``{"ok": false, "error": KIND,
+    "message": ...}`` (a bad argument, no such run, a live session in the way). ``kind`` is the
+    agent's word for it, ``said`` its message (``None`` when it sent none), ``doc`` the whole
+    answer (with the facts it adds, e.g. ``run_dir``).
+
+    >>> exc = AgentRefused("ct200", "stop", {"ok": False, "error": "no-run", "message": "no runs"})
+    >>> str(exc), exc.kind, exc.said
+    ('ct200: stop: no runs', 'no-run', 'no runs')
+    """
+
+    def __init__(self, target: str, command: str, doc: dict[str, Any]) -> None:
+        self.target, self.command, self.doc = target, command, doc
+        self.kind = str(doc.get("error") or "")
+        said = doc.get("message")
+        self.said = None if said is None else str(said)
+        super().__init__(f"{target}: {command}: {self.said or self.kind or 'refused'}")
 
 
 class Refused(OrchError):

@@ -67,7 +67,7 @@ def flex_block_mask(mask: torch.Tensor) -> object:
     """flex_attention's BlockMask for a bool ``(b, q_len, k_len)`` mask (True: may look)."""
     from torch.nn.attention.flex_attention import create_block_mask
 
-    def mask_mod(b, h, q_idx, kv_idx):  # noqa: ANN001, ANN202  (flex's index tensors)
+    def mask_mod(b, h, q_idx, kv_idx):  # flex's index tensors
         return mask[b, q_idx, kv_idx]
 
     b, q_len, k_len = mask.shape

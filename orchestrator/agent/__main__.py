@@ -13,6 +13,7 @@ orphan agents. A line on stdin asks for a snapshot now.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import select
@@ -20,8 +21,8 @@ import sys
 import time
 from typing import Any
 
+from orchestrator.wire import requests as rq
 from orchestrator.wire.model import SCHEMA_VERSION
-from orchestrator.wire.requests import SESSION
 
 
 def _emit(doc: Any) -> None:
@@ -42,7 +43,7 @@ def _observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
         raise SystemExit(2) from None
 
 
-def _make(Observer: Any, ObserverConfig: Any, args: argparse.Namespace, patterns: Any) -> Any:  # noqa: N803
+def _make(Observer: Any, ObserverConfig: Any, args: argparse.Namespace, patterns: Any) -> Any:
     obs = Observer(
         ObserverConfig(
             target=args.target,
@@ -279,10 +280,13 @@ def _gpu_opts(p: argparse.ArgumentParser) -> None:
 
 
 def _observe_opts(p: argparse.ArgumentParser) -> None:
+    snap = functools.partial(rq.default, rq.SnapshotRequest)
     p.add_argument("--workdir", default=".", help="the container's workdir (runs/ lives here)")
-    p.add_argument("--session", default=SESSION, help="tmux session (the manifest's wins)")
-    p.add_argument("--target", default="local", help="name recorded in the snapshot")
-    p.add_argument("--tail-lines", type=int, default=8, help="pane lines to capture")
+    p.add_argument("--session", default=snap("session"), help="tmux session (the manifest's wins)")
+    p.add_argument("--target", default=snap("target"), help="name recorded in the snapshot")
+    p.add_argument(
+        "--tail-lines", type=int, default=snap("tail_lines"), help="pane lines to capture"
+    )
     p.add_argument("--offset", type=int, default=None, help="log byte offset to continue from")
     p.add_argument("--run-id", default=None, help="run the offset belongs to")
     p.add_argument("--log-patterns", default=None, help="JSON {metric: regex} overrides")
@@ -307,8 +311,18 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
 
     p = sub.add_parser("stream", help="one JSON observation per interval until stdin closes")
     _observe_opts(p)
-    p.add_argument("--interval", type=float, default=2.0, help="seconds between observations")
-    p.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
+    p.add_argument(
+        "--interval",
+        type=float,
+        default=rq.default(rq.StreamRequest, "interval_s"),
+        help="seconds between observations",
+    )
+    p.add_argument(
+        "--count",
+        type=int,
+        default=rq.default(rq.StreamRequest, "count"),
+        help="stop after N lines (0: never)",
+    )
     p.add_argument("--ignore-stdin", action="store_true", help="do not read requests from stdin")
     p.set_defaults(func=cmd_stream)
 
@@ -316,7 +330,10 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
     p.add_argument("--workdir", default=".", help="workdir whose free disk is reported")
     p.add_argument("--torch", action="store_true", help="also time `import torch` and CUDA")
     p.add_argument(
-        "--torch-timeout", type=float, default=60.0, help="limit for the torch check (s)"
+        "--torch-timeout",
+        type=float,
+        default=rq.default(rq.FactsRequest, "torch_timeout_s"),
+        help="limit for the torch check (s)",
     )
     p.add_argument("--socket-name", default=None, help="tmux -L socket name")
     p.add_argument("--socket-path", default=None, help="tmux -S socket path")
@@ -336,14 +353,23 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
     p = sub.add_parser("probe", help="HOST side: pct status, kernel log, GPU PIDs -> vmid")
     p.add_argument("--vmid", type=int, action="append", default=[], help="container to ask about")
     p.add_argument("--since", type=float, default=None, help="kernel events since (Unix s)")
-    p.add_argument("--host", default="", help="name recorded in the probe")
-    p.add_argument("--timeout", type=float, default=10.0, help="limit per host command (s)")
+    p.add_argument(
+        "--host", default=rq.default(rq.ProbeRequest, "host"), help="name recorded in the probe"
+    )
+    p.add_argument(
+        "--timeout",
+        type=float,
+        default=rq.default(rq.ProbeRequest, "timeout_s"),
+        help="limit per host command (s)",
+    )
     p.add_argument("--proc-root", default=None, help="/proc to map PIDs in (env ORCH_PROC_ROOT)")
     p.add_argument("--previous-boot", action="store_true",
                    help="also the kernel log of the boot before this one (journalctl -b -1)")  # fmt: skip
     _gpu_opts(p)
     p.set_defaults(func=cmd_probe)
 
+    host = functools.partial(rq.default, rq.HostObserveRequest)
+    host_stream = functools.partial(rq.default, rq.HostStreamRequest)
     for name, func, what in (
         ("host-observe", cmd_host_observe, "HOST side: one document for every container"),
         ("host-stream", cmd_host_stream, "HOST side: one document per interval until stdin closes"),
@@ -351,15 +377,27 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=what)
         p.add_argument("--containers", required=True, help="JSON list of {name, vmid, workdir, "
                        "session, log_patterns, run_id, offset}")  # fmt: skip
-        p.add_argument("--host", default="", help="name recorded in the document")
+        p.add_argument("--host", default=host("host"), help="name recorded in the document")
         p.add_argument("--since", type=float, default=None, help="kernel lines since (Unix s)")
         p.add_argument("--cursor", default=None, help="kernel lines after this journal cursor")
-        p.add_argument("--timeout", type=float, default=10.0, help="limit per pct/journalctl (s)")
+        p.add_argument(
+            "--timeout", type=float, default=host("timeout_s"), help="limit per pct/journalctl (s)"
+        )
         p.add_argument("--state", default=None, help="file keeping the containers' init PIDs")
         _gpu_opts(p)
         if name == "host-stream":
-            p.add_argument("--interval", type=float, default=2.0, help="seconds between documents")
-            p.add_argument("--count", type=int, default=0, help="stop after N lines (0: never)")
+            p.add_argument(
+                "--interval",
+                type=float,
+                default=host_stream("interval_s"),
+                help="seconds between documents",
+            )
+            p.add_argument(
+                "--count",
+                type=int,
+                default=host_stream("count"),
+                help="stop after N lines (0: never)",
+            )
             p.add_argument("--ignore-stdin", action="store_true", help="ignore requests on stdin")
         p.set_defaults(func=func)
 

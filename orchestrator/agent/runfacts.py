@@ -99,7 +99,7 @@ class LocalFiles:
             return None
 
     def open(self, path: str) -> BinaryIO:
-        return open(path, "rb")  # noqa: SIM115 - the caller closes it
+        return open(path, "rb")  # the caller closes it
 
     def disk(self, path: str, fallback: str) -> tuple[float | None, float | None]:
         return disk_space_mib(path, fallback)

@@ -518,10 +518,10 @@ def register(subparsers: Any) -> None:
         if session:
             p.add_argument("--session", default=rq.SESSION, help="tmux session name")
 
-    def L(name: str) -> Any:  # noqa: N802 - the launch request's default
+    def L(name: str) -> Any:  # the launch request's default
         return rq.default(rq.LaunchRequest, name)
 
-    def G(name: str) -> Any:  # noqa: N802 - the logs request's default
+    def G(name: str) -> Any:  # the logs request's default
         return rq.default(rq.LogsRequest, name)
 
     p = subparsers.add_parser("launch", help="start a run in tmux (wrapper, tee, exit status)")
@@ -572,7 +572,7 @@ def register(subparsers: Any) -> None:
     p.add_argument(
         "--tail",
         type=int,
-        default=rq.default(rq.RunsRequest, "tail"),
+        default=rq.default(rq.RunRequest, "tail"),
         help="log lines to include (detail only)",
     )
     p.set_defaults(func=guard(_cmd_runs))

@@ -471,7 +471,8 @@ def _loop(
             return bool(found)
 
         def detect(want: frozenset[str] = want, seen: list[Finding] = seen) -> str:
-            ui.watch(inv, CONTAINER, seconds=detect_timeout_s, on_snapshot=until_found)  # noqa: B023 - called within this iteration
+            # until_found is called within this iteration, while its loop variables hold
+            ui.watch(inv, CONTAINER, seconds=detect_timeout_s, on_snapshot=until_found)
             if not seen:
                 raise DemoFailed(f"no {' or '.join(sorted(want))} finding within "
                                  f"{detect_timeout_s:g} s of the fault")  # fmt: skip

@@ -193,7 +193,7 @@ class Healer:
             except OrchError as exc:  # a locked or broken history: next round tries again
                 log.warning("%s: no restart decision this round: %s", j.name, exc)
                 continue
-            except Exception:  # noqa: BLE001 - one unit's bug must not stop the others' care
+            except Exception:  # one unit's bug must not stop the others' care
                 log.exception(
                     "%s: no restart decision this round (a bug: please report it)", j.name
                 )
@@ -288,7 +288,7 @@ class Healer:
                 str(exc).strip().splitlines()[0][:300] if str(exc).strip() else type(exc).__name__
             )
             action, reason = "restart-failed", f"{d.procedure} failed: {first}"
-        except Exception as exc:  # noqa: BLE001 - journal it; the lock must be released
+        except Exception as exc:  # journal it; the lock must be released
             log.exception("%s: restart failed unexpectedly", name)
             new = launched[-1] if launched else None
             action, reason = (

@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
-from orchestrator.errors import LaunchFailed, LaunchInterrupted, OrchError, Refused
+from orchestrator.errors import AgentRefused, LaunchFailed, LaunchInterrupted, OrchError, Refused
 from orchestrator.lifecycle.bundle import check_trainer_args, trainer_bundle, trainer_config
 from orchestrator.lifecycle.jobs import (
     NodeStop,
@@ -44,7 +44,7 @@ from orchestrator.lifecycle.preflight import preflight
 from orchestrator.lifecycle.runs import launch_request, run_request
 from orchestrator.monitor.state import stepped, target_state
 from orchestrator.remote import deploy
-from orchestrator.remote.target import Target, read_answer
+from orchestrator.remote.target import Target
 from orchestrator.wire.answers import LaunchAnswer, RunStatus
 from orchestrator.wire.formats import new_run_id
 from orchestrator.wire.model import Snapshot
@@ -362,14 +362,13 @@ def _launch_job(
             force=force,
             target=n.container,
         )
-        doc = targets[n.container].launch(
-            req, {**node_env(job, n, c), **extra_env}, timeout=grace_s + 60.0
-        )
-        if not doc.get("ok"):
+        env = {**node_env(job, n, c), **extra_env}
+        try:
+            answer = targets[n.container].launch(req, env, timeout=grace_s + 60.0)
+        except AgentRefused as exc:
             done.refused.add(n.container)
-            msg = redact(str(doc.get("message") or doc), secrets)
-            raise LaunchFailed(f"{n.label}: could not start: {msg}")
-        answer = read_answer(n.container, doc, LaunchAnswer)
+            msg = redact(str(exc.said or exc.doc), secrets)
+            raise LaunchFailed(f"{n.label}: could not start: {msg}") from None
         done.started.add(n.container)
         return answer
 
@@ -502,8 +501,7 @@ def _death_text(p: NodeProgress, run_id: str, secrets: Sequence[str]) -> str:
         return f"its container stopped {when} (pct status: {snap.container_status})"
     status: RunStatus | None = None
     try:
-        doc = p.target.call(run_request(p.target.container, run_id))
-        status = read_answer(p.node.container, doc, RunStatus)
+        status = p.target.call(run_request(p.target.container, run_id))
     except OrchError as exc:
         log.info("%s: no run status: %s", p.node.container, exc)
     code = status.exit_status if status is not None else None

@@ -27,6 +27,7 @@ from typing import Any
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
     AgentProtocolError,
+    AgentRefused,
     LaunchFailed,
     LaunchInterrupted,
     OrchError,
@@ -46,8 +47,8 @@ from orchestrator.lifecycle.preflight import PreflightRefused, busy_gpus, prefli
 from orchestrator.lifecycle.runs import launch_request, run_request
 from orchestrator.lifecycle.stop import operator, stop
 from orchestrator.remote import deploy
-from orchestrator.remote.target import Target, read_answer
-from orchestrator.wire.answers import LaunchAnswer, RunStatus, StopAnswer
+from orchestrator.remote.target import Target
+from orchestrator.wire.answers import RunStatus, StopAnswer
 from orchestrator.wire.formats import new_run_id, parse_gpu_spec
 from orchestrator.wire.model import CPU_RUN_ENV
 from orchestrator.wire.secrets import redact, secret_values
@@ -351,19 +352,18 @@ def _start_and_verify(
         carry_from=carry_from,
         env_from=env_from,
     )
+    secrets = secret_values(user_env)
     try:
-        doc = tgt.launch(req, user_env, timeout=grace_s + 60.0)
+        answer = tgt.launch(req, user_env, timeout=grace_s + 60.0)
     except (TransportError, AgentProtocolError) as exc:
         phase("start", "fail", "connection lost after the launch was sent")
         raise LaunchUncertain(name, run_id, exc) from None
-    secrets = secret_values(user_env)
-    if not doc.get("ok"):
-        msg = redact(str(doc.get("message") or doc), secrets)
+    except AgentRefused as exc:
+        msg = redact(str(exc.said or exc.doc), secrets)
         phase("start", "fail", msg)
-        if doc.get("error") in ("session-live", "run-exists"):
-            raise Refused(f"{name}: {msg}")
-        raise LaunchFailed(f"{name}: could not start the run: {msg}")
-    answer = read_answer(name, doc, LaunchAnswer)
+        if exc.kind in ("session-live", "run-exists"):
+            raise Refused(f"{name}: {msg}") from None
+        raise LaunchFailed(f"{name}: could not start the run: {msg}") from None
     replaced = replaced or answer.replaced
     carried = (
         f"; {len(answer.carried)} checkpoint file(s) carried from {carry_from}"
@@ -438,8 +438,7 @@ def verify_run(
                 f"or orch stop {target.name})"
             )
         time.sleep(VERIFY_POLL_S)
-        doc = target.call(run_request(c, run_id))
-        state = read_answer(target.name, doc, RunStatus)
+        state = target.call(run_request(c, run_id))
 
 
 def _died(name: str, state: RunStatus, secrets: Sequence[str]) -> RunDied:

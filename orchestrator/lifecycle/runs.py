@@ -11,26 +11,27 @@ from typing import Any
 from orchestrator import __version__
 from orchestrator.config.inventory import ContainerConfig, Inventory
 from orchestrator.errors import (
+    AgentRefused,
     ContainerNotFound,
     OrchError,
     UsageError,
 )
 from orchestrator.lifecycle.preflight import container_status
-from orchestrator.remote.target import Target, parse_document, read_answer
+from orchestrator.remote.target import Target
 from orchestrator.wire.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.wire.model import Snapshot
 from orchestrator.wire.progress import metrics_progress
 from orchestrator.wire.quoting import command_line, with_env
-from orchestrator.wire.requests import LaunchRequest, LogsRequest, RunsRequest
+from orchestrator.wire.requests import LaunchRequest, LogsRequest, RunRequest, RunsRequest
 
 
 def runs(inventory: Inventory, name: str, *, target: Target | None = None) -> RunsAnswer:
     """Every run in the container's workdir with its state and log size."""
     tgt = target or Target(inventory, name)
-    doc = tgt.call(RunsRequest(tgt.container.workdir, tgt.container.session))
-    if doc.get("ok") is False:
-        raise UsageError(f"{name}: {doc.get('message')}")
-    return read_answer(name, doc, RunsAnswer)
+    try:
+        return tgt.call(RunsRequest(tgt.container.workdir, tgt.container.session))
+    except AgentRefused as exc:
+        raise UsageError(f"{name}: {exc.said}") from None
 
 
 def logs(
@@ -43,10 +44,10 @@ def logs(
 ) -> LogAnswer:
     """The last ``lines`` lines of a run's log (read from the end, never the whole file)."""
     tgt = target or Target(inventory, name)
-    doc = tgt.call(LogsRequest(tgt.container.workdir, run_id=run_id or None, lines=lines))
-    if doc.get("ok") is False:
-        raise UsageError(f"{name}: {doc.get('message')}")
-    return read_answer(name, doc, LogAnswer)
+    try:
+        return tgt.call(LogsRequest(tgt.container.workdir, run_id=run_id or None, lines=lines))
+    except AgentRefused as exc:
+        raise UsageError(f"{name}: {exc.said}") from None
 
 
 def follow_logs(
@@ -63,13 +64,10 @@ def follow_logs(
     req = LogsRequest(
         tgt.container.workdir, run_id=run_id or None, lines=lines, interval_s=interval_s
     )
-    stream = tgt.follow(req)
-    with stream:
-        for line in stream:
-            doc = parse_document(tgt.name, line)
-            if doc.get("ok") is False:
-                raise UsageError(f"{name}: {doc.get('message')}")
-            yield read_answer(name, doc, LogAnswer)
+    try:
+        yield from tgt.follow(req)
+    except AgentRefused as exc:
+        raise UsageError(f"{name}: {exc.said}") from None
 
 
 def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
@@ -168,9 +166,9 @@ def attach_argv(inventory: Inventory, name: str) -> list[str]:
     return [*ssh, f"{host.user}@{dest}", command_line(remote)]
 
 
-def run_request(c: ContainerConfig, run_id: str, tail: int = 30) -> RunsRequest:
+def run_request(c: ContainerConfig, run_id: str, tail: int = 30) -> RunRequest:
     """``runs --run-id``: one run of ``c`` in detail, with its last ``tail`` log lines."""
-    return RunsRequest(c.workdir, c.session, run_id=run_id, tail=tail)
+    return RunRequest(c.workdir, c.session, run_id=run_id, tail=tail)
 
 
 def launch_request(

@@ -6,8 +6,9 @@ from __future__ import annotations
 from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
+    AgentRefused,
 )
-from orchestrator.remote.target import Target, read_answer
+from orchestrator.remote.target import Target
 from orchestrator.wire.answers import StopAnswer
 from orchestrator.wire.requests import StopRequest
 
@@ -48,10 +49,10 @@ def stop(
         grace_s=grace_s,
         by=by or f"orch stop by {operator()}",
     )
-    doc = tgt.call(req, timeout=grace_s + 30.0)
-    if doc.get("ok") is False and doc.get("error") == "no-run" and not run_id:
-        # nothing ever ran there: nothing to stop, as for a run that already ended
-        return StopAnswer(stopped=False, run_id="", state=NEVER_RAN)
-    if doc.get("ok") is False:
-        raise AgentError(f"{name}: stop: {doc.get('message')}")
-    return read_answer(name, doc, StopAnswer)
+    try:
+        return tgt.call(req, timeout=grace_s + 30.0)
+    except AgentRefused as exc:
+        if exc.kind == "no-run" and not run_id:
+            # nothing ever ran there: nothing to stop, as for a run that already ended
+            return StopAnswer(stopped=False, run_id="", state=NEVER_RAN)
+        raise AgentError(f"{name}: stop: {exc.said}") from None

@@ -367,7 +367,8 @@ def _restart(r: NodeReader, node: yaml.Node) -> RestartRule:
     return RestartRule(retryable, why or "", procedure, line)
 
 
-def load_playbooks(dir: Path | str | None = None, vocab: bool = True) -> list[Playbook]:  # noqa: A002 - the agreed API
+# ``dir`` shadows the builtin: the agreed API
+def load_playbooks(dir: Path | str | None = None, vocab: bool = True) -> list[Playbook]:
     """Every ``*.yaml`` in ``dir`` (default: the bundled ``playbooks/``), sorted by id.
 
     With ``vocab`` (the default) each playbook also gets the signatures of the vocabulary

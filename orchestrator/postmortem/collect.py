@@ -29,7 +29,7 @@ from typing import Any
 
 from orchestrator.agent.kernel import VOLATILE_NOTE, is_volatile
 from orchestrator.config.inventory import Inventory
-from orchestrator.errors import AgentError, Refused, UsageError
+from orchestrator.errors import AgentError, AgentRefused, Refused, UsageError
 from orchestrator.postmortem.evidence import (
     Evidence,
     checked_records,
@@ -48,7 +48,6 @@ from orchestrator.postmortem.verdict import (
     our_oom_kills,
     run_pids_and_names,
 )
-from orchestrator.remote.target import read_answer
 from orchestrator.wire import paths
 from orchestrator.wire.answers import EvidenceAnswer
 from orchestrator.wire.formats import parse_pct_status, utc_stamp
@@ -155,13 +154,12 @@ def collect(
         req = EvidenceRequest(
             c.workdir, c.session, run_id=run_id or None, log_lines=log_lines, pane_lines=PANE_LINES
         )
-        doc = tgt.call(req, timeout=60.0)
-        if doc.get("ok") is False:
-            if doc.get("error") == "no-run" and run_id:
-                raise UsageError(f"{name}: {doc.get('message')}; see orch runs {name}")
-            errors.append(f"evidence: {doc.get('message') or doc.get('error')}")
-        else:
-            answer = read_answer(name, doc, EvidenceAnswer)
+        try:
+            answer = tgt.call(req, timeout=60.0)
+        except AgentRefused as exc:
+            if exc.kind == "no-run" and run_id:
+                raise UsageError(f"{name}: {exc.said}; see orch runs {name}") from None
+            errors.append(f"evidence: {exc.said or exc.kind}")
         try:
             final = tgt.snapshot(timeout=60.0)
         except AgentError as exc:

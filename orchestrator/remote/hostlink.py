@@ -20,6 +20,7 @@ import logging
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any
 
 from orchestrator.config.inventory import ContainerConfig, HostConfig, Inventory
 from orchestrator.errors import (
@@ -38,11 +39,13 @@ from orchestrator.remote.target import (
     agent_argv,
     parse_answer,
     parse_document,
+    read_reply,
     run_agent,
     too_large,
 )
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.wire.model import HostDocument, SchemaError, check_schema
+from orchestrator.wire.model import HostDocument
+from orchestrator.wire.requests import HostObserveRequest, HostStreamRequest
 
 log = logging.getLogger(__name__)
 
@@ -151,17 +154,19 @@ class HostLink:
             out.append(spec)
         return json.dumps(out, separators=(",", ":"))
 
-    def _args(self, command: str, extra: Sequence[str] = ()) -> list[str]:
-        state = f"{self.host.agent_dir.rstrip('/')}/.orch/containers.json"
-        args = [command, "--host", self.host.name, "--containers", self.specs(), "--state", state,
-                *extra]  # fmt: skip
-        if self.cursor:
-            args += ["--cursor", self.cursor]
-        if self.since is not None:
-            args += ["--since", repr(float(self.since))]
-        if self.gpu_deadline_s is not None:
-            args += ["--gpu-deadline", str(self.gpu_deadline_s)]
-        return args
+    def _request(
+        self, cls: type[HostObserveRequest] = HostObserveRequest, **more: Any
+    ) -> HostObserveRequest:
+        """``host-observe`` (or ``cls``, with ``more`` fields) from where the last document ended."""
+        return cls(
+            self.specs(),
+            host=self.host.name,
+            state=f"{self.host.agent_dir.rstrip('/')}/.orch/containers.json",
+            cursor=self.cursor or None,
+            since=self.since,
+            gpu_deadline_s=self.gpu_deadline_s,
+            **more,
+        )
 
     def remember(self, doc: HostDocument) -> None:
         """Continue where ``doc`` ended: each run's log offset, the kernel cursor."""
@@ -192,14 +197,14 @@ class HostLink:
             AgentProtocolError: its answer is not a document. TransportError, CommandTimeout.
         """
         try:
-            res = self._run(self._args("host-observe"), timeout)
+            res = self._run(self._request().to_argv(), timeout)
         except AgentError as exc:
             self._note_old_python(exc)
             raise
         if not res.ok and not res.stdout.strip():
             raise AgentError(f"{self.host.name}: host observer failed (exit {res.exit_status}): "
                              f"{res.err.strip()[-400:] or 'no output'}")  # fmt: skip
-        doc = parse_host_document(self.host.name, parse_answer(self.host.name, res))
+        doc = read_reply(self.host.name, HostObserveRequest, parse_answer(self.host.name, res))
         self.remember(doc)
         return doc
 
@@ -219,8 +224,8 @@ class HostLink:
         except AgentError as exc:
             self._note_old_python(exc)
             raise
-        argv = agent_argv(h.host_python, bundle_dir,
-                          self._args("host-stream", ["--interval", str(interval_s)]), boot=HOST_BOOT)  # fmt: skip
+        req = self._request(HostStreamRequest, interval_s=interval_s)
+        argv = agent_argv(h.host_python, bundle_dir, req.to_argv(), boot=HOST_BOOT)
         return self.transport.stream(argv, max_line_bytes=MAX_DOC_BYTES)
 
     def stream_once(
@@ -278,8 +283,4 @@ def parse_host_document(host: str, doc: Mapping[str, object]) -> HostDocument:
     ...
     orchestrator.errors.AgentProtocolError: pve1: agent protocol error: HostDocument: HostDocument.__init__() missing 1 required positional argument: 'taken_at'
     """
-    try:
-        check_schema(doc)
-        return HostDocument.from_dict(doc)
-    except (SchemaError, TypeError, ValueError) as exc:
-        raise AgentProtocolError(host, str(exc)[:300]) from None
+    return read_reply(host, HostStreamRequest, dict(doc))

@@ -25,6 +25,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.errors import (
     AgentError,
     AgentProtocolError,
+    AgentRefused,
     CommandTimeout,
     ContainerNotFound,
     ContainerNotRunning,
@@ -33,11 +34,20 @@ from orchestrator.errors import (
 )
 from orchestrator.remote import deploy
 from orchestrator.transport.base import LineStream, Result, Transport
-from orchestrator.wire.model import HostProbe, SchemaError, Snapshot, check_schema
-from orchestrator.wire.requests import AgentRequest, LaunchRequest, LogsRequest
+from orchestrator.wire.answers import LaunchAnswer, LogAnswer
+from orchestrator.wire.model import HostProbe, SchemaError, Snapshot
+from orchestrator.wire.requests import (
+    AgentRequest,
+    FactsRequest,
+    LaunchRequest,
+    LogsRequest,
+    ProbeRequest,
+    SnapshotRequest,
+    StreamRequest,
+)
 
 log = logging.getLogger(__name__)
-W = TypeVar("W")
+A = TypeVar("A")
 
 MAX_DOC_BYTES = 8 << 20
 
@@ -87,20 +97,31 @@ def parse_document(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     return doc
 
 
-def read_answer(target: str, doc: dict[str, Any], cls: type[W]) -> W:
-    """An agent command's JSON document as its answer type (``from_dict``: unknown keys are
-    ignored); ``AgentProtocolError`` when it is not one.
+def read_reply(target: str, request: type[AgentRequest[A]], doc: dict[str, Any]) -> A:
+    """The answer of a ``request`` in the agent's JSON document ``doc`` (read once, by the
+    request class's ``read``: unknown keys are ignored).
 
-    >>> from orchestrator.wire.answers import StopAnswer
-    >>> read_answer("ct", {"stopped": False, "run_id": "r", "state": "exited"}, StopAnswer).state
+    Raises:
+        AgentRefused: the agent said no (``{"ok": false, "error": KIND, "message": ...}``).
+        AgentProtocolError: ``doc`` is not that answer (a field of the wrong type, a newer
+            ``schema_version``).
+
+    >>> from orchestrator.wire.requests import StopRequest
+    >>> read_reply("ct", StopRequest, {"stopped": False, "run_id": "r", "state": "exited"}).state
     'exited'
-    >>> read_answer("ct", {"stopped": "x"}, StopAnswer)
+    >>> read_reply("ct", StopRequest, {"stopped": "x"})
     Traceback (most recent call last):
     ...
     orchestrator.errors.AgentProtocolError: ct: agent protocol error: stopped: expected true/false, got 'x'
+    >>> read_reply("ct", StopRequest, {"ok": False, "error": "no-run", "message": "no runs in /w"})
+    Traceback (most recent call last):
+    ...
+    orchestrator.errors.AgentRefused: ct: stop: no runs in /w
     """
+    if doc.get("ok") is False:
+        raise AgentRefused(target, request.command, doc)
     try:
-        return cls.from_dict(doc)  # type: ignore[attr-defined, no-any-return]
+        return request.read(doc)
     except (SchemaError, TypeError, ValueError) as exc:
         raise AgentProtocolError(target, str(exc)[:300]) from None
 
@@ -138,12 +159,7 @@ def parse_snapshot(target: str, data: bytes | str, limit: int = MAX_DOC_BYTES) -
     ...
     orchestrator.errors.AgentProtocolError: ct: agent protocol error: schema_version 7 is newer than this orch understands (1); upgrade orch
     """
-    doc = parse_document(target, data, limit)
-    try:
-        check_schema(doc)
-        return Snapshot.from_dict(doc)
-    except (SchemaError, TypeError, ValueError) as exc:
-        raise AgentProtocolError(target, str(exc)[:300]) from None
+    return read_reply(target, StreamRequest, parse_document(target, data, limit))
 
 
 def container_down(
@@ -329,32 +345,28 @@ class Target:
     def _argv(self, bundle_dir: str, args: Sequence[str]) -> list[str]:
         return agent_argv(self.container.python, bundle_dir, args)
 
-    def _deadline_args(self) -> list[str]:
-        """``--gpu-deadline`` when set here; else the agent's own default applies."""
-        if self.gpu_deadline_s is None:
-            return []
-        return ["--gpu-deadline", str(self.gpu_deadline_s)]
-
-    def _observe_args(self, run_id: str | None, offset: int | None) -> list[str]:
+    def _observe_request(
+        self,
+        run_id: str | None,
+        offset: int | None,
+        cls: type[SnapshotRequest] = SnapshotRequest,
+        **more: Any,
+    ) -> SnapshotRequest:
+        """What ``snapshot`` (or ``cls``, with ``more`` fields) observes: this container, its log
+        from ``offset`` of ``run_id`` (``None``: the tail only)."""
         c = self.container
-        args = [
-            "--target",
-            self.name,
-            "--workdir",
+        patterns = c.agent_patterns() if c.log_patterns or c.log_format else None
+        return cls(
             c.workdir,
-            "--session",
             c.session,
-            *self._deadline_args(),
-        ]
-        if c.log_patterns or c.log_format:
-            args += ["--log-patterns", json.dumps(c.agent_patterns())]
-        if self.gpu_source:
-            args += ["--gpu-source", self.gpu_source]
-        if offset is not None:
-            args += ["--offset", str(offset)]
-            if run_id:
-                args += ["--run-id", run_id]
-        return args
+            target=self.name,
+            offset=offset,
+            run_id=run_id if offset is not None and run_id else None,
+            log_patterns=None if patterns is None else json.dumps(patterns),
+            gpu_deadline_s=self.gpu_deadline_s,
+            gpu_source=self.gpu_source or None,
+            **more,
+        )
 
     def agent(
         self, args: Sequence[str], timeout: float = 30.0, *, stdin: bytes | None = None
@@ -375,38 +387,39 @@ class Target:
             f"{self.name}: agent {args[0] if args else ''} failed (exit {res.exit_status}): {tail}"
         )
 
-    def call(self, request: AgentRequest, timeout: float = 30.0) -> dict[str, Any]:
-        """Run one typed agent command (:mod:`orchestrator.wire.requests`): :meth:`agent`'s document."""
-        return self.agent(request.to_argv(), timeout=timeout)
+    def call(self, request: AgentRequest[A], timeout: float = 30.0) -> A:
+        """Run one typed agent command (:mod:`orchestrator.wire.requests`); its answer.
 
-    def launch(self, request: LaunchRequest, env: dict[str, str], timeout: float) -> dict[str, Any]:
+        Raises:
+            AgentRefused: the agent said no (its error document; ``kind`` says what).
+            AgentProtocolError: the answer is not the request's answer type.
+            AgentError, TransportError, CommandTimeout: as :meth:`agent`.
+        """
+        return read_reply(self.name, type(request), self.agent(request.to_argv(), timeout=timeout))
+
+    def launch(self, request: LaunchRequest, env: dict[str, str], timeout: float) -> LaunchAnswer:
         """``launch``; the run's variables go over stdin into its 0600 env file (argv shows in ps)."""
         argv = dataclasses.replace(request, env_stdin=True).to_argv()
-        return self.agent(argv, timeout=timeout, stdin=json.dumps({"env": env}).encode())
+        doc = self.agent(argv, timeout=timeout, stdin=json.dumps({"env": env}).encode())
+        return read_reply(self.name, LaunchRequest, doc)
 
-    def follow(self, request: LogsRequest) -> LineStream:
-        """Start ``logs -f`` (``request.follow`` set here); the raw line stream, one chunk a line."""
+    def follow(self, request: LogsRequest) -> Iterator[LogAnswer]:
+        """``logs -f`` (``request.follow`` set here): one answer per chunk, the last with
+        ``end``; closing the iterator ends the remote command. Raises as :meth:`call`."""
         argv = dataclasses.replace(request, follow=True).to_argv()
-        return self.transport.stream(self._argv(self.bundle_dir(), argv))
+        with self.transport.stream(self._argv(self.bundle_dir(), argv)) as stream:
+            for line in stream:
+                yield read_reply(self.name, LogsRequest, parse_document(self.name, line))
 
     def facts(self, *, torch: bool = False, timeout: float = 90.0) -> dict[str, Any]:
         """Python, tmux, NVML driver + GPU inventory, free disk, sessions (torch when asked)."""
-        args = [
-            "facts",
-            "--workdir",
+        req = FactsRequest(
             self.container.workdir,
-            *self._deadline_args(),
-        ]
-        if torch:
-            args.append("--torch")
-        if self.gpu_source:
-            args += ["--gpu-source", self.gpu_source]
-        doc = self.agent(args, timeout=timeout)
-        try:
-            check_schema(doc)
-        except SchemaError as exc:
-            raise AgentProtocolError(self.name, str(exc)) from None
-        return doc
+            torch=torch,
+            gpu_deadline_s=self.gpu_deadline_s,
+            gpu_source=self.gpu_source or None,
+        )
+        return self.call(req, timeout=timeout)
 
     def snapshot(
         self, offset: int | None = None, *, run_id: str | None = None, timeout: float = 30.0
@@ -416,14 +429,9 @@ class Target:
         A container pct says is stopped or missing gives :func:`container_down`'s snapshot.
         """
         try:
-            doc = self.agent(["snapshot", *self._observe_args(run_id, offset)], timeout=timeout)
+            snap = self._own(self.call(self._observe_request(run_id, offset), timeout=timeout))
         except (ContainerNotRunning, ContainerNotFound) as exc:
             return container_down(self.name, exc, time.time())
-        try:
-            check_schema(doc)
-            snap = self._own(Snapshot.from_dict(doc))
-        except (SchemaError, TypeError, ValueError) as exc:
-            raise AgentProtocolError(self.name, str(exc)[:300]) from None
         self._remember(snap)
         return snap
 
@@ -438,16 +446,8 @@ class Target:
 
     def open_stream(self, interval_s: float) -> LineStream:
         """Start ``agent stream`` (resuming at the remembered offset); the raw line stream."""
-        bundle_dir = self.bundle_dir()
-        argv = self._argv(
-            bundle_dir,
-            [
-                "stream",
-                "--interval",
-                str(interval_s),
-                *self._observe_args(self.run_id, self.offset),
-            ],
-        )
+        req = self._observe_request(self.run_id, self.offset, StreamRequest, interval_s=interval_s)
+        argv = self._argv(self.bundle_dir(), req.to_argv())
         return self.transport.stream(argv, max_line_bytes=MAX_DOC_BYTES)
 
     def stream_once(
@@ -559,18 +559,14 @@ class Host:
     ) -> HostProbe:
         """``pct status``, kernel events since ``since`` (Unix s; with ``previous_boot`` those of
         the boot before this one too), GPU processes -> container."""
-        args = ["probe", "--host", self.name]
-        for vmid in self.vmids():
-            args += ["--vmid", str(vmid)]
-        if since is not None:
-            args += ["--since", repr(float(since))]
-        if previous_boot:
-            args.append("--previous-boot")
+        req = ProbeRequest(
+            host=self.name, vmids=tuple(self.vmids()), since=since, previous_boot=previous_boot
+        )
         res = run_agent(
             self.transport,
             self.workdir,
             self.python,
-            args,
+            req.to_argv(),
             timeout=timeout,
             host=True,
             boot=HOST_BOOT,
@@ -582,9 +578,4 @@ class Host:
                 f"{self.name}: host probe failed (exit {res.exit_status}): "
                 f"{res.err.strip()[-400:] or 'no output'}"
             )
-        doc = parse_answer(self.name, res)
-        try:
-            check_schema(doc)
-            return HostProbe.from_dict(doc)
-        except (SchemaError, TypeError, ValueError) as exc:
-            raise AgentProtocolError(self.name, str(exc)[:300]) from None
+        return read_reply(self.name, ProbeRequest, parse_answer(self.name, res))

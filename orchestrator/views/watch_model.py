@@ -141,7 +141,7 @@ class WatchModel:
             try:
                 out.append(judge_job(job, {v.name: v.container for v in nodes}, judged,
                                      histories={v.name: list(v.history) for v in nodes}))  # fmt: skip
-            except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
+            except Exception as exc:  # lenient in views: show, carry on
                 log.debug("job %s not judged", job.name, exc_info=True)
                 self.messages.append(f"{job.name}: not judged: {exc}")
         return out
@@ -181,7 +181,7 @@ class WatchModel:
         try:
             j = judged or self.judge(name, v.container, list(v.history))
             v.findings, v.state = j.findings, j.state
-        except Exception as exc:  # noqa: BLE001 - lenient in views: show, carry on
+        except Exception as exc:  # lenient in views: show, carry on
             log.debug("detectors failed for %s", name, exc_info=True)
             self.messages.append(f"{name}: detectors failed: {exc}")
             v.findings = tuple(with_unreachable(name, snap, []))

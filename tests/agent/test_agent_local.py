@@ -15,10 +15,13 @@ import pytest
 from orchestrator.agent.__main__ import GPU_DEADLINE_ENV
 from orchestrator.agent.procs import alive, zombie_exit
 from orchestrator.agent.tmux import TmuxReader
-from orchestrator.errors import AgentError, AgentProtocolError
+from orchestrator.errors import AgentError, AgentProtocolError, AgentRefused
 from orchestrator.monitor import observe
 from orchestrator.remote import deploy
 from orchestrator.remote.target import Target
+from orchestrator.wire import requests as rq
+from orchestrator.wire.answers import LogAnswer, RunsAnswer, RunStatus
+from orchestrator.wire.model import Snapshot
 from tests.agent.conftest import SCENARIOS, AgentEnv
 from tests.helpers import wait_for
 
@@ -436,6 +439,28 @@ def test_facts(agent_env: AgentEnv) -> None:
     assert facts["nvml"]["driver_version"] == "570.172.08"
     assert len(facts["gpus"]) == 8 and facts["gpus"][0]["name"] == "NVIDIA H200"
     assert facts["disk"]["free_mib"] > 0
+
+
+def test_a_typed_call_returns_its_requests_answer_type(agent_env: AgentEnv) -> None:
+    """The real agent over the local transport: each request's answer comes back as its type,
+    and an error document as AgentRefused with the agent's word for it."""
+    tgt = Target(agent_env.inventory(), "local")
+    w = str(agent_env.workdir)
+    with pytest.raises(AgentRefused) as refused:
+        tgt.call(rq.StopRequest(w))
+    assert refused.value.kind == "no-run" and str(refused.value).startswith("local: stop: no runs")
+    agent_env.new_run("r1", b"step 1 loss 2.0\nstep 2 loss 1.5\n")
+    runs = tgt.call(rq.RunsRequest(w))
+    assert isinstance(runs, RunsAnswer) and [r.run_id for r in runs.runs] == ["r1"]
+    one = tgt.call(rq.RunRequest(w, run_id="r1", tail=5))
+    assert isinstance(one, RunStatus) and one.log_tail[-1] == "step 2 loss 1.5"
+    logs = tgt.call(rq.LogsRequest(w, run_id="r1", lines=1))
+    assert isinstance(logs, LogAnswer) and logs.lines == ("step 2 loss 1.5",)
+    snap = tgt.call(rq.SnapshotRequest(w, target="local"))
+    assert isinstance(snap, Snapshot) and snap.run is not None and snap.run.run_id == "r1"
+    with pytest.raises(AgentRefused) as refused:
+        tgt.call(rq.LaunchRequest(w, "true", session="bad session"))
+    assert refused.value.kind == "bad-session"
 
 
 def test_record_appends_bounded_samples(agent_env: AgentEnv) -> None:

@@ -37,7 +37,7 @@ def webhook() -> Iterator[Webhook]:
     hook = Webhook()
 
     class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:  # noqa: N802 - http.server's naming
+        def do_POST(self) -> None:  # http.server's naming
             length = int(self.headers.get("Content-Length", 0))
             raw = self.rfile.read(length)
             with hook.lock:
