@@ -29,8 +29,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from orchestrator.agent.procdetails import ProcDetails  # noqa: E402
-from orchestrator.wire.model import GpuProcess, GpuSample  # noqa: E402
+from orchestrator.agent.procdetails import ProcDetails
+from orchestrator.wire.model import GpuProcess, GpuSample
 
 
 def _cpu_ms(fn) -> float:

@@ -52,7 +52,7 @@ class Ledger:
             hist = self.histories[name]
             try:
                 j = hist.add(snap, probes)
-            except Exception:  # noqa: BLE001 - a detector bug must not stop the monitor
+            except Exception:
                 log.exception("%s: detectors failed", name)
                 cfg = hist.config
                 findings = with_unreachable(name, snap, [])

@@ -95,7 +95,7 @@ def reconnecting(
             marker = Snapshot.unreachable(name, time.time(), "stream ended")
         except StreamLost as exc:
             marker = exc.marker
-        except Exception as exc:  # noqa: BLE001 - any failure is a gap in the data, not a crash
+        except Exception as exc:
             log.debug("%s: stream failed", name, exc_info=True)
             marker = Snapshot.unreachable(name, time.time(), failure_reason(exc))
         failures = 1 if got else failures + 1

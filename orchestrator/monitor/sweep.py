@@ -194,9 +194,10 @@ def run_check(
             # the hosts' own events belong to a check of the whole fleet, not of named targets
             host_results = [] if opts.names else obs.ledger.host_judgements()
             secrets = alerts.environment_secrets([c.env for c in containers.values()])
-            history.record(stored([*got.earlier.values(), *got.snaps.values()],
-                                  secrets | opts.extra_secrets))  # fmt: skip
-            _save_cursors(history, got)
+            with history.batch():  # the snapshots and the cursors they were read to: one commit
+                history.record(stored([*got.earlier.values(), *got.snaps.values()],
+                                      secrets | opts.extra_secrets))  # fmt: skip
+                _save_cursors(history, got)
             by_name = {r.name: r for r in results}
             job_results = [judge_job(job, containers, by_name, probes=got.probes,
                                      histories={n: [*past[n], got.snaps[n]] for n in job.containers})
