@@ -105,8 +105,16 @@ def timed(fn: Callable[[], Any], repeat: int) -> tuple[float, Any]:
     return statistics.median(times), result
 
 
-def measure(module: ModuleType, pbs: list[Any], path: str, lines: list[str], repeat: int,
-            size: int, corpus: list[Any], info: list[str]) -> dict[str, Any]:  # fmt: skip
+def measure(
+    module: ModuleType,
+    pbs: list[Any],
+    path: str,
+    lines: list[str],
+    repeat: int,
+    size: int,
+    corpus: list[Any],
+    info: list[str],
+) -> dict[str, Any]:
     """One matcher's figures: end to end, matching alone, INFO lines, and its corpus score."""
     n = len(lines)
     e2e, matches = timed(lambda: module.match_log(module.iter_log_lines(path), pbs), repeat)

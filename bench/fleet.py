@@ -155,9 +155,12 @@ def in_netns(ns: str, code: str, *args: str, timeout_s: float = 600) -> str:
     """Run Python ``code`` (with this checkout importable) inside network namespace ``ns``."""
     res = subprocess.run(
         [*netns(ns), sys.executable, "-c", code, *args],
-        capture_output=True, text=True, timeout=timeout_s, cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
         env={**os.environ, "PYTHONPATH": str(ROOT)},
-    )  # fmt: skip
+    )
     if res.returncode != 0:
         raise SystemExit(f"in {ns}: {res.stderr[-2000:]}")
     return res.stdout
@@ -246,10 +249,17 @@ class Fleet:
             for name, c in doc["containers"].items():
                 merged["containers"][f"h{h}-{name}"] = {**c, "host": f"h{h}"}
         self.proxy = subprocess.Popen(
-            [sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay-ms",
-             str(self.delay_ms), *routes],
-            stdout=subprocess.PIPE, text=True, start_new_session=True,
-        )  # fmt: skip
+            [
+                sys.executable,
+                str(ROOT / "bench" / "delay_proxy.py"),
+                "--delay-ms",
+                str(self.delay_ms),
+                *routes,
+            ],
+            stdout=subprocess.PIPE,
+            text=True,
+            start_new_session=True,
+        )
         assert self.proxy.stdout is not None
         if self.proxy.stdout.readline().strip() != "ready":
             raise SystemExit("delay proxy did not start")
@@ -273,9 +283,21 @@ class Fleet:
             c = inv.container(name)
             for attempt in range(5):  # tmux's 10 s deadline can pass on a loaded machine
                 doc = Target(inv, name).agent(
-                    ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", TRAINER,
-                     "--no-recorder", "--force", "--grace", "2"], timeout=120,
-                )  # fmt: skip
+                    [
+                        "launch",
+                        "--workdir",
+                        c.workdir,
+                        "--session",
+                        c.session,
+                        "--cmd",
+                        TRAINER,
+                        "--no-recorder",
+                        "--force",
+                        "--grace",
+                        "2",
+                    ],
+                    timeout=120,
+                )
                 if doc.get("ok"):
                     return
                 print(f"{name}: launch {attempt + 1} failed: {doc.get('message')}", file=sys.stderr)
@@ -293,8 +315,10 @@ class Fleet:
         total = 0.0
         for d in self.state_dirs:
             prefix = lxc.cgroup_prefix(d)
-            for root, v2 in ((Path("/sys/fs/cgroup/cpuacct"), False),
-                             (Path("/sys/fs/cgroup"), True)):  # fmt: skip
+            for root, v2 in (
+                (Path("/sys/fs/cgroup/cpuacct"), False),
+                (Path("/sys/fs/cgroup"), True),
+            ):
                 got = cgroup_cpu_s(root / prefix, v2)
                 if got is not None:
                     total += got
@@ -307,8 +331,21 @@ class Fleet:
         self, config: Path, jobs: int, db: Path, timeout_s: float
     ) -> tuple[float, dict, dict]:
         """One ``orch check --json`` as its own process; (wall s, its JSON, CPU s by side)."""
-        argv = [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "--json",
-                "--db", str(db), "--jobs", str(jobs), "--timeout", str(timeout_s)]  # fmt: skip
+        argv = [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "check",
+            "--json",
+            "--db",
+            str(db),
+            "--jobs",
+            str(jobs),
+            "--timeout",
+            str(timeout_s),
+        ]
         remote0, inside0 = self.cpu.cpu_s(), self.container_cpu_s()
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         started = time.perf_counter()
@@ -316,8 +353,11 @@ class Fleet:
             argv, capture_output=True, text=True, cwd=ROOT, timeout=timeout_s * 70
         )
         wall = time.perf_counter() - started
-        ru1, remote1, inside1 = (resource.getrusage(resource.RUSAGE_CHILDREN), self.cpu.cpu_s(),
-                                 self.container_cpu_s())  # fmt: skip
+        ru1, remote1, inside1 = (
+            resource.getrusage(resource.RUSAGE_CHILDREN),
+            self.cpu.cpu_s(),
+            self.container_cpu_s(),
+        )
         cpu = {
             "operator": ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime,
             "remote": None if remote0 is None or remote1 is None else remote1 - remote0,
@@ -334,9 +374,13 @@ class Fleet:
     def subset(self, hosts: int) -> tuple[Path, int]:
         """A hosts.yaml of the first ``hosts`` hosts and their containers; (path, targets)."""
         keep = list(self.hosts_doc["hosts"])[:hosts]
-        doc = {**self.hosts_doc, "hosts": {h: self.hosts_doc["hosts"][h] for h in keep},
-               "containers": {n: c for n, c in self.hosts_doc["containers"].items()
-                              if c["host"] in keep}}  # fmt: skip
+        doc = {
+            **self.hosts_doc,
+            "hosts": {h: self.hosts_doc["hosts"][h] for h in keep},
+            "containers": {
+                n: c for n, c in self.hosts_doc["containers"].items() if c["host"] in keep
+            },
+        }
         path = self.workdir / f"hosts-{hosts}.yaml"
         path.write_text(yaml.safe_dump(doc, sort_keys=False))
         return path, len(doc["containers"])
@@ -347,9 +391,12 @@ class Fleet:
         % of one core."""
         proc = subprocess.Popen(
             [sys.executable, "-m", "orchestrator.cli", "-c", str(self.config), *argv],
-            stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-            cwd=ROOT, start_new_session=True,
-        )  # fmt: skip
+            stdin=subprocess.PIPE,
+            stdout=subprocess.DEVNULL,
+            stderr=subprocess.DEVNULL,
+            cwd=ROOT,
+            start_new_session=True,
+        )
         try:
             time.sleep(settle_s)
             if proc.poll() is not None:
@@ -379,11 +426,29 @@ class Fleet:
             for c in self.hosts_doc["containers"].values():
                 if c["host"] != name:
                     continue
-                argv = ["ssh", "-p", str(self.ports[h]), "-i", host["identity_file"], "-o",
-                        f"UserKnownHostsFile={host['known_hosts']}", "-o",
-                        "StrictHostKeyChecking=yes", "-o", "BatchMode=yes", "-F", "/dev/null",
-                        f"{host['user']}@127.0.0.1", "pct", "exec", str(c["vmid"]), "--",
-                        "bash", "-c", f"'{SEED_SCRIPT}'"]  # fmt: skip
+                argv = [
+                    "ssh",
+                    "-p",
+                    str(self.ports[h]),
+                    "-i",
+                    host["identity_file"],
+                    "-o",
+                    f"UserKnownHostsFile={host['known_hosts']}",
+                    "-o",
+                    "StrictHostKeyChecking=yes",
+                    "-o",
+                    "BatchMode=yes",
+                    "-F",
+                    "/dev/null",
+                    f"{host['user']}@127.0.0.1",
+                    "pct",
+                    "exec",
+                    str(c["vmid"]),
+                    "--",
+                    "bash",
+                    "-c",
+                    f"'{SEED_SCRIPT}'",
+                ]
                 out = subprocess.run(argv, capture_output=True, timeout=120, check=False)
                 if out.stdout.count(b"===") < 2 or b"step=" not in out.stdout:
                     raise SystemExit(
@@ -446,11 +511,21 @@ def med_ms(values: list[float], n: int) -> float | None:
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--hosts", type=int, default=8)
-    ap.add_argument("--per-host", "--containers-per-host", dest="per_host", type=int, default=8,
-                    help="containers per host")  # fmt: skip
-    ap.add_argument("--pct-cpu", type=float, default=0.3,
-                    help="CPU seconds every pct stand-in call spends first (a real pct is a "
-                         "Perl start-up, ~0.3 s of CPU; 0: the bare stand-in)")  # fmt: skip
+    ap.add_argument(
+        "--per-host",
+        "--containers-per-host",
+        dest="per_host",
+        type=int,
+        default=8,
+        help="containers per host",
+    )
+    ap.add_argument(
+        "--pct-cpu",
+        type=float,
+        default=0.3,
+        help="CPU seconds every pct stand-in call spends first (a real pct is a "
+        "Perl start-up, ~0.3 s of CPU; 0: the bare stand-in)",
+    )
     ap.add_argument("--delay-ms", type=float, default=25.0, help="added per direction")
     ap.add_argument("--repeat", type=int, default=5, help="timed runs of each check (median)")
     ap.add_argument("--seed-repeat", type=int, default=3, help="timed runs of the seeds' way")
@@ -463,9 +538,14 @@ def main(argv: list[str] | None = None) -> int:
         action="store_true",
         help="also time checks over 1 host and over all: wall and CPU against targets",
     )
-    ap.add_argument("--steady", type=float, default=0.0, metavar="S",
-                    help="also measure orch export and orch watch --plain at a 2 s interval "
-                         "for S seconds each (CPU %% of a core)")  # fmt: skip
+    ap.add_argument(
+        "--steady",
+        type=float,
+        default=0.0,
+        metavar="S",
+        help="also measure orch export and orch watch --plain at a 2 s interval "
+        "for S seconds each (CPU %% of a core)",
+    )
     args = ap.parse_args(argv)
     if os.geteuid() != 0:
         raise SystemExit("bench/fleet.py needs root for ip netns")
@@ -483,15 +563,20 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         isolation = fleet.up()
         fleet.start_runs()
-        print(f"fleet: {n} {isolation} containers on {args.hosts} hosts, +{args.delay_ms:g} ms "
-              f"each way, a fake trainer in each (up in {time.perf_counter() - t0:.1f} s)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"fleet: {n} {isolation} containers on {args.hosts} hosts, +{args.delay_ms:g} ms "
+            f"each way, a fake trainer in each (up in {time.perf_counter() - t0:.1f} s)",
+            file=sys.stderr,
+        )
         for config, tag in ((fleet.config, "host"), (fleet.inside_config, "inside")):
             for attempt in range(3):  # the first check deploys the agents everywhere
                 wall, doc, _ = fleet.check(config, 64, workdir / f"warm-{tag}.db", args.timeout)
                 down = [t for t in doc["targets"] if not t["reachable"]]
-                print(f"warm-up {tag} {attempt + 1}: {wall:.2f} s, status {doc['status']}, "
-                      f"{len(down)} unreachable", file=sys.stderr)  # fmt: skip
+                print(
+                    f"warm-up {tag} {attempt + 1}: {wall:.2f} s, status {doc['status']}, "
+                    f"{len(down)} unreachable",
+                    file=sys.stderr,
+                )
                 if len(doc["targets"]) == n and not down:
                     break
             else:
@@ -506,8 +591,11 @@ def main(argv: list[str] | None = None) -> int:
                     if value is not None:
                         cpu.setdefault(f"{tag}_{side}", []).append(value)
                 down = [t for t in doc["targets"] if not t["reachable"]]
-                wrong = [t for t in doc["targets"] if t["observed_from"] != (
-                    "host" if tag == "host" else "container")]  # fmt: skip
+                wrong = [
+                    t
+                    for t in doc["targets"]
+                    if t["observed_from"] != ("host" if tag == "host" else "container")
+                ]
                 missed += len(down)
                 assert not wrong, f"{tag}: {wrong[0]}"
                 line += f" {tag} {wall:.2f} s" + (f" ({len(down)} unreachable)" if down else "")
@@ -524,20 +612,27 @@ def main(argv: list[str] | None = None) -> int:
                 config, targets = fleet.subset(hosts)
                 walls, ops, remotes = [], [], []
                 for i in range(args.repeat):
-                    wall, doc, used = fleet.check(config, 64, workdir / f"s{hosts}-{i}.db",
-                                                  args.timeout)  # fmt: skip
+                    wall, doc, used = fleet.check(
+                        config, 64, workdir / f"s{hosts}-{i}.db", args.timeout
+                    )
                     walls.append(wall)
                     ops.append(used["operator"])
                     if used["remote"] is not None:
                         remotes.append(used["remote"])
-                scale.append({"targets": targets, "check_s": round(med(walls), 3),
-                              "operator_cpu_s": round(med(ops), 3),
-                              "remote_cpu_s": round(med(remotes), 3) if remotes else None})  # fmt: skip
+                scale.append(
+                    {
+                        "targets": targets,
+                        "check_s": round(med(walls), 3),
+                        "operator_cpu_s": round(med(ops), 3),
+                        "remote_cpu_s": round(med(remotes), 3) if remotes else None,
+                    }
+                )
                 print(f"  slope: {targets} targets: {scale[-1]}", file=sys.stderr)
         if args.steady > 0:
-            for tag, argv in (("export", ["export", "--listen", f"127.0.0.1:{free_port()}",
-                                          "--interval", "2"]),
-                              ("watch", ["watch", "--plain", "--interval", "2"])):  # fmt: skip
+            for tag, argv in (
+                ("export", ["export", "--listen", f"127.0.0.1:{free_port()}", "--interval", "2"]),
+                ("watch", ["watch", "--plain", "--interval", "2"]),
+            ):
                 steady[tag] = fleet.steady(argv, args.steady)
                 print(f"  steady {tag}: {steady[tag]}", file=sys.stderr)
         load_after = os.getloadavg()[0]
@@ -553,57 +648,79 @@ def main(argv: list[str] | None = None) -> int:
         if per.get("host_operator") and per.get("host_remote")
         else None
     )
-    print(f"orch check over {n} {isolation} containers ({args.hosts} hosts, +{args.delay_ms:g} ms "
-          f"each way), median of {args.repeat} (seeds: {args.seed_repeat}):")  # fmt: skip
+    print(
+        f"orch check over {n} {isolation} containers ({args.hosts} hosts, +{args.delay_ms:g} ms "
+        f"each way), median of {args.repeat} (seeds: {args.seed_repeat}):"
+    )
     print(f"  host path (concurrent):        {c:.2f} s")
     print(f"  container path (concurrent):   {inside:.2f} s")
     print(f"  seeds' way (sequential):       {seeds:.2f} s")
     print(f"  ratio seeds / host path:       {seeds / c:.1f}x   (goal: <= 2 s and >= 10x)")
-    print(f"  CPU per target, host path:     hosts' side {per.get('host_remote')} ms (goal <= 30), "
-          f"inside the containers {per.get('host_inside')} ms, operator {per.get('host_operator')} ms")  # fmt: skip
-    print(f"  CPU per target, container path: hosts' side {per.get('inside_remote')} ms, inside the "
-          f"containers {per.get('inside_inside')} ms, operator {per.get('inside_operator')} ms")  # fmt: skip
-    print(f"  CPU per target, seeds' way:    hosts' side {per.get('seeds_remote')} ms, inside "
-          f"{per.get('seeds_inside')} ms")  # fmt: skip
-    print(f"  all CPU of a host-path check on {cores} cores: >= {floor} s; load average "
-          f"{load_before:.1f} -> {load_after:.1f}")  # fmt: skip
+    print(
+        f"  CPU per target, host path:     hosts' side {per.get('host_remote')} ms (goal <= 30), "
+        f"inside the containers {per.get('host_inside')} ms, operator {per.get('host_operator')} ms"
+    )
+    print(
+        f"  CPU per target, container path: hosts' side {per.get('inside_remote')} ms, inside the "
+        f"containers {per.get('inside_inside')} ms, operator {per.get('inside_operator')} ms"
+    )
+    print(
+        f"  CPU per target, seeds' way:    hosts' side {per.get('seeds_remote')} ms, inside "
+        f"{per.get('seeds_inside')} ms"
+    )
+    print(
+        f"  all CPU of a host-path check on {cores} cores: >= {floor} s; load average "
+        f"{load_before:.1f} -> {load_after:.1f}"
+    )
     if missed:
         print(f"  ({missed} target answers were missing over all timed runs; see stderr)")
-    fits = {k: slope([(p["targets"], p[k]) for p in scale if p[k] is not None])
-            for k in ("check_s", "operator_cpu_s", "remote_cpu_s")}  # fmt: skip
+    fits = {
+        k: slope([(p["targets"], p[k]) for p in scale if p[k] is not None])
+        for k in ("check_s", "operator_cpu_s", "remote_cpu_s")
+    }
     for p in scale:
-        print(f"  {p['targets']:4d} targets: check {p['check_s']:.2f} s, operator CPU "
-              f"{p['operator_cpu_s']:.2f} s, hosts' CPU {p['remote_cpu_s']} s")  # fmt: skip
+        print(
+            f"  {p['targets']:4d} targets: check {p['check_s']:.2f} s, operator CPU "
+            f"{p['operator_cpu_s']:.2f} s, hosts' CPU {p['remote_cpu_s']} s"
+        )
     if scale:
-        print(f"  slope per extra target: wall {fits['check_s']} s, operator CPU "
-              f"{fits['operator_cpu_s']} s, hosts' CPU {fits['remote_cpu_s']} s")  # fmt: skip
+        print(
+            f"  slope per extra target: wall {fits['check_s']} s, operator CPU "
+            f"{fits['operator_cpu_s']} s, hosts' CPU {fits['remote_cpu_s']} s"
+        )
     for tag, got in steady.items():
-        print(f"  steady orch {tag} at 2 s: operator {got['operator_pct_core']} % of a core, "
-              f"hosts {got['hosts_pct_core_per_host']} % of a core per host")  # fmt: skip
+        print(
+            f"  steady orch {tag} at 2 s: operator {got['operator_pct_core']} % of a core, "
+            f"hosts {got['hosts_pct_core_per_host']} % of a core per host"
+        )
     if args.json:
-        print(json.dumps({
-            "targets": n,
-            "hosts": args.hosts,
-            "isolation": isolation,
-            "concurrent_s": round(c, 3),
-            "seeds_sequential_s": round(seeds, 3),
-            "ratio": round(seeds / c, 2),
-            "cpu_ms_per_target": per.get("host_remote"),
-            "container_path_s": round(inside, 3),
-            "container_path_cpu_ms_per_target": per.get("inside_remote"),
-            "container_path_inside_cpu_ms_per_target": per.get("inside_inside"),
-            "host_path_inside_cpu_ms_per_target": per.get("host_inside"),
-            "operator_cpu_ms_per_target": per.get("host_operator"),
-            "seeds_cpu_ms_per_target": per.get("seeds_remote"),
-            "cpu_floor_s": floor,
-            "unreachable_seen": missed,
-            "cores": cores,
-            "pct_cpu_s": args.pct_cpu,
-            "scale": scale,
-            "slope_per_target": fits if scale else None,
-            "steady": steady or None,
-            "loadavg": [round(load_before, 2), round(load_after, 2)],
-        }))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "targets": n,
+                    "hosts": args.hosts,
+                    "isolation": isolation,
+                    "concurrent_s": round(c, 3),
+                    "seeds_sequential_s": round(seeds, 3),
+                    "ratio": round(seeds / c, 2),
+                    "cpu_ms_per_target": per.get("host_remote"),
+                    "container_path_s": round(inside, 3),
+                    "container_path_cpu_ms_per_target": per.get("inside_remote"),
+                    "container_path_inside_cpu_ms_per_target": per.get("inside_inside"),
+                    "host_path_inside_cpu_ms_per_target": per.get("host_inside"),
+                    "operator_cpu_ms_per_target": per.get("host_operator"),
+                    "seeds_cpu_ms_per_target": per.get("seeds_remote"),
+                    "cpu_floor_s": floor,
+                    "unreachable_seen": missed,
+                    "cores": cores,
+                    "pct_cpu_s": args.pct_cpu,
+                    "scale": scale,
+                    "slope_per_target": fits if scale else None,
+                    "steady": steady or None,
+                    "loadavg": [round(load_before, 2), round(load_after, 2)],
+                }
+            )
+        )
     return 0
 
 

@@ -42,22 +42,56 @@ from trainer.pipeline import RunOptions, Trainer  # noqa: E402
 
 TINY = ROOT / "trainer/configs/tiny-cpu.yaml"
 COPY_GPU = [
-    "target.vocab_size=256", "target.d_model=512", "target.n_layers=8", "target.copy_period=64",
-    "drafter.d_model=512", "drafter.n_layers=4", "drafter.n_heads=8", "drafter.d_ff=1536",
-    "drafter.block_size=8", "drafter.target_layers=[1,4,7]", "data.seq_len=512",
-    "data.prompt_len=64", "data.pool=256", "train.batch_size=16", "train.blocks_per_seq=16",
-    "train.eval_every=100", "train.eval_seqs=16", "train.log_every=50", "train.torch_threads=0",
-    "train.loss_decay_gamma=4.0", "train.lr=1.0e-3", "train.warmup_steps=20",
-]  # fmt: skip
+    "target.vocab_size=256",
+    "target.d_model=512",
+    "target.n_layers=8",
+    "target.copy_period=64",
+    "drafter.d_model=512",
+    "drafter.n_layers=4",
+    "drafter.n_heads=8",
+    "drafter.d_ff=1536",
+    "drafter.block_size=8",
+    "drafter.target_layers=[1,4,7]",
+    "data.seq_len=512",
+    "data.prompt_len=64",
+    "data.pool=256",
+    "train.batch_size=16",
+    "train.blocks_per_seq=16",
+    "train.eval_every=100",
+    "train.eval_seqs=16",
+    "train.log_every=50",
+    "train.torch_threads=0",
+    "train.loss_decay_gamma=4.0",
+    "train.lr=1.0e-3",
+    "train.warmup_steps=20",
+]
 LM_GPU = [
-    "target.kind=lm", "target.vocab_size=32000", "target.d_model=2048", "target.n_layers=8",
-    "target.n_heads=16", "target.d_ff=5632", "target.dtype=bfloat16", "drafter.d_model=2048",
-    "drafter.n_layers=2", "drafter.n_heads=16", "drafter.d_ff=5632", "drafter.block_size=16",
-    "drafter.target_layers=[1,3,5]", "data.seq_len=2048", "data.prompt_len=64", "data.pool=8",
-    "train.batch_size=4", "train.blocks_per_seq=32", "train.eval_every=10", "train.eval_seqs=2",
-    "train.eval_chunk_rows=16", "train.log_every=5", "train.grad_checkpoint=true",
-    "train.torch_threads=0", "train.loss_decay_gamma=7.0",
-]  # fmt: skip
+    "target.kind=lm",
+    "target.vocab_size=32000",
+    "target.d_model=2048",
+    "target.n_layers=8",
+    "target.n_heads=16",
+    "target.d_ff=5632",
+    "target.dtype=bfloat16",
+    "drafter.d_model=2048",
+    "drafter.n_layers=2",
+    "drafter.n_heads=16",
+    "drafter.d_ff=5632",
+    "drafter.block_size=16",
+    "drafter.target_layers=[1,3,5]",
+    "data.seq_len=2048",
+    "data.prompt_len=64",
+    "data.pool=8",
+    "train.batch_size=4",
+    "train.blocks_per_seq=32",
+    "train.eval_every=10",
+    "train.eval_seqs=2",
+    "train.eval_chunk_rows=16",
+    "train.log_every=5",
+    "train.grad_checkpoint=true",
+    "train.torch_threads=0",
+    "train.loss_decay_gamma=7.0",
+]
 DRY_LM = ["target.kind=lm", "target.dtype=bfloat16", "train.eval_every=5", "train.log_every=5"]
 LATCHED = {"util_pct": 100, "mem_used_mib": 0, "power_w": 110}
 """Seed 000's ghost (100 % busy, 0 MiB, no process): the dry run's proof the check can fire."""
@@ -65,10 +99,18 @@ IDLE_GPU = {
     "driver_version": "570.124.06",
     "cuda_driver_version": 12080,
     "devices": [
-        {"index": 0, "name": "NVIDIA H200", "util_pct": 0, "mem_used_mib": 1,
-         "mem_total_mib": 143771, "power_w": 75, "power_limit_w": 700, "processes": []},
+        {
+            "index": 0,
+            "name": "NVIDIA H200",
+            "util_pct": 0,
+            "mem_used_mib": 1,
+            "mem_total_mib": 143771,
+            "power_w": 75,
+            "power_limit_w": 700,
+            "processes": [],
+        },
     ],
-}  # fmt: skip
+}
 
 
 def train(overrides: list[str], steps: int, device: str) -> dict[str, Any]:
@@ -140,18 +182,32 @@ def nvml_path(
         env = orch_env(dry_run, Path(tmp), scenario)
         t0 = time.monotonic()
         snap = subprocess.run(
-            [sys.executable, "-c", "from orchestrator.cli import main; main()", "snapshot",
-             "local", "--json"],
-            env=env, capture_output=True, text=True, timeout=120, check=False,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-c",
+                "from orchestrator.cli import main; main()",
+                "snapshot",
+                "local",
+                "--json",
+            ],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         snapshot_s = time.monotonic() - t0
         if snap.returncode != 0:
             return {"snapshot_rc": snap.returncode, "snapshot_error": snap.stderr.strip()[-400:]}
         doc = json.loads(snap.stdout)
         ghost = subprocess.run(
             [sys.executable, "-c", GHOST, str(samples), str(interval_s)],
-            env=env, capture_output=True, text=True, timeout=300, check=False,
-        )  # fmt: skip
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=300,
+            check=False,
+        )
         if ghost.returncode != 0:
             return {"snapshot_rc": 0, "ghost_error": ghost.stderr.strip()[-400:]}
         check = json.loads(ghost.stdout.strip().splitlines()[-1])

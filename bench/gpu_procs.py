@@ -47,8 +47,10 @@ def main() -> int:
     args = ap.parse_args()
     kids = [subprocess.Popen(["sleep", "600"]) for _ in range(args.n)]
     try:
-        samples = tuple(GpuSample(i, processes=(GpuProcess(k.pid, used_memory_mib=1024.0),))
-                        for i, k in enumerate(kids))  # fmt: skip
+        samples = tuple(
+            GpuSample(i, processes=(GpuProcess(k.pid, used_memory_mib=1024.0),))
+            for i, k in enumerate(kids)
+        )
         cold = [_cpu_ms(lambda: ProcDetails().fill(samples)) for _ in range(args.repeat)]
         warm_reader = ProcDetails()
         warm_reader.fill(samples)

@@ -159,8 +159,11 @@ def tmux_figures(n: int) -> dict[str, float]:
     saved = os.environ.get("TMUX_TMPDIR")
     os.environ["TMUX_TMPDIR"] = tempfile.mkdtemp(prefix="orch-bench-tmux-")
     try:
-        subprocess.run(["tmux", "new-session", "-d", "-s", "obs", "sh", "-c",
-                        "seq 1 50; sleep 600"], check=True, timeout=10)  # fmt: skip
+        subprocess.run(
+            ["tmux", "new-session", "-d", "-s", "obs", "sh", "-c", "seq 1 50; sleep 600"],
+            check=True,
+            timeout=10,
+        )
         reader = agent_tmux.TmuxReader()
         server = agent_tmux._server()  # libtmux imported once here, as a launch does
 
@@ -195,8 +198,12 @@ def tmux_figures(n: int) -> dict[str, float]:
         env["PYTHONPATH"] += os.pathsep + site  # -S: the bundle puts libtmux on sys.path itself
         base = [_process_ms("pass", env) for _ in range(n)]
         imp = [_process_ms("import libtmux", env) for _ in range(n)]
-        obs = [_process_ms("from orchestrator.agent.tmux import TmuxReader; "
-                           "TmuxReader().state('obs', 8)", env) for _ in range(n)]  # fmt: skip
+        obs = [
+            _process_ms(
+                "from orchestrator.agent.tmux import TmuxReader; TmuxReader().state('obs', 8)", env
+            )
+            for _ in range(n)
+        ]
         subprocess.run(["tmux", "kill-server"], check=False, timeout=10)
     finally:
         if saved is None:
@@ -277,19 +284,30 @@ def host_path_figures(n: int, interval_s: float) -> dict[str, float]:
     finally:
         close_all()
         manager.down(state)
-    print(f"(e) host    next stream line, 1 container           : median "
-          f"{out['host_stream_1_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_1']} ms a line)")  # fmt: skip
-    print(f"            next stream line, 8 containers          : median "
-          f"{out['host_stream_8_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_8']} ms a line, "
-          f"{out['host_cpu_ms_8'] / 8:.2f} ms a container)")  # fmt: skip
+    print(
+        f"(e) host    next stream line, 1 container           : median "
+        f"{out['host_stream_1_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_1']} ms a line)"
+    )
+    print(
+        f"            next stream line, 8 containers          : median "
+        f"{out['host_stream_8_ms']:8.1f} ms (observer CPU {out['host_cpu_ms_8']} ms a line, "
+        f"{out['host_cpu_ms_8'] / 8:.2f} ms a container)"
+    )
     return out
 
 
 def _agent(tree: Path, args: list[str], env: dict[str, str]) -> list[str]:
     """``python -m orchestrator.agent ARGS`` from ``tree`` (its own ``orchestrator``)."""
     env = {**env, "PYTHONPATH": str(tree)}
-    out = subprocess.run([sys.executable, "-m", "orchestrator.agent", *args], cwd=tree, env=env,
-                         capture_output=True, text=True, timeout=120, check=True)  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-m", "orchestrator.agent", *args],
+        cwd=tree,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    )
     return out.stdout.splitlines()
 
 
@@ -309,8 +327,12 @@ def compare_agents(rev: str, n: int, interval_s: float) -> dict[str, object]:
     tmp = Path(tempfile.mkdtemp(prefix="orch-bench-compare-"))
     base = tmp / "base"
     base.mkdir()
-    archive = subprocess.run(["git", "-C", str(root), "archive", rev, "orchestrator"],
-                             capture_output=True, check=True, timeout=60).stdout  # fmt: skip
+    archive = subprocess.run(
+        ["git", "-C", str(root), "archive", rev, "orchestrator"],
+        capture_output=True,
+        check=True,
+        timeout=60,
+    ).stdout
     subprocess.run(["tar", "-x", "-C", str(base)], input=archive, check=True, timeout=60)
     trees = {"base": base, "this": root}
     state = tmp / "sandbox"
@@ -327,8 +349,15 @@ def compare_agents(rev: str, n: int, interval_s: float) -> dict[str, object]:
         env = {**os.environ, **manager.host_env(info.state_dir)}
         env["TMUX_TMPDIR"] = str(info.container_root(200) / "tmp")
         obs = ["--workdir", workdir]
-        stream = ["stream", *obs, "--interval", str(interval_s), "--ignore-stdin",
-                  "--count", str(per_round + 2)]  # fmt: skip
+        stream = [
+            "stream",
+            *obs,
+            "--interval",
+            str(interval_s),
+            "--ignore-stdin",
+            "--count",
+            str(per_round + 2),
+        ]
         for tree in trees.values():  # warm the page cache and the bytecode of both
             _agent(tree, ["snapshot", *obs], env)
         for r in range(rounds):
@@ -337,8 +366,9 @@ def compare_agents(rev: str, n: int, interval_s: float) -> dict[str, object]:
                 docs = [json.loads(x) for x in lines]
                 assert all(len(d["gpus"]) == 8 and d["metrics"] for d in docs), docs[-1]
                 cpu[name] += [d["cost"]["cpu_ms"] for d in docs]
-                proc[name] += [_snapshot_process_cpu_ms(trees[name], obs, env)
-                               for _ in range(max(3, n // 6))]  # fmt: skip
+                proc[name] += [
+                    _snapshot_process_cpu_ms(trees[name], obs, env) for _ in range(max(3, n // 6))
+                ]
         load.append(os.getloadavg())
     finally:
         close_all()
@@ -357,13 +387,19 @@ def compare_agents(rev: str, n: int, interval_s: float) -> dict[str, object]:
         "loadavg_before": [round(x, 2) for x in load[0]],
         "loadavg_after": [round(x, 2) for x in load[-1]],
     }
-    print(f"(f) agent CPU per snapshot, interleaved, {rounds} rounds ({fig['stream_lines_each']} "
-          f"stream lines, {fig['processes_each']} snapshot processes each)")  # fmt: skip
-    print(f"            stream   {rev:>10}: median {fig['agent_cpu_ms_base']:7.3f} ms   this tree: "
-          f"{fig['agent_cpu_ms_this']:7.3f} ms   ratio {fig['agent_cpu_ratio']:.3f}")  # fmt: skip
-    print(f"            snapshot {rev:>10}: median {fig['agent_process_cpu_ms_base']:7.1f} ms   "
-          f"this tree: {fig['agent_process_cpu_ms_this']:7.1f} ms   ratio "
-          f"{fig['agent_process_cpu_ratio']:.3f}")  # fmt: skip
+    print(
+        f"(f) agent CPU per snapshot, interleaved, {rounds} rounds ({fig['stream_lines_each']} "
+        f"stream lines, {fig['processes_each']} snapshot processes each)"
+    )
+    print(
+        f"            stream   {rev:>10}: median {fig['agent_cpu_ms_base']:7.3f} ms   this tree: "
+        f"{fig['agent_cpu_ms_this']:7.3f} ms   ratio {fig['agent_cpu_ratio']:.3f}"
+    )
+    print(
+        f"            snapshot {rev:>10}: median {fig['agent_process_cpu_ms_base']:7.1f} ms   "
+        f"this tree: {fig['agent_process_cpu_ms_this']:7.1f} ms   ratio "
+        f"{fig['agent_process_cpu_ratio']:.3f}"
+    )
     print(f"            load average before {fig['loadavg_before']}, after {fig['loadavg_after']}")
     return fig
 
@@ -375,8 +411,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print one JSON object last")
     ap.add_argument("--tmux-only", action="store_true", help="only (d): raw tmux vs libtmux")
     ap.add_argument("--host-only", action="store_true", help="only (e): the host observer")
-    ap.add_argument("--compare", metavar="REV", default=None,
-                    help="only (f): this tree's agent CPU against REV's, interleaved")  # fmt: skip
+    ap.add_argument(
+        "--compare",
+        metavar="REV",
+        default=None,
+        help="only (f): this tree's agent CPU against REV's, interleaved",
+    )
     args = ap.parse_args(argv)
     n = max(args.n, 30)
     if args.compare:

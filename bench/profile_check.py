@@ -71,7 +71,7 @@ HOST_RULES: list[Rule] = [
     (
         "files through the container root",
         _in("agent/rootfs.py", "agent/runfacts.py", "agent/rundir.py", "wire/progress"),
-    ),  # fmt: skip
+    ),
     ("container view (rest)", _in("agent/containerview.py")),
     ("JSON encode + write", _fn("_emit", "document_json", "to_dict")),
     ("observer (rest)", _in("agent/host.py", "agent/__main__.py")),
@@ -94,12 +94,12 @@ OPERATOR_RULES: list[Rule] = [
             "connect",
             "start_client",
         ),
-    ),  # fmt: skip
+    ),
     ("SSH channel I/O (paramiko)", _in("paramiko")),
     (
         "JSON decode + documents",
         _fn("loads", "from_dict", "parse_host_document", "parse_answer", "parse_document"),
-    ),  # fmt: skip
+    ),
     ("detectors", _in("orchestrator/detect/")),
     ("SQLite (history)", _in("monitor/history.py", "sqlite3")),
     ("config (hosts.yaml)", _in("orchestrator/config/", "yaml/")),
@@ -169,9 +169,12 @@ def wrap_children() -> None:
 
     def run(argv, *a, **kw):  # type: ignore[no-untyped-def]
         tool = os.path.basename(str(argv[0] if isinstance(argv, (list, tuple)) else argv))
-        label = {"pct": "children: pct", "journalctl": "children: journalctl/dmesg",
-                 "dmesg": "children: journalctl/dmesg",
-                 "lxc-info": "children: lxc-info"}.get(tool, "children: other")  # fmt: skip
+        label = {
+            "pct": "children: pct",
+            "journalctl": "children: journalctl/dmesg",
+            "dmesg": "children: journalctl/dmesg",
+            "lxc-info": "children: lxc-info",
+        }.get(tool, "children: other")
         ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
         try:
             return real(argv, *a, **kw)
@@ -210,8 +213,11 @@ def inner_host(argv: list[str]) -> int:
         ms[k] = ms.get(k, 0.0) + v
     total = (time.process_time() - cpu0) * 1000 + sum(CHILD_MS.values())
     sys.stdout.write(out.getvalue())
-    sys.stderr.write("\nPROFILE " + json.dumps({"ms": ms, "total_ms": total, "calls": CHILD_CALLS,
-                                                 "rc": rc}) + "\n")  # fmt: skip
+    sys.stderr.write(
+        "\nPROFILE "
+        + json.dumps({"ms": ms, "total_ms": total, "calls": CHILD_CALLS, "rc": rc})
+        + "\n"
+    )
     return 0
 
 
@@ -240,8 +246,9 @@ def startup_ms(argv: list[str], n: int = 5) -> float:
 
 def import_ms(argv: list[str]) -> tuple[float, list[tuple[str, float]]]:
     """``-X importtime``: the total and the heaviest top-level imports (ms, cumulative)."""
-    res = subprocess.run([sys.executable, "-X", "importtime", *argv], capture_output=True,
-                         text=True, cwd=ROOT)  # fmt: skip
+    res = subprocess.run(
+        [sys.executable, "-X", "importtime", *argv], capture_output=True, text=True, cwd=ROOT
+    )
     top: list[tuple[str, float]] = []
     for line in res.stderr.splitlines():
         m = re.match(r"import time:\s+\d+ \|\s+(\d+) \| ( *)(\S+)", line)
@@ -256,9 +263,12 @@ def host_run(state_dir: Path, args: list[str], env: dict[str, str]) -> dict:
     del HOST_BOOT  # the boot's checks run on a real host; the profile runs the checkout
     p = subprocess.run(
         [sys.executable, "-S", str(Path(__file__).resolve()), "--inner-host", *args],
-        capture_output=True, text=True, env={**env, "PYTHONPATH": str(ROOT)}, cwd=state_dir,
+        capture_output=True,
+        text=True,
+        env={**env, "PYTHONPATH": str(ROOT)},
+        cwd=state_dir,
         timeout=300,
-    )  # fmt: skip
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("PROFILE ")]
     if not lines:
         raise SystemExit(f"host observer failed: {p.stderr[-2000:]}")
@@ -291,8 +301,14 @@ def operator_run(config: Path, db: Path) -> dict:
         "sys.stderr.write('\\nPROFILE ' + json.dumps({'ms': ms, 'total_ms': "
         "(time.process_time() - c0) * 1000, 'out': out.getvalue()[-20000:]}) + '\\n')\n"
     )
-    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT,
-                       timeout=300, env={**os.environ, "PYTHONPATH": str(ROOT)})  # fmt: skip
+    p = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     lines = [ln for ln in p.stderr.splitlines() if ln.startswith("PROFILE ")]
     if not lines:
         raise SystemExit(f"orch check failed: {p.stderr[-2000:]}")
@@ -330,8 +346,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--containers", type=int, default=8)
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--isolation", choices=("auto", "lxc", "process"), default="auto")
-    ap.add_argument("--pct-cpu", type=float, default=0.3,
-                    help="CPU seconds each pct stand-in call spends (a real pct's Perl start-up)")  # fmt: skip
+    ap.add_argument(
+        "--pct-cpu",
+        type=float,
+        default=0.3,
+        help="CPU seconds each pct stand-in call spends (a real pct's Perl start-up)",
+    )
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--markdown", action="store_true", help="the tables as markdown (for docs)")
     args = ap.parse_args(argv)
@@ -345,8 +365,9 @@ def main(argv: list[str] | None = None) -> int:
     work = Path(tempfile.mkdtemp(prefix="orch-profile-"))
     state = work / "host"
     try:
-        info = manager.up(state, containers=args.containers, gpus=8, scenario="idle",
-                          isolation=args.isolation)  # fmt: skip
+        info = manager.up(
+            state, containers=args.containers, gpus=8, scenario="idle", isolation=args.isolation
+        )
         (state / "pct_cpu_s").write_text(f"{args.pct_cpu}\n")  # read by every pct call
         config = state / "hosts.yaml"
         inv = load_inventory(config)
@@ -356,8 +377,20 @@ def main(argv: list[str] | None = None) -> int:
 
         for name in names:
             c = inv.container(name)
-            Target(inv, name).agent(["launch", "--workdir", c.workdir, "--session", c.session,
-                                     "--cmd", TRAINER, "--no-recorder", "--force"], timeout=120)  # fmt: skip
+            Target(inv, name).agent(
+                [
+                    "launch",
+                    "--workdir",
+                    c.workdir,
+                    "--session",
+                    c.session,
+                    "--cmd",
+                    TRAINER,
+                    "--no-recorder",
+                    "--force",
+                ],
+                timeout=120,
+            )
         close_all()
         env = session_env(state)
         link = HostLink(inv, inv.container(names[0]).host, names)
@@ -392,13 +425,25 @@ def main(argv: list[str] | None = None) -> int:
             manager.down(state)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    out: dict = {"containers": n, "isolation": info.isolation, "pct_cpu_s": args.pct_cpu,
-                 "repeat": args.repeat, "loadavg": [round(x, 2) for x in load]}  # fmt: skip
-    for tag, runs, start in (("host_cold_pct", by_pct, py_host), ("host_cold", cold, py_host),
-                             ("host_warm", warm, py_host), ("operator", oper, py_op)):  # fmt: skip
+    out: dict = {
+        "containers": n,
+        "isolation": info.isolation,
+        "pct_cpu_s": args.pct_cpu,
+        "repeat": args.repeat,
+        "loadavg": [round(x, 2) for x in load],
+    }
+    for tag, runs, start in (
+        ("host_cold_pct", by_pct, py_host),
+        ("host_cold", cold, py_host),
+        ("host_warm", warm, py_host),
+        ("operator", oper, py_op),
+    ):
         rows, total = medians(runs, n, {"interpreter start": start})
-        out[tag] = {"total_ms": round(total, 1), "ms_per_container": round(total / n, 2),
-                    "rows": rows}  # fmt: skip
+        out[tag] = {
+            "total_ms": round(total, 1),
+            "ms_per_container": round(total / n, 2),
+            "rows": rows,
+        }
         if tag.startswith("host"):
             out[tag]["child_calls"] = runs[-1]["calls"]
             out[tag]["running_seen"] = statistics.median(r["containers_seen"] for r in runs)
@@ -406,21 +451,26 @@ def main(argv: list[str] | None = None) -> int:
             out[tag]["reachable"] = statistics.median(r["reachable"] for r in runs)
     out["operator_import_ms"] = round(imp_total, 1)
     out["operator_import_top"] = [[k, round(v, 1)] for k, v in imp_top]
-    print(f"one check over {n} {info.isolation} containers on one host, pct stand-in "
-          f"{args.pct_cpu:g} s CPU a call, medians of {args.repeat}, load average "
-          f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")  # fmt: skip
-    for tag, title in (("host_cold_pct", "host observer, cold, asking pct (LXC unknown)"),
-                       ("host_cold", "host observer, cold (first check: no kept init PIDs)"),
-                       ("host_warm", "host observer, warm (every later check)"),
-                       ("operator", "operator (orch check --json, one process)")):  # fmt: skip
+    print(
+        f"one check over {n} {info.isolation} containers on one host, pct stand-in "
+        f"{args.pct_cpu:g} s CPU a call, medians of {args.repeat}, load average "
+        f"{load[0]:.2f} {load[1]:.2f} {load[2]:.2f}"
+    )
+    for tag, title in (
+        ("host_cold_pct", "host observer, cold, asking pct (LXC unknown)"),
+        ("host_cold", "host observer, cold (first check: no kept init PIDs)"),
+        ("host_warm", "host observer, warm (every later check)"),
+        ("operator", "operator (orch check --json, one process)"),
+    ):
         print()
         print_table(title, out[tag]["rows"], out[tag]["total_ms"], n)
         if "child_calls" in out[tag]:
             print(f"  child processes: {out[tag]['child_calls'] or 'none'}")
     print()
-    print(f"operator imports (python -X importtime -c 'import orchestrator.cli'): "
-          f"{imp_total:.0f} ms; heaviest: "
-          + ", ".join(f"{k} {v:.0f}" for k, v in imp_top))  # fmt: skip
+    print(
+        f"operator imports (python -X importtime -c 'import orchestrator.cli'): "
+        f"{imp_total:.0f} ms; heaviest: " + ", ".join(f"{k} {v:.0f}" for k, v in imp_top)
+    )
     if args.markdown:
         print()
         print(markdown(out))
@@ -435,8 +485,10 @@ def markdown(out: dict) -> str:
     labels = []
     for tag in tags:
         labels += [r["bucket"] for r in out[tag]["rows"] if r["bucket"] not in labels]
-    lines = ["| bucket | host, cold, by pct | host, cold | host, warm | operator |",
-             "|---|---:|---:|---:|---:|"]  # fmt: skip
+    lines = [
+        "| bucket | host, cold, by pct | host, cold | host, warm | operator |",
+        "|---|---:|---:|---:|---:|",
+    ]
     for label in labels:
         cells = []
         for tag in tags:

@@ -65,24 +65,39 @@ def main() -> None:
         silent = [re.sub(r"\d", "x", x) for x in lines]
         us = _median_us(lambda x, r=reader: read_line(x, r), lines, args.repeat)
         quiet = _median_us(lambda x, r=reader: read_line(x, r), silent, args.repeat)
-        readers[name] = {"us_per_line": round(us, 2), "us_per_silent_line": round(quiet, 2),
-                         "lines": len(lines)}  # fmt: skip
+        readers[name] = {
+            "us_per_line": round(us, 2),
+            "us_per_silent_line": round(quiet, 2),
+            "lines": len(lines),
+        }
         print(f"{name:<16} {len(lines):>5} {us:>9.2f} {quiet:>10.2f}")
     every = [x for c in cases for x in c.lines]
     parser = ProgressParser()
     feed = _median_us(parser.feed, every, args.repeat)
     trainer = _median_us(ProgressParser().feed, [TRAINER_LINE], args.repeat)
-    print(f"follow a log (ProgressParser.feed), all corpus lines: {feed:.2f} us/line; "
-          f"the bundled trainer's line: {trainer:.2f} us/line")  # fmt: skip
+    print(
+        f"follow a log (ProgressParser.feed), all corpus lines: {feed:.2f} us/line; "
+        f"the bundled trainer's line: {trainer:.2f} us/line"
+    )
     right = {}
     for label, root in (("corpus", None), ("heldout", HELDOUT), ("heldout2", HELDOUT2)):
         s = score(cases if root is None else load(root))
         right[label] = {k: s[k] for k in ("n", "step", "loss", "throughput")}
-        print(f"{label}: step {s['step']}/{s['n']}, loss {s['loss']}/{s['n']}, "
-              f"throughput {s['throughput']}/{s['n']}")  # fmt: skip
+        print(
+            f"{label}: step {s['step']}/{s['n']}, loss {s['loss']}/{s['n']}, "
+            f"throughput {s['throughput']}/{s['n']}"
+        )
     if args.json:
-        print(json.dumps({"readers": readers, "feed_us_per_line": round(feed, 2),
-                          "trainer_feed_us_per_line": round(trainer, 2), "score": right}))  # fmt: skip
+        print(
+            json.dumps(
+                {
+                    "readers": readers,
+                    "feed_us_per_line": round(feed, 2),
+                    "trainer_feed_us_per_line": round(trainer, 2),
+                    "score": right,
+                }
+            )
+        )
 
 
 if __name__ == "__main__":

@@ -30,8 +30,10 @@ def main() -> None:
     args = ap.parse_args()
     s = score_cli(load(Path(args.dir)))
     n = s["n"]
-    print(f"step {s['step']}/{n}  loss {s['loss']}/{n}  throughput {s['throughput']}/{n}  "
-          f"reader as labelled {s['frameworks']}/{n}")  # fmt: skip
+    print(
+        f"step {s['step']}/{n}  loss {s['loss']}/{n}  throughput {s['throughput']}/{n}  "
+        f"reader as labelled {s['frameworks']}/{n}"
+    )
     for m in s["misses"]:  # type: ignore[attr-defined]
         print(f"  miss: {m}")
     if args.json:

@@ -49,13 +49,13 @@ ENTRIES = (
         "The whole loop in a minute; `orch demo` itself is run "
         "end to end by tests/firstrun/test_demo.py.",
         with_config=False,
-    ),  # fmt: skip
+    ),
     Entry(
         "sandbox",
         ("sandbox", "status", "--dir", "{state}"),
         "What runs in a sandbox.",
         with_config=False,
-    ),  # fmt: skip
+    ),
     Entry("hosts", ("hosts",), "The inventory, validated."),
     Entry("doctor", ("doctor", "ct200"), "The operator side and the path to a container."),
     Entry("facts", ("facts", "ct200"), "What the container offers (deploys the agent)."),
@@ -69,20 +69,20 @@ ENTRIES = (
         ("watch", "--plain", "--interval", "1"),
         "Plain lines (not a terminal); stopped with Ctrl-C after 6 s here.",
         run_for_s=6.0,
-    ),  # fmt: skip
+    ),
     Entry("check", ("check",), "For cron and Nagios: exit 0/1/2/3."),
     Entry(
         "supervise",
         ("supervise", "--help"),
         "Long-running: restarts dead runs its restart: policy and their playbooks allow "
         "(docs/self-healing.md; run end to end by tests/heal/test_heal_e2e.py).",
-    ),  # fmt: skip
+    ),
     Entry(
         "export",
         ("export", "--textfile", "{state}/orch.prom"),
         "Prometheus metrics, once, into a node_exporter textfile (shown below the command).",
         show_file="{state}/orch.prom",
-    ),  # fmt: skip
+    ),
     Entry("stop", ("stop", "ct200"), "SIGINT, then SIGTERM, then SIGKILL after the grace."),
     Entry(
         "postmortem", ("postmortem", "ct200", "--out", "{state}/pm"), "The stopped run explained."
@@ -122,16 +122,29 @@ def run_one(entry: Entry, config: Path, state: Path, env: dict[str, str]) -> tup
     args = [a.replace("{state}", str(state)) for a in entry.args]
     argv = ORCH + (["-c", str(config)] if entry.with_config else []) + args
     if entry.run_for_s is None:
-        proc = subprocess.run(argv, capture_output=True, text=True, env=env, timeout=300,
-                              stdin=subprocess.DEVNULL, check=False)  # fmt: skip
+        proc = subprocess.run(
+            argv,
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=300,
+            stdin=subprocess.DEVNULL,
+            check=False,
+        )
         out = proc.stdout + proc.stderr
         if entry.show_file:
             path = Path(entry.show_file.replace("{state}", str(state)))
             if path.is_file():
                 out += f"$ cat {path}\n" + path.read_text()
         return out, proc.returncode
-    with subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                          env=env, stdin=subprocess.DEVNULL) as proc:  # fmt: skip
+    with subprocess.Popen(
+        argv,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        env=env,
+        stdin=subprocess.DEVNULL,
+    ) as proc:
         time.sleep(entry.run_for_s)
         proc.send_signal(signal.SIGINT)
         out, _ = proc.communicate(timeout=30)
@@ -143,8 +156,13 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "docs" / "commands.md")
     args = ap.parse_args(argv)
     state = Path(tempfile.mkdtemp(prefix="orch-docs-", dir="/tmp")) / "sb"
-    env = {**os.environ, "COLUMNS": "100", "NO_COLOR": "1", "TERM": "dumb",
-           "ORCH_STATE_DIR": str(state / "orch-state")}  # fmt: skip
+    env = {
+        **os.environ,
+        "COLUMNS": "100",
+        "NO_COLOR": "1",
+        "TERM": "dumb",
+        "ORCH_STATE_DIR": str(state / "orch-state"),
+    }
     manager.up(state, containers=1, gpus=8, scenario="idle")
     parts = [
         "# orch commands, with real output\n",
@@ -159,8 +177,10 @@ def main(argv: list[str] | None = None) -> int:
             out, code = run_one(e, config, state, env)
             shown = " ".join(e.args).replace("{state}", "$SANDBOX")
             prefix = "orch -c $SANDBOX/demo.yaml " if e.with_config else "orch "
-            parts.append(f"\n## {e.section}\n\n{e.note}\n\n```console\n$ {prefix}{shown}\n"
-                         f"{clip(sanitize(out, state))}\n```\nexit code {code}\n")  # fmt: skip
+            parts.append(
+                f"\n## {e.section}\n\n{e.note}\n\n```console\n$ {prefix}{shown}\n"
+                f"{clip(sanitize(out, state))}\n```\nexit code {code}\n"
+            )
             print(f"{e.section:<11} exit {code}", file=sys.stderr)
     finally:
         manager.down(state)

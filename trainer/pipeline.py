@@ -298,9 +298,13 @@ class Trainer:
         self.done_step = step
         tau = self._advance_tau(step)
         self.reporter.on_step(
-            step, float(total[-2]), float(total[-1]), lr, tau=tau,
+            step,
+            float(total[-2]),
+            float(total[-1]),
+            lr,
+            tau=tau,
             nonfinite_steps=self.nonfinite_total,
-        )  # fmt: skip
+        )
         if step % self.cfg.train.ckpt_every == 0:
             self.save(step)
 

@@ -363,8 +363,11 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
         help="limit per host command (s)",
     )
     p.add_argument("--proc-root", default=None, help="/proc to map PIDs in (env ORCH_PROC_ROOT)")
-    p.add_argument("--previous-boot", action="store_true",
-                   help="also the kernel log of the boot before this one (journalctl -b -1)")  # fmt: skip
+    p.add_argument(
+        "--previous-boot",
+        action="store_true",
+        help="also the kernel log of the boot before this one (journalctl -b -1)",
+    )
     _gpu_opts(p)
     p.set_defaults(func=cmd_probe)
 
@@ -375,8 +378,11 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
         ("host-stream", cmd_host_stream, "HOST side: one document per interval until stdin closes"),
     ):
         p = sub.add_parser(name, help=what)
-        p.add_argument("--containers", required=True, help="JSON list of {name, vmid, workdir, "
-                       "session, log_patterns, run_id, offset}")  # fmt: skip
+        p.add_argument(
+            "--containers",
+            required=True,
+            help="JSON list of {name, vmid, workdir, session, log_patterns, run_id, offset}",
+        )
         p.add_argument("--host", default=host("host"), help="name recorded in the document")
         p.add_argument("--since", type=float, default=None, help="kernel lines since (Unix s)")
         p.add_argument("--cursor", default=None, help="kernel lines after this journal cursor")

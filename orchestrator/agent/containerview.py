@@ -152,8 +152,9 @@ def session_state(
             server = None
     running = server is not None
     if wrapper is not None and wrapper.state != "Z":
-        return SessionState(name, True, server_running=running, pane_dead=False,
-                            pane_pid=wrapper.inner)  # fmt: skip
+        return SessionState(
+            name, True, server_running=running, pane_dead=False, pane_pid=wrapper.inner
+        )
     if not running:
         return SessionState(name, False, server_running=False)
     status = run.exit_status if run is not None else None
@@ -260,8 +261,13 @@ class ContainerView:
         knows the host's GPUs). Never raises for what it finds."""
         errors: list[str] = []
         if self.status != "running" or self.files.root is None:
-            return Snapshot(target=self.name, taken_at=now, container_status=self.status or "unknown",
-                            vmid=self.vmid, source="host")  # fmt: skip
+            return Snapshot(
+                target=self.name,
+                taken_at=now,
+                container_status=self.status or "unknown",
+                vmid=self.vmid,
+                source="host",
+            )
         table = self.read_table()
         run, nbytes = self.runs.read(now, errors)
         wrapper = pgid = own = None

@@ -170,9 +170,18 @@ class _Gpu:
     """One GPU: its identity (learned once), its own worker, the workers stuck in it."""
 
     __slots__ = (
-        "index", "handle", "uuid", "name", "pci", "minor", "total_mib", "worker", "stuck",
-        "hang_since", "nvlink",
-    )  # fmt: skip
+        "index",
+        "handle",
+        "uuid",
+        "name",
+        "pci",
+        "minor",
+        "total_mib",
+        "worker",
+        "stuck",
+        "hang_since",
+        "nvlink",
+    )
 
     def __init__(self, index: int) -> None:
         self.index = index
@@ -418,9 +427,10 @@ class GpuCollector:
                     f"GetPciInfo(GPU {g.index})",
                 )
                 g.minor = self._field(
-                    worker, lambda: int(nv.nvmlDeviceGetMinorNumber(g.handle)),
+                    worker,
+                    lambda: int(nv.nvmlDeviceGetMinorNumber(g.handle)),
                     f"GetMinorNumber(GPU {g.index})",
-                )  # fmt: skip
+                )
             except nv.NVMLError:
                 pass  # read below: the reading reports the device's error
         sample = self._read_device(worker, g.handle, g.index, g.uuid, g.name)

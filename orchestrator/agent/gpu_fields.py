@@ -45,17 +45,24 @@ def read_more(
         "mem": ("GetClockInfo", lambda: nv.nvmlDeviceGetClockInfo(h, NVML_CLOCK_MEM)),
         "limit": ("GetEnforcedPowerLimit", lambda: nv.nvmlDeviceGetEnforcedPowerLimit(h)),
         "pstate": ("GetPerformanceState", lambda: nv.nvmlDeviceGetPerformanceState(h)),
-        "energy": ("GetTotalEnergyConsumption",
-                   lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
+        "energy": ("GetTotalEnergyConsumption", lambda: nv.nvmlDeviceGetTotalEnergyConsumption(h)),
         "replay": ("GetPcieReplayCounter", lambda: nv.nvmlDeviceGetPcieReplayCounter(h)),
         "rows": ("GetRemappedRows", lambda: nv.nvmlDeviceGetRemappedRows(h)),
         "mem2": ("GetMemoryInfo_v2", lambda: nv.nvmlDeviceGetMemoryInfo(h, version=NVML_MEMORY_V2)),
         "enc": ("GetEncoderUtilization", lambda: nv.nvmlDeviceGetEncoderUtilization(h)),
         "dec": ("GetDecoderUtilization", lambda: nv.nvmlDeviceGetDecoderUtilization(h)),
-        "fields": ("GetFieldValues", lambda: nv.nvmlDeviceGetFieldValues(h, [
-            NVML_FI_DEV_MEMORY_TEMP, (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
-            (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS)])),
-    }  # fmt: skip
+        "fields": (
+            "GetFieldValues",
+            lambda: nv.nvmlDeviceGetFieldValues(
+                h,
+                [
+                    NVML_FI_DEV_MEMORY_TEMP,
+                    (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_RX, ALL_LINKS),
+                    (NVML_FI_DEV_NVLINK_THROUGHPUT_DATA_TX, ALL_LINKS),
+                ],
+            ),
+        ),
+    }
     got = {k: field(call, f"{step}(GPU {index})") for k, (step, call) in calls.items()}
     rows, mem2, enc, dec, fields = got["rows"], got["mem2"], got["enc"], got["dec"], got["fields"]
     values: list[int | float | None] = (

@@ -142,10 +142,16 @@ SMI_MORE_FIELDS = (
 )
 """dcgm-exporter's default fields that ``--query-gpu`` gives too (``nvidia-smi --help-query-gpu``)."""
 _MORE = [
-    ("sm_clock_mhz", float), ("mem_clock_mhz", float), ("power_limit_w", float),
-    ("pstate", int), ("mem_copy_util_pct", float), ("memory_temp_c", float),
-    ("memory_reserved_mib", float), ("encoder_util_pct", float), ("decoder_util_pct", float),
-]  # fmt: skip
+    ("sm_clock_mhz", float),
+    ("mem_clock_mhz", float),
+    ("power_limit_w", float),
+    ("pstate", int),
+    ("mem_copy_util_pct", float),
+    ("memory_temp_c", float),
+    ("memory_reserved_mib", float),
+    ("encoder_util_pct", float),
+    ("decoder_util_pct", float),
+]
 
 
 SMI_APP_FIELDS = "gpu_uuid,pid,used_memory,process_name"

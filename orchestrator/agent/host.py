@@ -234,8 +234,13 @@ def run_tool(argv: Sequence[str], timeout_s: float) -> tuple[int | None, str]:
     import subprocess
 
     try:
-        p = subprocess.run(list(argv), capture_output=True, timeout=timeout_s, check=False,
-                           stdin=subprocess.DEVNULL)  # fmt: skip
+        p = subprocess.run(
+            list(argv),
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
+            stdin=subprocess.DEVNULL,
+        )
     except (OSError, subprocess.TimeoutExpired) as exc:
         return None, f"{argv[0]}: {exc}"
     text = (p.stdout if p.returncode == 0 else p.stderr or p.stdout).decode("utf-8", "replace")
@@ -278,8 +283,16 @@ class HostObserver:
         self.mounts = CgroupMounts(proc)
         self.views: dict[int, ContainerView] = {}
         for s in specs:
-            v = ContainerView(s.name, s.vmid, s.workdir, s.session, mounts=self.mounts,
-                              procs=self.procs, log_patterns=s.log_patterns, proc=proc)  # fmt: skip
+            v = ContainerView(
+                s.name,
+                s.vmid,
+                s.workdir,
+                s.session,
+                mounts=self.mounts,
+                procs=self.procs,
+                log_patterns=s.log_patterns,
+                proc=proc,
+            )
             v.runs.resume(s.run_id, s.offset)
             self.views[s.vmid] = v
         self.names = {s.vmid: s.name for s in specs}
@@ -382,8 +395,12 @@ class HostObserver:
             except Exception as exc:  # noqa: BLE001 - one container's trouble is its own
                 # never "idle": a snapshot without its run would read as no run at all
                 why = f"not observable from the host: {type(exc).__name__}: {exc}"[:300]
-                snaps[v.name] = replace(Snapshot.unreachable(v.name, now, why), vmid=v.vmid,
-                                        source="host", container_status=v.status)  # fmt: skip
+                snaps[v.name] = replace(
+                    Snapshot.unreachable(v.name, now, why),
+                    vmid=v.vmid,
+                    source="host",
+                    container_status=v.status,
+                )
             for p in v.table.values():
                 self.pid_vmid[p.pid] = v.vmid
         samples, nvml = self.gpus.collect()

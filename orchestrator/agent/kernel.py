@@ -169,9 +169,13 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
     m = _SXID.search(msg)
     if m:
         return KernelEvent(
-            kind="sxid", line=msg.strip(), at=at, xid=int(m.group(3)), pci=m.group(2),
+            kind="sxid",
+            line=msg.strip(),
+            at=at,
+            xid=int(m.group(3)),
+            pci=m.group(2),
             process=m.group(1),
-        )  # fmt: skip
+        )
     if "fallen off the bus" in msg:
         f = _NOTICE_HEAD.search(msg) or _FALLEN.search(msg)
         pci = f.group(1).rstrip(":.") if f else None
@@ -185,9 +189,12 @@ def parse_message(msg: str, at: float | None) -> KernelEvent | None:
     if device is not None:
         guest = guest_of_device(device)
         return KernelEvent(
-            kind="link-down", line=msg.strip(), at=at, device=device,
+            kind="link-down",
+            line=msg.strip(),
+            at=at,
+            device=device,
             vmid=guest[0] if guest else None,
-        )  # fmt: skip
+        )
     return None
 
 
@@ -261,9 +268,8 @@ class KernelParser:
         )
         if port.state == "promisc-off":  # removal: the disabled line before it was no link-down
             self._pending = [
-                e for e in self._pending
-                if e.device != port.device or not _near(e.at, at)
-            ]  # fmt: skip
+                e for e in self._pending if e.device != port.device or not _near(e.at, at)
+            ]
             return True
         if port.state != "disabled":
             return port.state.startswith("promisc")
@@ -386,9 +392,12 @@ def is_volatile(stderr: str) -> bool:
 def _run(argv: Sequence[str], timeout_s: float) -> tuple[int | None, str, str]:
     try:
         p = subprocess.run(
-            list(argv), capture_output=True, timeout=timeout_s, check=False,
+            list(argv),
+            capture_output=True,
+            timeout=timeout_s,
+            check=False,
             stdin=subprocess.DEVNULL,
-        )  # fmt: skip
+        )
     except FileNotFoundError:
         return None, "", f"{argv[0]}: not found"
     except subprocess.TimeoutExpired:

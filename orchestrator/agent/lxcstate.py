@@ -111,8 +111,9 @@ class LxcState:
         if self.path != DEFAULT_LXCPATH:
             argv += ["-P", self.path]
         try:
-            p = subprocess.run(argv, capture_output=True, timeout=timeout_s, check=False,
-                               stdin=subprocess.DEVNULL)  # fmt: skip
+            p = subprocess.run(
+                argv, capture_output=True, timeout=timeout_s, check=False, stdin=subprocess.DEVNULL
+            )
         except (OSError, subprocess.TimeoutExpired) as exc:
             return None, f"lxc-info {vmid}: {exc}"
         pid = parse_lxc_info_pid(p.stdout.decode("utf-8", "replace"))

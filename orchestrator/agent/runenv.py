@@ -92,8 +92,7 @@ def run_environment(
     ...                 {"HF_TOKEN": "t", "PATH": "/venv/bin"}, {"ORCH_RUN_DIR": "/r"})
     {'PATH': '/venv/bin', 'HF_TOKEN': 't', 'ORCH_RUN_DIR': '/r'}
     """
-    base = {k: v for k, v in agent_env.items()
-            if _ENV_KEY_RE.match(k) and k not in _NOT_INHERITED}  # fmt: skip
+    base = {k: v for k, v in agent_env.items() if _ENV_KEY_RE.match(k) and k not in _NOT_INHERITED}
     return {**base, **env, **internal}
 
 

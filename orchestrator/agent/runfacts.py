@@ -230,8 +230,10 @@ class RunReader:
         snapshot (the ``bad-metrics`` finding), never the end of the observation."""
         huge = next((h for line in lines[-64:] if (h := _HUGE_STEP.search(line[:4096]))), None)
         if huge is not None:  # the progress parser ignores it; the operator hears of it
-            errors.append(f"{BAD_DATA_PREFIX}: train.log metrics: step out of range "
-                          f"({len(huge.group(1))} digits)")  # fmt: skip
+            errors.append(
+                f"{BAD_DATA_PREFIX}: train.log metrics: step out of range "
+                f"({len(huge.group(1))} digits)"
+            )
         try:
             m = self.metrics.parse(lines, now)
         except (ValueError, OverflowError, ArithmeticError) as exc:
@@ -269,7 +271,11 @@ def checked_metrics(m: Metrics) -> tuple[Metrics | None, str | None]:
     step = m.step if m.step is None else bounded_int(m.step)
     bad = []
     if m.step is not None and step is None:
-        shown = f"{len(str(m.step))} digits" if isinstance(m.step, int) and abs(m.step) > 10**18 else repr(m.step)[:40]  # fmt: skip
+        shown = (
+            f"{len(str(m.step))} digits"
+            if isinstance(m.step, int) and abs(m.step) > 10**18
+            else repr(m.step)[:40]
+        )
         bad.append(f"step out of range ({shown})")
     rest: dict[str, float | None] = {}
     for key in ("tokens_per_s", "acc_len", "tau", "throughput", "eta_s"):

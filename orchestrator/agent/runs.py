@@ -86,6 +86,7 @@ from orchestrator.agent.runenv import (
     run_env,
     run_environment,
 )
+from orchestrator.agent.wrapper import WRAPPER
 from orchestrator.wire import requests as rq
 from orchestrator.wire.answers import LaunchAnswer, LogAnswer, RunsAnswer, StopAnswer, StopRequest
 from orchestrator.wire.formats import new_run_id, parse_gpu_spec
@@ -93,117 +94,7 @@ from orchestrator.wire.model import RunManifest
 from orchestrator.wire.paths import atomic_write
 from orchestrator.wire.secrets import mask_env
 
-GO_TIMEOUT_S = 30.0
-"""Seconds the wrapper waits for the launcher's go before giving up (exit 125)."""
-
-
 _SESSION_RE = re.compile(r"^[A-Za-z0-9_-]{1,64}$")
-
-# Seed 000: an `exec` in the start script bypassed tee and no log was ever written.
-# Nothing below may put `exec` in front of the pipeline; tests/launch check the log exists.
-WRAPPER = r"""#!/usr/bin/env bash
-# Written by orch (orchestrator/agent/runs.py). Started as `env -i bash wrapper.sh RUN_DIR`;
-# settings come from files in the run directory; no value is pasted into this text.
-set -o pipefail
-set -m  # background jobs get their own process group: `orch stop` signals the command, not tee
-RUN_DIR="${1:?usage: wrapper.sh RUN_DIR}"
-LOG="$RUN_DIR/train.log"
-put() { printf '%s\n' "$2" >"$RUN_DIR/.$1.tmp" && mv -f "$RUN_DIR/.$1.tmp" "$RUN_DIR/$1"; }
-# A full disk takes no new file: the status then overwrites the blanks reserved at launch (in
-# place, no new block) and that file is renamed. Readers strip the blanks (int(" 1\n  ") works).
-put_status() {
-  put exit_status "$1" 2>/dev/null && return
-  rm -f "$RUN_DIR/.exit_status.tmp"
-  [[ -f "$RUN_DIR/__RESERVE__" ]] && printf '%s\n' "$1" 1<>"$RUN_DIR/__RESERVE__" &&
-    mv -f "$RUN_DIR/__RESERVE__" "$RUN_DIR/exit_status"
-}
-early() { put_status "$1"; exit "$1"; }
-trap 'early 130' INT
-trap 'early 143' TERM
-trap 'early 129' HUP
-# The run's whole environment (PATH, HOME, LANG, hosts.yaml's env, --env, ORCH_*): NAME=VALUE
-# records ending in NUL, in a 0600 file, so no value was ever on a command line (ps shows argv).
-if [[ ! -r "$RUN_DIR/__ENV__" ]]; then
-  echo "orch: $RUN_DIR/__ENV__ is missing; nothing was started" >&2
-  early 125
-fi
-while IFS= read -r -d '' kv; do export -- "$kv" || echo "orch: could not set ${kv%%=*}" >&2; done \
-  <"$RUN_DIR/__ENV__"
-# The launcher says go once remain-on-exit and history-limit are in force.
-for ((i = 0; i < __GO_TICKS__; i++)); do [[ -e "$RUN_DIR/go" ]] && break; sleep 0.05; done
-if [[ ! -e "$RUN_DIR/go" ]]; then
-  echo "orch: the launcher never said go; nothing was started" >&2
-  early 125
-fi
-: >>"$LOG"
-# Hold the pane's tty until this shell is gone, so tmux reaps it before it sees EOF: tmux with
-# libutempter loses a SIGCHLD that arrives while it handles EOF (no pane_dead_status/signal).
-ME=$$
-( trap '' INT TERM HUP; while kill -0 "$ME" 2>/dev/null; do sleep 0.2; done ) &
-CMD=$(<"$RUN_DIR/command")
-(
-  trap : INT TERM HUP  # caught, not ignored, so the command gets default handling
-  # tee's stderr ("tee: train.log: No space left on device") goes into the reserved blanks of
-  # __TEE_ERR__ (<> opens without truncating), not the pane, where it would scroll away.
-  bash -c "$CMD" </dev/null 2>&1 |
-    { trap '' INT TERM HUP; tee -a "$LOG" 2<>"$RUN_DIR/__TEE_ERR__"; }
-  sts=("${PIPESTATUS[@]}")
-  st=${sts[0]} ts=${sts[1]:-0}
-  if [[ "$ts" != 0 ]]; then
-    printf '%s\n' "$ts" >"$RUN_DIR/tee_status" 2>/dev/null
-    echo "[orch] tee exited with status $ts; train.log may be incomplete:"
-    while IFS= read -r l || [[ -n "$l" ]]; do
-      [[ "$l" == *[![:space:]]* ]] && printf '[orch] %s\n' "$l"
-    done <"$RUN_DIR/__TEE_ERR__"
-  fi
-  printf '%s\n' "$st" >"$RUN_DIR/.pipestatus"
-  exit "$st"
-)&
-JOB=$!
-GOT=
-forward() { GOT=$1; kill -s "$1" -- "-$JOB" 2>/dev/null; }
-trap 'forward INT' INT
-trap 'forward TERM' TERM
-trap 'forward HUP' HUP
-put pgid "$JOB"
-REC=
-if [[ -n "${ORCH_AGENT_PATH:-}" ]]; then
-  "${ORCH_AGENT_PYTHON:-python3}" -S -c 'import sys; sys.path.insert(0, sys.argv.pop(1))
-from orchestrator.agent.__main__ import main; sys.exit(main())' "$ORCH_AGENT_PATH" record \
-    --run-dir "$RUN_DIR" --interval "${ORCH_RECORD_INTERVAL_S:-2}" --pid "$JOB" \
-    </dev/null >>"$RUN_DIR/recorder.log" 2>&1 &
-  REC=$!
-fi
-# From here the wrapper says nothing on stderr: bash's own report of the job it waits for
-# ("wrapper.sh: line N: PID Killed ( trap ...") is not the command's output, and log-signature
-# playbooks would read it as such. Its own lines go to stdout with an [orch] prefix.
-exec 2>/dev/null
-while :; do
-  GOT=
-  wait "$JOB"
-  st=$?
-  [[ -z "$GOT" ]] && break
-done
-[[ -s "$RUN_DIR/.pipestatus" ]] && st=$(<"$RUN_DIR/.pipestatus")
-put_status "$st"
-if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null; fi
-printf '\n__EXIT_LINE__ %s at %s\n' "$st" "$(date '+%F %T')"
-exit "$st"
-""".replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05))).replace("__EXIT_LINE__", rq.EXIT_LINE)
-WRAPPER = (
-    WRAPPER.replace("__RESERVE__", STATUS_RESERVE)
-    .replace("__TEE_ERR__", TEE_ERR)
-    .replace("__ENV__", ENV)
-)
-
-
-# --- files -----------------------------------------------------------------------------------
-
-
-# --- processes and tmux ----------------------------------------------------------------------
-
-
-# --- run state -------------------------------------------------------------------------------
 
 
 # --- stop ------------------------------------------------------------------------------------
@@ -240,8 +131,13 @@ def stop_run(
     """
     before = run_state(run_dir)
     if before.state != "running":
-        return StopAnswer(False, run_dir.name, before.state, before.exit_status,
-                          stop_requested=before.stop_requested)  # fmt: skip
+        return StopAnswer(
+            False,
+            run_dir.name,
+            before.state,
+            before.exit_status,
+            stop_requested=before.stop_requested,
+        )
     plan = [(0.0, signal.SIGINT), (grace_s / 2, signal.SIGTERM), (grace_s, signal.SIGKILL)]
     request = StopRequest(time.time(), plan[0][1].name, by or _default_by(), grace_s)
     atomic_write(run_dir / STOP_REQUEST, json.dumps(request.to_dict()) + "\n")
@@ -265,8 +161,15 @@ def stop_run(
             break
         time.sleep(poll_s)
     after = run_state(run_dir)
-    return StopAnswer(True, run_dir.name, after.state, after.exit_status, tuple(sent),
-                      round(time.monotonic() - t0, 3), request)  # fmt: skip
+    return StopAnswer(
+        True,
+        run_dir.name,
+        after.state,
+        after.exit_status,
+        tuple(sent),
+        round(time.monotonic() - t0, 3),
+        request,
+    )
 
 
 def _default_by() -> str:
@@ -394,8 +297,13 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
     reserve(run_dir / STATUS_RESERVE)
     atomic_write(root / "current", run_id + "\n")
 
-    start = [shutil.which("env") or "/usr/bin/env", "-i", shutil.which("bash") or "bash",
-             str(run_dir / "wrapper.sh"), str(run_dir)]  # fmt: skip
+    start = [
+        shutil.which("env") or "/usr/bin/env",
+        "-i",
+        shutil.which("bash") or "bash",
+        str(run_dir / "wrapper.sh"),
+        str(run_dir),
+    ]
     try:
         pane = tmux.start_session(args.session, str(workdir), shlex.join(start))
     except Exception as exc:  # noqa: BLE001 - libtmux's errors, a wedged server: all one answer
@@ -438,10 +346,18 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
     while time.monotonic() < deadline and state.state == "running":
         time.sleep(0.05)
         state = run_state(run_dir, tail=20, session=args.session)
-    return LaunchAnswer(run_id=run_id, run_dir=str(run_dir), session=args.session,
-                        log_path=str(run_dir / "train.log"), manifest=manifest, state=state,
-                        history_limit=int(hist), replaced=replaced, carried=tuple(carried),
-                        carry_error=carry_error)  # fmt: skip
+    return LaunchAnswer(
+        run_id=run_id,
+        run_dir=str(run_dir),
+        session=args.session,
+        log_path=str(run_dir / "train.log"),
+        manifest=manifest,
+        state=state,
+        history_limit=int(hist),
+        replaced=replaced,
+        carried=tuple(carried),
+        carry_error=carry_error,
+    )
 
 
 # --- commands --------------------------------------------------------------------------------
@@ -449,8 +365,9 @@ def launch(args: argparse.Namespace) -> LaunchAnswer:
 
 def _chunk(run_dir: Path, got: dict[str, Any]) -> LogAnswer:
     """:func:`~orchestrator.agent.logs.read_from`'s chunk as the answer."""
-    return LogAnswer(run_dir.name, tuple(got["lines"]), got["offset"], got["size"],
-                     got["truncated"])  # fmt: skip
+    return LogAnswer(
+        run_dir.name, tuple(got["lines"]), got["offset"], got["size"], got["truncated"]
+    )
 
 
 def follow(path: Path, offset: int, interval_s: float, run_dir: Path) -> Iterator[LogAnswer]:
@@ -528,9 +445,12 @@ def register(subparsers: Any) -> None:
     common(p)
     p.add_argument("--cmd", required=True, help="shell command to run")
     p.add_argument("--run-id", default=None, help="run id (default: a timestamp)")
-    p.add_argument("--env-stdin", action="store_true",
-                   help='read the run\'s variables from stdin: {"env": {"NAME": "value"}} (never '
-                   "on a command line: ps shows argv)")  # fmt: skip
+    p.add_argument(
+        "--env-stdin",
+        action="store_true",
+        help='read the run\'s variables from stdin: {"env": {"NAME": "value"}} (never '
+        "on a command line: ps shows argv)",
+    )
     p.add_argument("--gpus", default=L("gpus"), help="GPU indices, e.g. 0-3,6")
     p.add_argument("--force", action="store_true", help="stop a live session of that name first")
     p.add_argument("--grace", type=float, default=L("grace_s"), help="seconds --force waits (s)")
@@ -546,11 +466,19 @@ def register(subparsers: Any) -> None:
     p.add_argument("--no-recorder", action="store_true", help="do not start the flight recorder")
     p.add_argument("--orch-version", default=None)
     p.add_argument("--target", default=None, help="the target's name, for the manifest")
-    p.add_argument("--env-from", default=None, metavar="RUN_ID",
-                   help="the variables that run was given (its 0600 env file) carry over; "
-                   "stdin's win (a relaunch)")  # fmt: skip
-    p.add_argument("--carry-from", default=None, metavar="RUN_ID",
-                   help="hard-link that run's checkpoints/ into the new run (a resuming relaunch)")  # fmt: skip
+    p.add_argument(
+        "--env-from",
+        default=None,
+        metavar="RUN_ID",
+        help="the variables that run was given (its 0600 env file) carry over; "
+        "stdin's win (a relaunch)",
+    )
+    p.add_argument(
+        "--carry-from",
+        default=None,
+        metavar="RUN_ID",
+        help="hard-link that run's checkpoints/ into the new run (a resuming relaunch)",
+    )
     p.set_defaults(func=guard(_cmd_launch))
 
     p = subparsers.add_parser("stop", help="SIGINT, SIGTERM, SIGKILL the run's command")

@@ -317,20 +317,32 @@ def start_session(
     """
 
     def work() -> RunPane:
-        s = _server().new_session(session_name=session, window_name="orch-boot",
-                                  start_directory=workdir, window_command="sleep 30",
-                                  x=250, y=50, attach=False)  # fmt: skip
+        s = _server().new_session(
+            session_name=session,
+            window_name="orch-boot",
+            start_directory=workdir,
+            window_command="sleep 30",
+            x=250,
+            y=50,
+            attach=False,
+        )
         s.set_option("history-limit", str(HISTORY_LIMIT))
-        w = s.new_window(window_name=RUN_WINDOW, start_directory=workdir,
-                         window_shell=shell_command, environment=env, attach=False)  # fmt: skip
+        w = s.new_window(
+            window_name=RUN_WINDOW,
+            start_directory=workdir,
+            window_shell=shell_command,
+            environment=env,
+            attach=False,
+        )
         w.set_option("remain-on-exit", "on")
         s.windows.get(window_name="orch-boot").kill()
         remain = w.cmd("show-options", "-w", "-v", "remain-on-exit").stdout
         pane = w.active_pane
         hist = pane.cmd("display-message", "-p", "#{history_limit}").stdout
         pid = str(pane.pane_pid or "")
-        return RunPane(int(pid) if pid.isdigit() else None, "".join(remain).strip(),
-                       "".join(hist).strip())  # fmt: skip
+        return RunPane(
+            int(pid) if pid.isdigit() else None, "".join(remain).strip(), "".join(hist).strip()
+        )
 
     return _within(timeout_s, work)
 

@@ -51,8 +51,9 @@ def diagnose(
         raise UsageError(f"{logfile}: cannot read: {exc.strerror or exc}") from None
     read = summary(progress.framework, progress.result())
     if as_json:
-        print_json({"log": str(logfile), "matches": [m.to_dict() for m in matches],
-                    "progress": read})  # fmt: skip
+        print_json(
+            {"log": str(logfile), "matches": [m.to_dict() for m in matches], "progress": read}
+        )
     else:
         print(format_matches(matches, pbs, str(logfile)))
         print(format_progress(read))
@@ -102,10 +103,13 @@ def postmortem_cmd(
         from orchestrator.views import job_report
 
         jpm = jobs.postmortem_job(
-            inventory, inventory.job(target), run_id=run_id, out=out,
+            inventory,
+            inventory.job(target),
+            run_id=run_id,
+            out=out,
             report=lambda p: (job_report.markdown(p), job_report.html(p)),
             node_report=lambda p: (view.markdown(p), view.html(p)),
-        )  # fmt: skip
+        )
         if as_json:
             print_json(jpm.to_dict())
         else:
@@ -113,8 +117,14 @@ def postmortem_cmd(
         if not jpm.verdict.reached:
             raise typer.Exit(1)
         return
-    pm = postmortem.postmortem(inventory, target, run_id=run_id, out=out, db_path=db,
-                               report=lambda p: (view.markdown(p), view.html(p)))  # fmt: skip
+    pm = postmortem.postmortem(
+        inventory,
+        target,
+        run_id=run_id,
+        out=out,
+        db_path=db,
+        report=lambda p: (view.markdown(p), view.html(p)),
+    )
     if as_json:
         print_json(pm.to_dict())
     else:
@@ -219,8 +229,14 @@ def playbook_run(
     steps = plan_procedure(pb, procedure_context(inventory.container(target)))
     if not yes:
         if as_json:
-            print_json({"playbook": pb.id, "target": target, "dry_run": True,
-                        "steps": [s.to_dict() for s in steps]})  # fmt: skip
+            print_json(
+                {
+                    "playbook": pb.id,
+                    "target": target,
+                    "dry_run": True,
+                    "steps": [s.to_dict() for s in steps],
+                }
+            )
         else:
             print(format_plan(pb.id, target, steps))
         return

@@ -118,9 +118,17 @@ def init_cmd(
     from orchestrator.errors import OrchError
     from orchestrator.firstrun import init
 
-    given = {"host": host, "address": address, "user": user, "port": port, "vmid": vmid,
-             "container": container, "gpus": gpus, "workdir": workdir,
-             "identity_file": identity_file}  # fmt: skip
+    given = {
+        "host": host,
+        "address": address,
+        "user": user,
+        "port": port,
+        "vmid": vmid,
+        "container": container,
+        "gpus": gpus,
+        "workdir": workdir,
+        "identity_file": identity_file,
+    }
     target = (
         out
         or state.config

@@ -76,8 +76,12 @@ def supervise_cmd(
 
     inventory = load_inventory()
     units = supervised_units(inventory, targets or [])
-    opts = HealOptions(db_path=db, by=whoami("orch supervise"), webhook_url=notify,
-                       notify_cmd=shlex.split(notify_cmd) if notify_cmd else None)  # fmt: skip
+    opts = HealOptions(
+        db_path=db,
+        by=whoami("orch supervise"),
+        webhook_url=notify,
+        notify_cmd=shlex.split(notify_cmd) if notify_cmd else None,
+    )
     healer = Healer(
         inventory,
         opts,
@@ -89,27 +93,39 @@ def supervise_cmd(
     def on_signal(signum: int, _frame: FrameType | None) -> None:
         if stop.is_set():  # the second signal: leave now; open claims are closed by the next one
             raise SystemExit(128 + signum)
-        emit_line(json_lines, "stopping", f"orch supervise: {signal.Signals(signum).name}: "
-                  f"stopping (restarts in flight get {drain:g} s)", {"signal": signum})  # fmt: skip
+        emit_line(
+            json_lines,
+            "stopping",
+            f"orch supervise: {signal.Signals(signum).name}: "
+            f"stopping (restarts in flight get {drain:g} s)",
+            {"signal": signum},
+        )
         stop.set()
 
     previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGINT)}
     try:
-        emit_line(json_lines, "start",
-                  f"orch supervise: {', '.join(units)} every {interval:g} s; journal {healer.db_path}",
-                  {"units": units, "db": str(healer.db_path), "by": opts.by})  # fmt: skip
+        emit_line(
+            json_lines,
+            "start",
+            f"orch supervise: {', '.join(units)} every {interval:g} s; journal {healer.db_path}",
+            {"units": units, "db": str(healer.db_path), "by": opts.by},
+        )
         left = supervise(
             inventory,
             healer,
             SuperviseOptions(
                 names=units, interval_s=interval, timeout_s=timeout, drain_s=drain, rounds=rounds
-            ),  # fmt: skip
+            ),
             stop,
             on_problem=lambda p: emit_line(json_lines, "problem", f"orch supervise: {p}"),
         )
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
-    emit_line(json_lines, "stopped", f"orch supervise: stopped ({left} restart(s) in flight)",
-              {"in_flight": left})  # fmt: skip
+    emit_line(
+        json_lines,
+        "stopped",
+        f"orch supervise: stopped ({left} restart(s) in flight)",
+        {"in_flight": left},
+    )
     raise typer.Exit(1 if left else 0)

@@ -79,9 +79,19 @@ def launch_cmd(
 
     inventory = load_inventory()
     if target in inventory.jobs:
-        _launch_job(inventory, target, cmd=cmd, gpus=gpus, env=env, name=name, force=force,
-                    grace=grace, no_verify=no_verify, as_json=as_json,
-                    trainer_args=trainer_args or [])  # fmt: skip
+        _launch_job(
+            inventory,
+            target,
+            cmd=cmd,
+            gpus=gpus,
+            env=env,
+            name=name,
+            force=force,
+            grace=grace,
+            no_verify=no_verify,
+            as_json=as_json,
+            trainer_args=trainer_args or [],
+        )
         return
     progress = None if as_json else PhaseProgress(err_console)
     try:
@@ -122,9 +132,20 @@ def launch_cmd(
         launch_summary(out_console, result.to_dict())
 
 
-def _launch_job(inventory: Any, job_name: str, *, cmd: str | None, gpus: str | None,
-                env: list[str], name: str | None, force: bool, grace: float, no_verify: bool,
-                as_json: bool, trainer_args: list[str]) -> None:  # fmt: skip
+def _launch_job(
+    inventory: Any,
+    job_name: str,
+    *,
+    cmd: str | None,
+    gpus: str | None,
+    env: list[str],
+    name: str | None,
+    force: bool,
+    grace: float,
+    no_verify: bool,
+    as_json: bool,
+    trainer_args: list[str],
+) -> None:
     from orchestrator.errors import UsageError
     from orchestrator.lifecycle import job_launch
     from orchestrator.views.launch import PhaseProgress, job_summary
@@ -136,16 +157,29 @@ def _launch_job(inventory: Any, job_name: str, *, cmd: str | None, gpus: str | N
     progress = None if as_json else PhaseProgress(err_console)
     try:
         result = job_launch.launch_job(
-            inventory, inventory.job(job_name), env=env, run_name=name, force=force,
-            verify=not no_verify, grace_s=grace, on_phase=progress, trainer_args=trainer_args,
-        )  # fmt: skip
+            inventory,
+            inventory.job(job_name),
+            env=env,
+            run_name=name,
+            force=force,
+            verify=not no_verify,
+            grace_s=grace,
+            on_phase=progress,
+            trainer_args=trainer_args,
+        )
     except job_launch.JobLaunchFailed as exc:
         if as_json:
             node = exc.node
-            print_json({"ok": False, "error": "node-failed", "message": str(exc),
-                        "node": node.container if node else None,
-                        "rank": node.rank if node else None,
-                        "stopped": [s.to_dict() for s in exc.stopped]})  # fmt: skip
+            print_json(
+                {
+                    "ok": False,
+                    "error": "node-failed",
+                    "message": str(exc),
+                    "node": node.container if node else None,
+                    "rank": node.rank if node else None,
+                    "stopped": [s.to_dict() for s in exc.stopped],
+                }
+            )
             raise typer.Exit(exc.exit_code) from None
         raise
     finally:
@@ -184,10 +218,12 @@ def stop_cmd(
         print_json(doc.to_dict())
     elif doc.stopped:
         out_console.print(
-            _remote(f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
-                    f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}"),
+            _remote(
+                f"stopped run {doc.run_id} with {', '.join(doc.signals) or 'no signal'} "
+                f"in {doc.elapsed_s:.1f} s: exit status {doc.exit_status}"
+            ),
             highlight=False,
-        )  # fmt: skip
+        )
     elif doc.state == stop.NEVER_RAN:
         out_console.print(
             f"{target} has no run yet; nothing to stop (start one: orch launch {target})",
@@ -201,8 +237,9 @@ def stop_cmd(
         )
 
 
-def _stop_job(inventory: Any, job_name: str, grace: float, run_id: str | None,
-              as_json: bool) -> None:  # fmt: skip
+def _stop_job(
+    inventory: Any, job_name: str, grace: float, run_id: str | None, as_json: bool
+) -> None:
     from orchestrator.lifecycle import jobs
 
     results = jobs.stop_job(inventory, inventory.job(job_name), grace_s=grace, run_id=run_id)
@@ -214,8 +251,10 @@ def _stop_job(inventory: Any, job_name: str, grace: float, run_id: str | None,
             if a is None:
                 line = f"{r.node.label}: not stopped: {r.error}"
             elif a.stopped:
-                line = (f"{r.node.label}: stopped run {a.run_id} with "
-                        f"{', '.join(a.signals) or 'no signal'} in {a.elapsed_s:.1f} s: exit status {a.exit_status}")  # fmt: skip
+                line = (
+                    f"{r.node.label}: stopped run {a.run_id} with "
+                    f"{', '.join(a.signals) or 'no signal'} in {a.elapsed_s:.1f} s: exit status {a.exit_status}"
+                )
             else:
                 state = f"exited {a.exit_status}" if a.exit_status is not None else a.state
                 line = f"{r.node.label}: run {a.run_id} is not running ({state}); nothing to stop"
@@ -311,9 +350,12 @@ def status_cmd(
     now = time.time()
     for row in rows:
         policy = inventory.container(row["target"]).restart
-        row["restarts"] = summary(journals[row["target"]], now=now,
-                                  max_restarts=policy.max_restarts if policy else None,
-                                  window_s=policy.window_s if policy else None)  # fmt: skip
+        row["restarts"] = summary(
+            journals[row["target"]],
+            now=now,
+            max_restarts=policy.max_restarts if policy else None,
+            window_s=policy.window_s if policy else None,
+        )
     rows = status_rows(inventory, jobs, rows)
     if as_json:
         print_json(rows)

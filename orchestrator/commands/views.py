@@ -55,7 +55,7 @@ def watch_cmd(
             plain=plain,
             console=out_console,
             db=db,
-        )  # fmt: skip
+        )
     )
 
 
@@ -167,7 +167,7 @@ def _heal(inventory: Any, report: Any, opts: Any) -> tuple[list[Any], list[str]]
             by=whoami("orch check --heal"),
             webhook_url=opts.webhook_url,
             notify_cmd=opts.notify_cmd,
-        ),  # fmt: skip
+        ),
         on_entry=entries.append,
     )
     for restart in healer.round(report.targets):
@@ -213,8 +213,12 @@ def export_cmd(
         except ValueError as exc:
             raise UsageError(str(exc)) from None
     inventory = load_inventory()
-    poller = Poller(inventory, select_targets(inventory, targets or []), timeout_s=timeout,
-                    jobs=select_jobs(inventory, targets or []))  # fmt: skip
+    poller = Poller(
+        inventory,
+        select_targets(inventory, targets or []),
+        timeout_s=timeout,
+        jobs=select_jobs(inventory, targets or []),
+    )
     try:
         serve(
             poller, listen=listen, textfile=str(textfile) if textfile else None, interval_s=interval

@@ -57,8 +57,11 @@ def watch(
         raise UsageError("no targets to watch: add containers to hosts.yaml or name one")
     console = console or Console()
     stop = stop or threading.Event()
-    views = [TargetView(n, roles=c.roles_by_gpu, config=c) for n in names
-             if (c := inventory.container(n))]  # fmt: skip
+    views = [
+        TargetView(n, roles=c.roles_by_gpu, config=c)
+        for n in names
+        if (c := inventory.container(n))
+    ]
     model = WatchModel(views, jobs=jobs)
     titles = playbook_titles()
     events: queue.Queue[tuple[str, Any]] = queue.Queue()
@@ -139,8 +142,15 @@ def watch_for(
     timer.daemon = True
     timer.start()
     try:
-        watch(inventory, [name], interval_s=interval_s, plain=not console.is_terminal,
-              console=console, stream_factory=factory, stop=stop)  # fmt: skip
+        watch(
+            inventory,
+            [name],
+            interval_s=interval_s,
+            plain=not console.is_terminal,
+            console=console,
+            stream_factory=factory,
+            stop=stop,
+        )
     finally:
         stop.set()
         timer.cancel()

@@ -344,7 +344,7 @@ def _container(
         limits=limits,
         restart=build_policy(
             defaults.get("restart"), own.get("restart"), own_given="restart" in own
-        ),  # fmt: skip
+        ),
         **{**values, "host": host},
     )
 
@@ -483,7 +483,7 @@ def inventory_summary(inv: Inventory) -> dict[str, Any]:
             "nodes": [
                 {"container": n.container, "rank": n.rank, "address": n.address, "procs": n.procs}
                 for n in j.nodes
-            ],  # fmt: skip
+            ],
             "rendezvous": j.rdzv_endpoint,
             "command": j.command,
         }

@@ -108,28 +108,59 @@ class KeySpec:
 
 
 RESTART_KEYS: tuple[KeySpec, ...] = (
-    KeySpec("max", "max_restarts", "integer >= 0", "`3`",
-            "Restarts allowed within `window`; the next death is paged instead (`0`: page at once)."),
-    KeySpec("window", "window_s", "duration > 0", "`6h`",
-            "The sliding window `max` counts in. Durations: seconds, or `90s`, `15m`, `6h`, `1d`."),
-    KeySpec("backoff", "backoff_s", "list of durations >= 0, or one", "`[60, 300, 900]`",
-            "Wait before the 1st, 2nd, 3rd... restart of the window, counted from when the death "
-            "was first seen (the last value repeats). Persisted: a supervisor restarted mid-wait "
-            "keeps the same due time."),
-    KeySpec("on", "on", "list of: " + ", ".join(TRIGGERS), "all three",
-            "The deaths acted on; any other death (and one not listed) is paged, never restarted."),
-    KeySpec("retry_unknown", "retry_unknown", "true or false", "`false`",
-            "Restart a death whose cause no playbook names (an exit status nothing explains, a "
-            "SIGKILL no OOM-killer line names). Default: page a human."),
-    KeySpec("settle_timeout", "settle_timeout_s", "duration > 0", "`10m`",
-            "Longest wait for the dead run's processes to end and its GPUs to read free (memory "
-            "back near zero, no compute process, no ghost reading) before paging instead."),
-)  # fmt: skip
+    KeySpec(
+        "max",
+        "max_restarts",
+        "integer >= 0",
+        "`3`",
+        "Restarts allowed within `window`; the next death is paged instead (`0`: page at once).",
+    ),
+    KeySpec(
+        "window",
+        "window_s",
+        "duration > 0",
+        "`6h`",
+        "The sliding window `max` counts in. Durations: seconds, or `90s`, `15m`, `6h`, `1d`.",
+    ),
+    KeySpec(
+        "backoff",
+        "backoff_s",
+        "list of durations >= 0, or one",
+        "`[60, 300, 900]`",
+        "Wait before the 1st, 2nd, 3rd... restart of the window, counted from when the death "
+        "was first seen (the last value repeats). Persisted: a supervisor restarted mid-wait "
+        "keeps the same due time.",
+    ),
+    KeySpec(
+        "on",
+        "on",
+        "list of: " + ", ".join(TRIGGERS),
+        "all three",
+        "The deaths acted on; any other death (and one not listed) is paged, never restarted.",
+    ),
+    KeySpec(
+        "retry_unknown",
+        "retry_unknown",
+        "true or false",
+        "`false`",
+        "Restart a death whose cause no playbook names (an exit status nothing explains, a "
+        "SIGKILL no OOM-killer line names). Default: page a human.",
+    ),
+    KeySpec(
+        "settle_timeout",
+        "settle_timeout_s",
+        "duration > 0",
+        "`10m`",
+        "Longest wait for the dead run's processes to end and its GPUs to read free (memory "
+        "back near zero, no compute process, no ghost reading) before paging instead.",
+    ),
+)
 """Every key of ``restart:``, in documentation order (docs/hosts-yaml.md is generated from it)."""
 
 
-def build_policy(defaults: Mapping[str, Any] | None, own: Mapping[str, Any] | None, *,
-                 own_given: bool) -> RestartPolicy | None:  # fmt: skip
+def build_policy(
+    defaults: Mapping[str, Any] | None, own: Mapping[str, Any] | None, *, own_given: bool
+) -> RestartPolicy | None:
     """The container's policy: ``defaults.restart`` merged key by key with its own.
 
     ``own_given`` with ``own`` ``None`` is ``restart: false`` (off whatever the defaults say);

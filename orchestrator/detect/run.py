@@ -311,8 +311,14 @@ def exit_status(history: History, limits: Limits) -> list[Finding]:
     )
     tail = tuple(sess.pane_tail[-5:]) if sess is not None else ()
     # the log's last lines as read: the newest snapshot of this run that read any
-    read = next((s.run.new_log_lines for s in reversed(_same_run(snaps, last))
-                 if s.run is not None and s.run.new_log_lines), ())  # fmt: skip
+    read = next(
+        (
+            s.run.new_log_lines
+            for s in reversed(_same_run(snaps, last))
+            if s.run is not None and s.run.new_log_lines
+        ),
+        (),
+    )
     if read:
         tail = tuple(read[-5:])
     run_id = run.run_id if run is not None else "?"

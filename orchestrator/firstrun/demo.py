@@ -264,8 +264,12 @@ class _Clock:
         try:
             done = fn()
         except BaseException as exc:
-            self.ui.step(name, "fail", str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
-                         time.monotonic() - start)  # fmt: skip
+            self.ui.step(
+                name,
+                "fail",
+                str(exc).splitlines()[0] if str(exc) else type(exc).__name__,
+                time.monotonic() - start,
+            )
             raise
         took = time.monotonic() - start
         self.result.steps.append((name, took))
@@ -299,15 +303,19 @@ def run_demo(
         raise UsageError(f"--fault must be one of {', '.join(FAULTS)}, got {fault!r}")
     configs = bundled_trainer_configs()
     if trainer_config not in configs:
-        raise UsageError(f"--trainer-config must be a bundled config ({', '.join(configs)}), "
-                         f"got {trainer_config!r}")  # fmt: skip
+        raise UsageError(
+            f"--trainer-config must be a bundled config ({', '.join(configs)}), "
+            f"got {trainer_config!r}"
+        )
     from orchestrator.sandbox import manager
 
     t0 = time.monotonic()
     state = Path(state_dir) if state_dir else Path(tempfile.mkdtemp(prefix="orch-demo-"))
     if (state / "state.json").exists() and manager.status(state).get("running"):
-        raise UsageError(f"{state}: a sandbox already runs there; use another --dir or "
-                         f"orch sandbox down --dir {state}")  # fmt: skip
+        raise UsageError(
+            f"{state}: a sandbox already runs there; use another --dir or "
+            f"orch sandbox down --dir {state}"
+        )
     result = DemoResult(state_dir=state.resolve(), config_path=state.resolve() / "demo.yaml")
     clock = _Clock(ui, result)
 
@@ -327,9 +335,11 @@ def run_demo(
             up = True
             write_demo_config(state, trainer_config)
             kind = "LXC container" if info.isolation == "lxc" else "process-mode container"
-            return (f"1 {kind} ({CONTAINER}), {info.gpus} simulated GPUs, "
-                    f"sshd on 127.0.0.1:{info.port}, state in {state}"
-                    + (f"; {info.fallback}" if info.fallback else ""))  # fmt: skip
+            return (
+                f"1 {kind} ({CONTAINER}), {info.gpus} simulated GPUs, "
+                f"sshd on 127.0.0.1:{info.port}, state in {state}"
+                + (f"; {info.fallback}" if info.fallback else "")
+            )
 
         clock.run("sandbox", "starting sshd, the pct stand-in and the fake NVML", sandbox)
         _loop(ui, clock, result, fault, watch_s, detect_timeout_s, interactive)
@@ -340,8 +350,11 @@ def run_demo(
 
         close_all()
         if up and not keep:
-            clock.run("teardown", "stopping sshd, tmux and every sandbox process",
-                      lambda: _down(manager, state))  # fmt: skip
+            clock.run(
+                "teardown",
+                "stopping sshd, tmux and every sandbox process",
+                lambda: _down(manager, state),
+            )
     result.kept = keep and up
     result.elapsed_s = time.monotonic() - t0
     ui.done(result)
@@ -350,8 +363,10 @@ def run_demo(
 
 def _down(manager: Any, state: Path) -> str:
     res = manager.down(state)
-    return (f"sshd stopped, {len(res['containers'])} container(s) stopped, "
-            f"{res['killed']} straggler(s) killed; files stay in {state}")  # fmt: skip
+    return (
+        f"sshd stopped, {len(res['containers'])} container(s) stopped, "
+        f"{res['killed']} straggler(s) killed; files stay in {state}"
+    )
 
 
 def _loop(
@@ -388,13 +403,18 @@ def _loop(
         return list(judge(CONTAINER, cfg, hist).findings) if hist else []
 
     def launched() -> str:
-        res = launch.launch(inv, CONTAINER, run_name="demo", on_phase=ui.phase,
-                            trainer_args=["--forever"])  # fmt: skip
+        res = launch.launch(
+            inv, CONTAINER, run_name="demo", on_phase=ui.phase, trainer_args=["--forever"]
+        )
         result.run_id = res.run_id
         return f"run {res.run_id} verified alive in tmux session {res.session!r}"
 
-    clock.run("launch", f"bundled trainer ({cfg.trainer_config}) in {CONTAINER} via ssh + "
-              "pct exec, training until the demo ends it", launched)  # fmt: skip
+    clock.run(
+        "launch",
+        f"bundled trainer ({cfg.trainer_config}) in {CONTAINER} via ssh + "
+        "pct exec, training until the demo ends it",
+        launched,
+    )
 
     def keep_all(snap: Snapshot) -> bool:
         with lock:
@@ -425,8 +445,10 @@ def _loop(
         if ended:
             return f"the run ended on its own ({ended[0]})"
         if not first_step:
-            raise DemoFailed(f"the run showed no training step within {deadline_s:g} s; "
-                             f"orch -c {result.config_path} logs {CONTAINER} shows why")  # fmt: skip
+            raise DemoFailed(
+                f"the run showed no training step within {deadline_s:g} s; "
+                f"orch -c {result.config_path} logs {CONTAINER} shows why"
+            )
         return f"the run is training ({watch_s:g} s shown after its first step)"
 
     clock.run("watch", f"orch watch {CONTAINER} until the run trains, then {watch_s:g} s", watched)
@@ -451,8 +473,7 @@ def _loop(
                 ended.append(said or "gone")
                 return f"nothing to kill: the run already ended ({ended[0]})"
             if not res.ok:
-                raise DemoFailed(f"could not kill the run in {run_dir}: "
-                                 f"{said or res.exit_status}")  # fmt: skip
+                raise DemoFailed(f"could not kill the run in {run_dir}: {said or res.exit_status}")
             return f"SIGKILL to the run's process group {said} through ssh + pct exec"
 
         clock.run("fault", "ghost GPU" if ghost else "kill -9 the run's process group", inject)
@@ -474,8 +495,10 @@ def _loop(
             # until_found is called within this iteration, while its loop variables hold
             ui.watch(inv, CONTAINER, seconds=detect_timeout_s, on_snapshot=until_found)
             if not seen:
-                raise DemoFailed(f"no {' or '.join(sorted(want))} finding within "
-                                 f"{detect_timeout_s:g} s of the fault")  # fmt: skip
+                raise DemoFailed(
+                    f"no {' or '.join(sorted(want))} finding within "
+                    f"{detect_timeout_s:g} s of the fault"
+                )
             return ", ".join(f"{f.severity.name}:{f.kind}" for f in seen)
 
         clock.run("detect", f"watching until {' or '.join(sorted(want))} appears", detect)
@@ -487,8 +510,13 @@ def _loop(
     def judged() -> str:
         from orchestrator.postmortem import collect as postmortem
 
-        pm = postmortem.postmortem(inv, CONTAINER, run_id=result.run_id,
-                                   out=result.state_dir / "postmortem", report=ui.report)  # fmt: skip
+        pm = postmortem.postmortem(
+            inv,
+            CONTAINER,
+            run_id=result.run_id,
+            out=result.state_dir / "postmortem",
+            report=ui.report,
+        )
         result.verdict = pm.verdict
         html = Path(pm.bundle or result.state_dir / "postmortem") / "report.html"
         result.report_html = html if html.exists() else None

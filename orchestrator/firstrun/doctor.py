@@ -389,8 +389,13 @@ def check_host_python(inv: Inventory, host: HostConfig) -> Check:
         return Check(name, WARN, str(exc), f"orch doctor {host.name}")
     text = (res.out.strip() or res.err.strip() or "no output").splitlines()[0][:120]
     if not res.ok:
-        return Check(name, WARN, f"{python} --version exited {res.exit_status}: {text}; the "
-                     "host probe needs Python >= 3.10", f"apt-get install -y python3 on {host.name}")  # fmt: skip
+        return Check(
+            name,
+            WARN,
+            f"{python} --version exited {res.exit_status}: {text}; the "
+            "host probe needs Python >= 3.10",
+            f"apt-get install -y python3 on {host.name}",
+        )
     return _python_verdict(Check(name, OK, text), host.name, python, host=True)
 
 

@@ -37,15 +37,21 @@ def observe_checks(
             doc = HostLink(inv, host.name, on_host).observe(timeout=60.0)
         except OrchError as exc:
             still = [c for c in on_host if observe_path(inv, inv.container(c)).mode == "host"]
-            fix = (f"install python3 >= 3.10 on {host.name} (host_python: in hosts.yaml), or set "
-                   f"observe: container")  # fmt: skip
+            fix = (
+                f"install python3 >= 3.10 on {host.name} (host_python: in hosts.yaml), or set "
+                f"observe: container"
+            )
             yield check(name, "fail" if still else "warn", str(exc)[:300], fix)
         else:
             ms = (time.monotonic() - started) * 1000
             states = ", ".join(f"{n} {s.container_status}" for n, s in doc.containers.items())
             kernel = doc.kernel_log_source or "no kernel log"
-            yield check(name, "ok", f"one document in {ms:.0f} ms ({states}; {kernel}; agent in "
-                        f"{host.agent_dir})", "")  # fmt: skip
+            yield check(
+                name,
+                "ok",
+                f"one document in {ms:.0f} ms ({states}; {kernel}; agent in {host.agent_dir})",
+                "",
+            )
     for c in containers:
         path = observe_path(inv, c)
         yield check(f"{c.name} observed from", "ok", f"{path.mode}: {path.reason}", "")
@@ -66,6 +72,8 @@ def journal_check(inv: Inventory, host: HostConfig, check: Any) -> Iterator[Any]
     except OrchError:
         return  # the ssh check above says why
     if res.ok and is_volatile(res.err or ""):
-        fix = ("Storage=persistent in /etc/systemd/journald.conf (or mkdir -p /var/log/journal), "
-               "then systemctl restart systemd-journald")  # fmt: skip
+        fix = (
+            "Storage=persistent in /etc/systemd/journald.conf (or mkdir -p /var/log/journal), "
+            "then systemctl restart systemd-journald"
+        )
         yield check(f"journal on {host.name}", "warn", VOLATILE_NOTE.split(";")[0], fix)

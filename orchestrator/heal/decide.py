@@ -106,11 +106,21 @@ class Decision:
     def entry(self, at: float, by: str) -> JournalEntry:
         """This decision as a journal entry."""
         return JournalEntry(
-            unit=self.unit, at=at, action=self.action, reason=self.reason, run_id=self.run_id,
-            note=self.note, trigger=self.trigger, cause=self.cause, procedure=self.procedure,
-            attempt=self.attempt, due_at=self.due_at, evidence=self.evidence, remedy=self.remedy,
+            unit=self.unit,
+            at=at,
+            action=self.action,
+            reason=self.reason,
+            run_id=self.run_id,
+            note=self.note,
+            trigger=self.trigger,
+            cause=self.cause,
+            procedure=self.procedure,
+            attempt=self.attempt,
+            due_at=self.due_at,
+            evidence=self.evidence,
+            remedy=self.remedy,
             by=by,
-        )  # fmt: skip
+        )
 
 
 def _trigger(node: NodeView) -> str | None:
@@ -205,8 +215,15 @@ def decide(
         return Decision(action, unit, reason, note, run_id=run_id, trigger=trigger,
                         record=action != "none" or note == "operator-stop", **kw)  # type: ignore[arg-type]  # fmt: skip
 
-    done = next((e for e in mine if e.action in ("give-up", "none")
-                 or (e.action in OUTCOMES and e.new_run_id not in (None, run_id))), None)  # fmt: skip
+    done = next(
+        (
+            e
+            for e in mine
+            if e.action in ("give-up", "none")
+            or (e.action in OUTCOMES and e.new_run_id not in (None, run_id))
+        ),
+        None,
+    )
     if done is not None:
         return Decision(
             "none",
@@ -248,39 +265,64 @@ def decide(
         return decision("give-up", reason, note, cause=known, evidence=evidence, remedy=remedy)
 
     if trigger == "container-stopped":
-        return give_up(f"{node.name}: the container is stopped (pct status); orch does not "
-                       f"start containers: start it, then relaunch", "container-stopped")  # fmt: skip
+        return give_up(
+            f"{node.name}: the container is stopped (pct status); orch does not "
+            f"start containers: start it, then relaunch",
+            "container-stopped",
+        )
     if trigger not in policy.on:
         return give_up(f"{trigger} is not in restart.on ({', '.join(policy.on)})", "not-in-on")
     if rule is not None and not rule.retryable:
         return give_up(f"{known}: not retryable: {rule.why}", "not-retryable")
     if rule is None and not policy.retry_unknown:
         what = f"no restart rule in playbook {known}" if known else "no playbook names the cause"
-        return give_up(f"{trigger}, cause unknown ({what}); restart.retry_unknown is false",
-                       "unknown-cause")  # fmt: skip
+        return give_up(
+            f"{trigger}, cause unknown ({what}); restart.retry_unknown is false", "unknown-cause"
+        )
     procedure = (rule.procedure if rule is not None else None) or DEFAULT_RESTART_PROCEDURE
     used = restarts_since(journal, now - policy.window_s)
     if used >= policy.max_restarts:
-        return give_up(f"restart budget spent: {used} restart(s) in {format_duration(policy.window_s)} "
-                       f"(max {policy.max_restarts})", "budget")  # fmt: skip
+        return give_up(
+            f"restart budget spent: {used} restart(s) in {format_duration(policy.window_s)} "
+            f"(max {policy.max_restarts})",
+            "budget",
+        )
     attempts = [e for e in mine if e.action in ("restart", *OUTCOMES)]
     base = attempts[-1].at if attempts else (first.at if first is not None else now)
     due = base + policy.backoff_for(used)
     what = f"{trigger} ({known or 'cause unknown'})"
     kw = dict(cause=known, procedure=procedure, attempt=used + 1, evidence=evidence, remedy=remedy)
     if now < due:
-        return decision("wait", f"{what}: restart {used + 1} of {policy.max_restarts} with {procedure} "
-                        f"due after the backoff of {format_duration(due - base)}", "backoff", due_at=due, **kw)  # fmt: skip
+        return decision(
+            "wait",
+            f"{what}: restart {used + 1} of {policy.max_restarts} with {procedure} "
+            f"due after the backoff of {format_duration(due - base)}",
+            "backoff",
+            due_at=due,
+            **kw,
+        )
     if trigger != "stall":
         held = _held(nodes)
         if held:
             if now - due >= policy.settle_timeout_s:
-                return give_up(f"still held {format_duration(policy.settle_timeout_s)} after the "
-                               f"restart was due, not relaunched: " + "; ".join(held[:3]), "held-too-long")  # fmt: skip
-            return decision("wait", f"{what}: waiting for the dead run to let go: " + "; ".join(held[:3]),
-                            "held", due_at=due, **kw)  # fmt: skip
-    return decision("restart", f"{what}: restart {used + 1} of {policy.max_restarts} with {procedure}",
-                    "restart", **kw)  # fmt: skip
+                return give_up(
+                    f"still held {format_duration(policy.settle_timeout_s)} after the "
+                    f"restart was due, not relaunched: " + "; ".join(held[:3]),
+                    "held-too-long",
+                )
+            return decision(
+                "wait",
+                f"{what}: waiting for the dead run to let go: " + "; ".join(held[:3]),
+                "held",
+                due_at=due,
+                **kw,
+            )
+    return decision(
+        "restart",
+        f"{what}: restart {used + 1} of {policy.max_restarts} with {procedure}",
+        "restart",
+        **kw,
+    )
 
 
 def should_record(d: Decision, journal: Sequence[JournalEntry]) -> bool:
@@ -298,9 +340,14 @@ def should_record(d: Decision, journal: Sequence[JournalEntry]) -> bool:
 
 
 def close_orphan_claim(
-    unit: str, journal: Sequence[JournalEntry], current_run: str | None, *, claim_alive: bool,
-    now: float, by: str,
-) -> JournalEntry | None:  # fmt: skip
+    unit: str,
+    journal: Sequence[JournalEntry],
+    current_run: str | None,
+    *,
+    claim_alive: bool,
+    now: float,
+    by: str,
+) -> JournalEntry | None:
     """The outcome entry for a restart claim whose claimer died after starting another run:
     the unit's current run is no longer the claimed one (``restarted``, observed), else
     ``None`` (no open claim, still in progress, or the dead run is still current: :func:`decide`
@@ -318,18 +365,35 @@ def close_orphan_claim(
     if current_run is None or current_run == claim.run_id:
         return None
     return JournalEntry(
-        unit=unit, at=now, action="restarted", run_id=claim.run_id, new_run_id=current_run,
-        attempt=claim.attempt, procedure=claim.procedure, cause=claim.cause, trigger=claim.trigger,
+        unit=unit,
+        at=now,
+        action="restarted",
+        run_id=claim.run_id,
+        new_run_id=current_run,
+        attempt=claim.attempt,
+        procedure=claim.procedure,
+        cause=claim.cause,
+        trigger=claim.trigger,
         reason=f"run {current_run} is current: the restarting process ({claim.by}) ended before "
-               "it recorded the outcome", note="observed", by=by,
-    )  # fmt: skip
+        "it recorded the outcome",
+        note="observed",
+        by=by,
+    )
 
 
 def interrupted(unit: str, claim: JournalEntry, now: float, by: str) -> JournalEntry:
     """The outcome of a claim whose claimer died before starting anything: it counts as an
     attempt (the budget never grows back), and the next one waits its own backoff."""
     return JournalEntry(
-        unit=unit, at=now, action="interrupted", run_id=claim.run_id, attempt=claim.attempt,
-        procedure=claim.procedure, cause=claim.cause, trigger=claim.trigger, note="interrupted",
-        reason=f"the restart claimed by {claim.by} never finished (that process is gone)", by=by,
-    )  # fmt: skip
+        unit=unit,
+        at=now,
+        action="interrupted",
+        run_id=claim.run_id,
+        attempt=claim.attempt,
+        procedure=claim.procedure,
+        cause=claim.cause,
+        trigger=claim.trigger,
+        note="interrupted",
+        reason=f"the restart claimed by {claim.by} never finished (that process is gone)",
+        by=by,
+    )

@@ -139,8 +139,9 @@ def restart_rules(playbooks: Sequence[Playbook]) -> dict[str, RestartRule]:
 def node_view(j: Judgement, config: ContainerConfig) -> NodeView:
     run = j.snapshot.run
     gpus = tuple(run.manifest.gpus) if run and run.manifest and run.manifest.gpus else ()
-    return NodeView(j.name, j.state, j.snapshot, j.findings, gpus or config.gpu_indices,
-                    config.limits)  # fmt: skip
+    return NodeView(
+        j.name, j.state, j.snapshot, j.findings, gpus or config.gpu_indices, config.limits
+    )
 
 
 class Healer:
@@ -232,8 +233,16 @@ class Healer:
                 if fix is not None:
                     journal = [*journal, *self._write(history, [fix])]
                 assert cfg.restart is not None
-                d = decide(j.name, [node], diagnosis, cfg.restart, journal, now,
-                           rules=self.rules, claim_alive=False)  # fmt: skip
+                d = decide(
+                    j.name,
+                    [node],
+                    diagnosis,
+                    cfg.restart,
+                    journal,
+                    now,
+                    rules=self.rules,
+                    claim_alive=False,
+                )
                 if should_record(d, journal):
                     self._write(history, [d.entry(now, self.opts.by)])
                 claimed = d.action == "restart"
@@ -248,8 +257,9 @@ class Healer:
         """The outcome of a claim left open by a claimer that died (we hold the unit lock)."""
         if not journal or journal[-1].action != "restart":
             return None
-        observed = close_orphan_claim(unit, journal, current, claim_alive=False, now=now,
-                                      by=self.opts.by)  # fmt: skip
+        observed = close_orphan_claim(
+            unit, journal, current, claim_alive=False, now=now, by=self.opts.by
+        )
         return observed or interrupted(unit, journal[-1], now, self.opts.by)
 
     def _write(self, history: History, entries: Sequence[JournalEntry]) -> list[JournalEntry]:
@@ -273,13 +283,19 @@ class Healer:
         launched: list[str] = []
         assert d.procedure is not None and r.config.restart is not None
         try:
-            steps = plan_procedure(get_playbook(self.playbooks, d.procedure),
-                                   procedure_context(r.config))  # fmt: skip
+            steps = plan_procedure(
+                get_playbook(self.playbooks, d.procedure), procedure_context(r.config)
+            )
             run_procedure(
-                steps, self.inventory, name, echo=lambda line: self.echo(f"{name}: {line}"),
-                by=f"orch restart by {self.opts.by}", expect_run=d.run_id,
-                settle_timeout_s=r.config.restart.settle_timeout_s, launched=launched,
-            )  # fmt: skip
+                steps,
+                self.inventory,
+                name,
+                echo=lambda line: self.echo(f"{name}: {line}"),
+                by=f"orch restart by {self.opts.by}",
+                expect_run=d.run_id,
+                settle_timeout_s=r.config.restart.settle_timeout_s,
+                launched=launched,
+            )
             new = launched[-1] if launched else None
             action, reason = "restarted", f"{d.procedure}: run {new} started ({d.reason})"
         except OrchError as exc:
@@ -296,11 +312,21 @@ class Healer:
                 f"{d.procedure} failed: {type(exc).__name__}: {exc}"[:300],
             )
         entry = JournalEntry(
-            unit=name, at=self.clock(), action=action, reason=reason, run_id=d.run_id,
-            note=action, trigger=d.trigger, cause=d.cause, procedure=d.procedure,
-            attempt=d.attempt, new_run_id=new, evidence=d.evidence, remedy=d.remedy,
+            unit=name,
+            at=self.clock(),
+            action=action,
+            reason=reason,
+            run_id=d.run_id,
+            note=action,
+            trigger=d.trigger,
+            cause=d.cause,
+            procedure=d.procedure,
+            attempt=d.attempt,
+            new_run_id=new,
+            evidence=d.evidence,
+            remedy=d.remedy,
             by=self.opts.by,
-        )  # fmt: skip
+        )
         try:
             with (
                 History.open(self.db_path, inventory=self.inventory) as history,
@@ -324,8 +350,13 @@ class Healer:
             history.locked(LOCK_TIMEOUT_S),
         ):
             now = self.clock()
-            pending = [e for e in history.journal() if e.action in NOTICE_ACTIONS
-                       and e.notified_at is None and now - e.at <= NOTICE_MAX_AGE_S]  # fmt: skip
+            pending = [
+                e
+                for e in history.journal()
+                if e.action in NOTICE_ACTIONS
+                and e.notified_at is None
+                and now - e.at <= NOTICE_MAX_AGE_S
+            ]
             if not pending:
                 return []
             notes = [notification(e) for e in pending]
@@ -333,8 +364,12 @@ class Healer:
             secrets = alerts.environment_secrets(
                 [c.env for c in self.inventory.containers.values()]
             )
-            body = alerts.payload(notes, status=worst.name, secrets=secrets | self.opts.extra_secrets,
-                                  source="orch supervise")  # fmt: skip
+            body = alerts.payload(
+                notes,
+                status=worst.name,
+                secrets=secrets | self.opts.extra_secrets,
+                source="orch supervise",
+            )
             results = notifier.deliver(body)
             for d in results:
                 if not d.ok:
@@ -371,7 +406,13 @@ def notification(e: JournalEntry) -> alerts.Notification:
         summary = f"run {run}: {e.reason}"
     extra: dict[str, Any] = {"remedy": tuple(e.remedy)} if page else {}
     return alerts.Notification(
-        event=e.action, target=e.unit, kind=e.cause or e.trigger or "unknown",
-        severity=Severity.CRITICAL if page else Severity.WARNING, summary=summary, since=e.at,
-        playbook=e.cause, evidence=tuple(e.evidence), **extra,
-    )  # fmt: skip
+        event=e.action,
+        target=e.unit,
+        kind=e.cause or e.trigger or "unknown",
+        severity=Severity.CRITICAL if page else Severity.WARNING,
+        summary=summary,
+        since=e.at,
+        playbook=e.cause,
+        evidence=tuple(e.evidence),
+        **extra,
+    )

@@ -110,7 +110,8 @@ def _notify(healer: Healer) -> list[str]:
 
 
 def _start(healer: Healer, r: Restart) -> threading.Thread:
-    t = threading.Thread(target=healer.execute, args=(r,), name=f"restart-{r.config.name}",
-                         daemon=True)  # fmt: skip
+    t = threading.Thread(
+        target=healer.execute, args=(r,), name=f"restart-{r.config.name}", daemon=True
+    )
     t.start()
     return t

@@ -31,6 +31,7 @@ from orchestrator.config.inventory import Inventory
 from orchestrator.config.jobs import JobConfig, JobNode
 from orchestrator.errors import AgentRefused, LaunchFailed, LaunchInterrupted, OrchError, Refused
 from orchestrator.lifecycle.bundle import check_trainer_args, trainer_bundle, trainer_config
+from orchestrator.lifecycle.job_interrupt import Done, interrupted_text
 from orchestrator.lifecycle.jobs import (
     NodeStop,
     node_command,
@@ -148,57 +149,6 @@ class JobLaunchResult:
         }
 
 
-@dataclass
-class Done:
-    """How far a job launch got, for the message of a Ctrl-C: ``stage`` is ``preflight``
-    (preflight and deploy: nothing started), ``start`` (the agents were asked to start the
-    nodes), ``started`` (verify) or ``stopping`` (a failure stops the nodes); ``started`` and
-    ``refused`` hold the containers whose agent answered the start, yes or no."""
-
-    stage: str = "preflight"
-    started: set[str] = field(default_factory=set)
-    refused: set[str] = field(default_factory=set)
-
-
-def interrupted_text(job: JobConfig, run_id: str, done: Done) -> str:
-    """What a Ctrl-C left behind, node by node, and the command that undoes it (pure).
-
-    >>> from orchestrator.config.jobs import JobConfig, JobNode
-    >>> job = JobConfig("pair", (JobNode("ct200", 0, "a"), JobNode("ct201", 1, "b")))
-    >>> interrupted_text(job, "R", Done())
-    'job pair: interrupted before the start step: nothing was started on any node'
-    >>> print(interrupted_text(job, "R", Done("started", {"ct200", "ct201"})))
-    job pair: interrupted: node ct200 (rank 0) started in ct200 and is still running; node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it
-    >>> print(interrupted_text(job, "R", Done("start", {"ct201"}, {"ct200"})))
-    job pair: interrupted in the start step: node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it; node ct200 (rank 0) did not start
-    >>> print(interrupted_text(job, "R", Done("start", {"ct201"})))
-    job pair: interrupted in the start step: node ct201 (rank 1) started in ct201 and is still running (run R): orch stop pair --run R stops it; node ct200 (rank 0) may have started (no answer yet: orch status pair says; the same orch stop stops it)
-    """
-    if done.stage == "preflight" or (done.stage == "start" and done.refused >= _names(job)):
-        return f"job {job.name}: interrupted before the start step: nothing was started on any node"
-    where = {"start": " in the start step", "stopping": " while stopping the nodes after a failure"}
-    running = "may still be running" if done.stage == "stopping" else "is still running"
-    undo = f"orch stop {job.name} --run {run_id} stops it"
-    parts = [f"node {n.label} started in {n.container} and {running}"
-             for n in job.nodes if n.container in done.started]  # fmt: skip
-    text = f"job {job.name}: interrupted{where.get(done.stage, '')}: " + (
-        f"{'; '.join(parts)} (run {run_id}): {undo}" if parts else f"run {run_id}: {undo} if so"
-    )
-    if done.stage == "stopping":
-        return text
-    for n in job.nodes:
-        if n.container in done.refused:
-            text += f"; node {n.label} did not start"
-        elif n.container not in done.started:
-            text += (f"; node {n.label} may have started (no answer yet: orch status {job.name} "
-                     "says; the same orch stop stops it)")  # fmt: skip
-    return text
-
-
-def _names(job: JobConfig) -> set[str]:
-    return {n.container for n in job.nodes}
-
-
 def scan(progress: NodeProgress, lines: Sequence[str]) -> None:
     """Note the rendezvous and the node's group rank in new log lines (pure on ``progress``).
 
@@ -243,8 +193,14 @@ def launch_job(
     phases: list[dict[str, Any]] = []
 
     def phase(name: str, status: str, detail: str = "") -> None:
-        phases.append({"phase": name, "status": status, "detail": detail,
-                       "at_s": round(time.monotonic() - t0, 3)})  # fmt: skip
+        phases.append(
+            {
+                "phase": name,
+                "status": status,
+                "detail": detail,
+                "at_s": round(time.monotonic() - t0, 3),
+            }
+        )
         report(name, status, detail)
 
     bundled = job.command is None
@@ -259,9 +215,20 @@ def launch_job(
     run_id = new_run_id(run_name)
     done = Done()
     try:
-        return _launch_job(inventory, job, phase, done, t0, phases, run_id=run_id,
-                           extra_env=extra_env, force=force, verify=verify, grace_s=grace_s,
-                           trainer_args=trainer_args)  # fmt: skip
+        return _launch_job(
+            inventory,
+            job,
+            phase,
+            done,
+            t0,
+            phases,
+            run_id=run_id,
+            extra_env=extra_env,
+            force=force,
+            verify=verify,
+            grace_s=grace_s,
+            trainer_args=trainer_args,
+        )
     except KeyboardInterrupt:
         if done.stage != "start":  # the start step's calls were waited for (on_nodes)
             _close_connections()  # the threads still reading end now, not at their timeout
@@ -314,17 +281,30 @@ def _launch_job(
         phase("preflight", "fail", "; ".join(f"{k}: {v[0]}" for k, v in problems.items()))
         raise JobPreflightRefused(job.name, problems)
     live = [n for n in job.nodes if pre[n.container]["live"]]  # type: ignore[index]
-    phase("preflight", "ok", f"all {n_nodes} nodes: containers running, GPUs idle, disk free"
-          + (f"; replacing live runs on {', '.join(n.container for n in live)} (--force)" if live else ""))  # fmt: skip
+    phase(
+        "preflight",
+        "ok",
+        f"all {n_nodes} nodes: containers running, GPUs idle, disk free"
+        + (
+            f"; replacing live runs on {', '.join(n.container for n in live)} (--force)"
+            if live
+            else ""
+        ),
+    )
 
     bundles: dict[str, str | None] = dict.fromkeys(containers)
     if bundled:
         phase("deploy", "start", f"bundled trainer to {n_nodes} nodes")
-        got = on_nodes(job, lambda n: deploy.ensure_agent(targets[n.container].transport,
-                                                          containers[n.container].workdir,
-                                                          containers[n.container].python,
-                                                          bundle=trainer_bundle()),
-                       finish_on_interrupt=False)  # fmt: skip
+        got = on_nodes(
+            job,
+            lambda n: deploy.ensure_agent(
+                targets[n.container].transport,
+                containers[n.container].workdir,
+                containers[n.container].python,
+                bundle=trainer_bundle(),
+            ),
+            finish_on_interrupt=False,
+        )
         failed = {k: v for k, v in got.items() if isinstance(v, OrchError)}
         if failed:
             name, exc = next(iter(failed.items()))
@@ -350,8 +330,15 @@ def _launch_job(
     def start(n: JobNode) -> LaunchAnswer:
         c = containers[n.container]
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
-        cmd = node_command(job, n, c, run_id=run_id, run_dir=run_dir, bundle_dir=bundles[n.container],
-                           trainer_args=trainer_args)  # fmt: skip
+        cmd = node_command(
+            job,
+            n,
+            c,
+            run_id=run_id,
+            run_dir=run_dir,
+            bundle_dir=bundles[n.container],
+            trainer_args=trainer_args,
+        )
         req = launch_request(
             c,
             cmd,
@@ -383,16 +370,32 @@ def _launch_job(
         phase("start", "fail", str(exc).splitlines()[0])
         ok = [job.node(k) for k, v in started.items() if not isinstance(v, OrchError)]
         done.stage = "stopping"
-        stopped = stop_job(inventory, job, grace_s=FAIL_STOP_GRACE_S, run_id=run_id, nodes=ok,
-                           by=f"orch launch {job.name}: {node.label} failed to start") if ok else []  # fmt: skip
+        stopped = (
+            stop_job(
+                inventory,
+                job,
+                grace_s=FAIL_STOP_GRACE_S,
+                run_id=run_id,
+                nodes=ok,
+                by=f"orch launch {job.name}: {node.label} failed to start",
+            )
+            if ok
+            else []
+        )
         raise JobLaunchFailed(_failed_text(job, node, str(exc), stopped, run_id), node, stopped)
     phase("start", "ok", f"run {run_id} on {n_nodes} nodes")
     done.stage = "started"
 
     def result(verified: bool | None) -> JobLaunchResult:
-        return JobLaunchResult(job.name, run_id, job.rdzv_endpoint,
-                               tuple(p.to_dict() for p in progress.values()), verified,
-                               time.monotonic() - t0, tuple(phases))  # fmt: skip
+        return JobLaunchResult(
+            job.name,
+            run_id,
+            job.rdzv_endpoint,
+            tuple(p.to_dict() for p in progress.values()),
+            verified,
+            time.monotonic() - t0,
+            tuple(phases),
+        )
 
     if not verify:
         phase("verify", "skip", "--no-verify")
@@ -469,9 +472,15 @@ def verify_job(
             if p.state in DEAD_STATES:
                 _fail(inventory, job, run_id, p, _death_text(p, run_id, secrets), done)
             if p.group_rank is not None and p.group_rank != n.rank:
-                _fail(inventory, job, run_id, p,
-                      f"torchrun's c10d rendezvous gave it group rank {p.group_rank}, not {n.rank} as "
-                      f"listed (c10d ranks nodes by their sorted --local-addr)", done)  # fmt: skip
+                _fail(
+                    inventory,
+                    job,
+                    run_id,
+                    p,
+                    f"torchrun's c10d rendezvous gave it group rank {p.group_rank}, not {n.rank} as "
+                    f"listed (c10d ranks nodes by their sorted --local-addr)",
+                    done,
+                )
         if all(p.ready for p in progress.values()):
             return
         if time.monotonic() >= deadline:
@@ -482,8 +491,14 @@ def verify_job(
                 f"{p.node.label} ({'no rendezvous' if not p.rendezvous else 'no step'})"
                 for p in late
             )
-            _fail(inventory, job, run_id, first if len(late) == 1 else None,
-                  f"{why} within {timeout_s:g} s; waiting: {names}", done)  # fmt: skip
+            _fail(
+                inventory,
+                job,
+                run_id,
+                first if len(late) == 1 else None,
+                f"{why} within {timeout_s:g} s; waiting: {names}",
+                done,
+            )
         time.sleep(VERIFY_POLL_S)
 
 
@@ -511,8 +526,9 @@ def _death_text(p: NodeProgress, run_id: str, secrets: Sequence[str]) -> str:
     how = f"exit status {code}" if code is not None else "no exit status (vanished)"
     diagnosis = diagnose(lines, code)
     tail = "\n".join(f"    | {x}" for x in lines[-12:]) or "    (the log is empty)"
-    return (f"died {when}: {how}\n  last log lines ({p.log_path}):\n{tail}"
-            + (f"\n  diagnosis: {diagnosis}" if diagnosis else ""))  # fmt: skip
+    return f"died {when}: {how}\n  last log lines ({p.log_path}):\n{tail}" + (
+        f"\n  diagnosis: {diagnosis}" if diagnosis else ""
+    )
 
 
 def _fail(
@@ -550,6 +566,8 @@ def _failed_text(
     errs = [s for s in stopped if s.error]
     if errs:
         text += "\n  could not stop: " + "; ".join(f"{s.node.label}: {s.error}" for s in errs)
-    text += (f"\n  the run directories are kept (run {run_id}): orch logs {job.name} --node "
-             f"{node.container if node else job.nodes[0].container}, orch postmortem {job.name}")  # fmt: skip
+    text += (
+        f"\n  the run directories are kept (run {run_id}): orch logs {job.name} --node "
+        f"{node.container if node else job.nodes[0].container}, orch postmortem {job.name}"
+    )
     return text

@@ -60,11 +60,23 @@ def torchrun_argv(job: JobConfig, node: JobNode, run_id: str) -> list[str]:
     ['--rdzv-conf', 'is_host=1']
     """
     argv = [
-        "--nnodes", str(len(job.nodes)), "--nproc-per-node", str(node.procs),
-        "--node-rank", str(node.rank), "--rdzv-backend", "c10d",
-        "--rdzv-endpoint", job.rdzv_endpoint, "--rdzv-id", run_id,
-        "--local-addr", node.address, "--max-restarts", "0",
-    ]  # fmt: skip
+        "--nnodes",
+        str(len(job.nodes)),
+        "--nproc-per-node",
+        str(node.procs),
+        "--node-rank",
+        str(node.rank),
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        job.rdzv_endpoint,
+        "--rdzv-id",
+        run_id,
+        "--local-addr",
+        node.address,
+        "--max-restarts",
+        "0",
+    ]
     host = job.rdzv_endpoint.rpartition(":")[0].strip("[]")
     # no guessing from the hostname: only the node whose address is the endpoint serves the
     # store (torchrun guesses "mine" for any local address: two nodes sharing one would race
@@ -336,14 +348,23 @@ def status_rows(
     placed: set[str] = set()
     for name in jobs:
         job = inventory.job(name)
-        nodes = [{**by_name[n.container], "job": name, "rank": n.rank}
-                 for n in job.nodes if n.container in by_name]  # fmt: skip
+        nodes = [
+            {**by_name[n.container], "job": name, "rank": n.rank}
+            for n in job.nodes
+            if n.container in by_name
+        ]
         rates = [r["tokens_per_s"] for r in nodes if r.get("tokens_per_s") is not None]
-        out.append({
-            "target": name, "kind": "job", "state": worst_state([r.get("state") or "unreachable" for r in nodes]),
-            "reachable": any(r.get("reachable") for r in nodes), "tokens_per_s": sum(rates) if rates else None,
-            "nodes": [r["target"] for r in nodes], "rendezvous": job.rdzv_endpoint,
-        })  # fmt: skip
+        out.append(
+            {
+                "target": name,
+                "kind": "job",
+                "state": worst_state([r.get("state") or "unreachable" for r in nodes]),
+                "reachable": any(r.get("reachable") for r in nodes),
+                "tokens_per_s": sum(rates) if rates else None,
+                "nodes": [r["target"] for r in nodes],
+                "rendezvous": job.rdzv_endpoint,
+            }
+        )
         out.extend(nodes)
         placed.update(r["target"] for r in nodes)
     out.extend(r for r in rows if r["target"] not in placed)

@@ -244,8 +244,14 @@ def launch(
     phases: list[dict[str, Any]] = []
 
     def phase(name_: str, status: str, detail: str = "") -> None:
-        phases.append({"phase": name_, "status": status, "detail": detail,
-                       "at_s": round(time.monotonic() - t0, 3)})  # fmt: skip
+        phases.append(
+            {
+                "phase": name_,
+                "status": status,
+                "detail": detail,
+                "at_s": round(time.monotonic() - t0, 3),
+            }
+        )
         report(name_, status, detail)
 
     tgt = target or Target(inventory, name)
@@ -270,23 +276,38 @@ def launch(
     try:
         phase("preflight", "start", f"{c.session} on {name}, GPUs {_gpu_text(assigned)}")
         try:
-            pre = preflight(tgt, gpus=assigned, bundled=bundled, force=force, config=config,
-                            gpus_given=bool(gpus))  # fmt: skip
+            pre = preflight(
+                tgt,
+                gpus=assigned,
+                bundled=bundled,
+                force=force,
+                config=config,
+                gpus_given=bool(gpus),
+            )
         except OrchError as exc:
             phase("preflight", "fail", str(exc).splitlines()[0])
             raise
         if pre["live"] and force:
             phase("preflight", "ok", f"live session {c.session!r}: stopping it first (--force)")
-            replaced = stop(inventory, name, grace_s=grace_s, target=tgt,
-                            by=f"orch launch --force by {operator()}")  # fmt: skip
+            replaced = stop(
+                inventory,
+                name,
+                grace_s=grace_s,
+                target=tgt,
+                by=f"orch launch --force by {operator()}",
+            )
             snap = tgt.snapshot()
             busy = busy_gpus(snap, assigned, c.limits.busy_mem_mib)
             if busy:
                 phase("preflight", "fail", busy[0])
                 raise PreflightRefused(name, [f"{b}; after stopping the old run" for b in busy])
         else:
-            phase("preflight", "ok", "container running, GPUs idle, disk free"
-                  + (", imports ok" if pre["imports"] else ""))  # fmt: skip
+            phase(
+                "preflight",
+                "ok",
+                "container running, GPUs idle, disk free"
+                + (", imports ok" if pre["imports"] else ""),
+            )
 
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"
         if bundled:
@@ -306,9 +327,23 @@ def launch(
     assert command is not None
 
     try:
-        return _start_and_verify(phase, tgt, name, command, run_id, assigned, user_env,
-                                 replaced, t0, phases, grace_s=grace_s, force=force,
-                                 carry_from=carry_from, env_from=env_from, verify=verify)  # fmt: skip
+        return _start_and_verify(
+            phase,
+            tgt,
+            name,
+            command,
+            run_id,
+            assigned,
+            user_env,
+            replaced,
+            t0,
+            phases,
+            grace_s=grace_s,
+            force=force,
+            carry_from=carry_from,
+            env_from=env_from,
+            verify=verify,
+        )
     except KeyboardInterrupt:
         raise LaunchInterrupted(
             f"interrupted: run {run_id} started in {name} and is still running: "
@@ -375,24 +410,47 @@ def _start_and_verify(
     phase("start", "ok", f"run {run_id} in tmux session {c.session!r}{carried}")
     state = answer.state
     result = dict(
-        target=name, run_id=run_id, run_dir=answer.run_dir, log_path=answer.log_path,
-        session=c.session, command=redact(command, secrets), gpus=assigned, replaced=replaced,
-    )  # fmt: skip
+        target=name,
+        run_id=run_id,
+        run_dir=answer.run_dir,
+        log_path=answer.log_path,
+        session=c.session,
+        command=redact(command, secrets),
+        gpus=assigned,
+        replaced=replaced,
+    )
     if not verify:
         phase("verify", "skip", "--no-verify")
-        return LaunchResult(**result, verified=None, elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
-                            state=state, phases=tuple(phases))  # fmt: skip
+        return LaunchResult(
+            **result,
+            verified=None,
+            elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
+            state=state,
+            phases=tuple(phases),
+        )
 
     phase("verify", "start", f"up to {c.limits.startup_timeout_s:g} s")
     try:
-        state = verify_run(tgt, run_id, state, timeout_s=c.limits.startup_timeout_s,
-                           started=t0, secrets=secrets, on_phase=phase)  # fmt: skip
+        state = verify_run(
+            tgt,
+            run_id,
+            state,
+            timeout_s=c.limits.startup_timeout_s,
+            started=t0,
+            secrets=secrets,
+            on_phase=phase,
+        )
     except LaunchFailed as exc:
         phase("verify", "fail", str(exc).splitlines()[0])
         raise
     phase("verify", "ok", f"alive, log growing ({state.log_size_bytes} bytes)")
-    return LaunchResult(**result, verified=True, elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
-                        state=state, phases=tuple(phases))  # fmt: skip
+    return LaunchResult(
+        **result,
+        verified=True,
+        elapsed_s=time.monotonic() - t0,  # type: ignore[arg-type]
+        state=state,
+        phases=tuple(phases),
+    )
 
 
 def _gpu_text(gpus: Sequence[int]) -> str:
@@ -427,8 +485,13 @@ def verify_run(
             raise _died(target.name, state, secrets)
         pane_ok = state.tmux is not None and state.tmux.exists and not state.tmux.pane_dead
         grew = (state.log_size_bytes or 0) > 0
-        if (state.state == "running" and state.command_alive and pane_ok and grew
-                and time.monotonic() - alive_since >= VERIFY_MIN_ALIVE_S):  # fmt: skip
+        if (
+            state.state == "running"
+            and state.command_alive
+            and pane_ok
+            and grew
+            and time.monotonic() - alive_since >= VERIFY_MIN_ALIVE_S
+        ):
             return state
         if time.monotonic() >= deadline:
             why = "wrote nothing to its log" if not grew else "did not settle"

@@ -254,8 +254,11 @@ def _check_given_gpus(name: str, snap: Snapshot, gpus: Sequence[int]) -> None:
     unseen = [i for i in gpus if i not in seen]
     if not unseen or not seen:
         return
-    have = f"{seen[0]}-{seen[-1]}" if seen == list(range(seen[0], seen[-1] + 1)) else (
-        ",".join(map(str, seen)))  # fmt: skip
+    have = (
+        f"{seen[0]}-{seen[-1]}"
+        if seen == list(range(seen[0], seen[-1] + 1))
+        else (",".join(map(str, seen)))
+    )
     raise UsageError(
         f"--gpus: {name} has no GPU {','.join(map(str, unseen))} (it sees GPUs {have}); "
         f"--gpus takes GPU indices, not a count: --gpus {have} uses all {len(seen)}"
@@ -309,14 +312,18 @@ def preflight(
         probes = _host_probe(target, snap, gpus)
         fake = _sandbox_holders(target, snap)
         problems += [
-            f"{p}; " + (f"a fake process of the sandbox's scenario holds it: free it with "
-                        f"{fake[i]} (or pick others with --gpus)" if i in fake else
-                        f"free it (orch stop {target.name} if an orch run holds it, else end the "
-                        f"holder on {host}: pct exec {c.vmid} -- kill <pid above>) or pick "
-                        f"others with --gpus")
+            f"{p}; "
+            + (
+                f"a fake process of the sandbox's scenario holds it: free it with "
+                f"{fake[i]} (or pick others with --gpus)"
+                if i in fake
+                else f"free it (orch stop {target.name} if an orch run holds it, else end the "
+                f"holder on {host}: pct exec {c.vmid} -- kill <pid above>) or pick "
+                f"others with --gpus"
+            )
             for i in gpus
             for p in busy_gpus(snap, [i], c.limits.busy_mem_mib, probes)
-        ]  # fmt: skip
+        ]
     free_mib = (facts.get("disk") or {}).get("free_mib")
     need_mib = c.limits.min_free_disk_gib * 1024
     if isinstance(free_mib, (int, float)) and free_mib < need_mib:
@@ -338,5 +345,10 @@ def preflight(
             problems.append(why)
     if problems:
         raise PreflightRefused(target.name, problems)
-    return {"facts": facts, "live": live, "imports": imports, "snapshot": snap,
-            "cuda_devices": cuda_devices}  # fmt: skip
+    return {
+        "facts": facts,
+        "live": live,
+        "imports": imports,
+        "snapshot": snap,
+        "cuda_devices": cuda_devices,
+    }

@@ -382,9 +382,14 @@ class _Runner:
         self.launched_run = res.run_id  # known before verifying: a restart journals it either way
         assert res.state is not None
         try:
-            launch_mod.verify_run(self.tgt, res.run_id, res.state, started=time.monotonic(),
-                                  timeout_s=self.tgt.container.limits.startup_timeout_s,
-                                  secrets=secret_values(self.tgt.container.env))  # fmt: skip
+            launch_mod.verify_run(
+                self.tgt,
+                res.run_id,
+                res.state,
+                started=time.monotonic(),
+                timeout_s=self.tgt.container.limits.startup_timeout_s,
+                secrets=secret_values(self.tgt.container.env),
+            )
         except launch_mod.RunDied as exc:
             if exc.exit_status != 0:
                 raise
@@ -396,8 +401,11 @@ class _Runner:
         from orchestrator.lifecycle import runs
 
         row = runs.status_one(self.inventory, self.name)
-        if (self.launched_finished and row.get("run_id") == self.launched_run
-                and row.get("run_state") == "exited 0"):  # fmt: skip
+        if (
+            self.launched_finished
+            and row.get("run_id") == self.launched_run
+            and row.get("run_state") == "exited 0"
+        ):
             return f"run {self.launched_run} finished with exit status 0"
         if row.get("error") or row.get("run_state") != "running":
             why = row.get("error") or f"run state {row.get('run_state')!r}"
@@ -414,8 +422,9 @@ class _Runner:
 
         if step.action == "stop":
             self.remember_run()
-            doc = stop_mod.stop(self.inventory, self.name, target=self.tgt, by=self.by,
-                                run_id=self.expect_run)  # fmt: skip
+            doc = stop_mod.stop(
+                self.inventory, self.name, target=self.tgt, by=self.by, run_id=self.expect_run
+            )
             if not doc.stopped:
                 return "nothing was running"
             return f"stopped (signals {', '.join(doc.signals) or 'none'}; exit status {doc.exit_status})"
@@ -465,8 +474,15 @@ def run_procedure(
     """
     from orchestrator.remote.target import Target
 
-    r = _Runner(inventory=inventory, name=target, force=force, echo=echo, by=by,
-                expect_run=expect_run, settle_timeout_s=settle_timeout_s)  # fmt: skip
+    r = _Runner(
+        inventory=inventory,
+        name=target,
+        force=force,
+        echo=echo,
+        by=by,
+        expect_run=expect_run,
+        settle_timeout_s=settle_timeout_s,
+    )
     r.tgt = Target(inventory, target)
     guarded = [s for s in steps if s.overwrites]
     if guarded:

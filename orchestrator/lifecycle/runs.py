@@ -76,8 +76,13 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
     ``state`` is the word ``watch`` and ``check`` show (:func:`views.state.target_state`);
     a vmid pct does not know is reachable, container ``missing``, state ``stopped``, as there.
     """
-    row: dict[str, Any] = {"target": name, "reachable": False, "container": None, "error": None,
-                           "state": "unreachable"}  # fmt: skip
+    row: dict[str, Any] = {
+        "target": name,
+        "reachable": False,
+        "container": None,
+        "error": None,
+        "state": "unreachable",
+    }
     try:
         tgt = Target(inventory, name)
         status_lock = (
@@ -92,8 +97,13 @@ def status_one(inventory: Inventory, name: str) -> dict[str, Any]:
             return row
         snap = tgt.snapshot()
     except ContainerNotFound as exc:  # pct answered: the host is there, the container is not
-        return {**row, "reachable": True, "container": "missing", "state": "stopped",
-                "error": str(exc)}  # fmt: skip
+        return {
+            **row,
+            "reachable": True,
+            "container": "missing",
+            "state": "stopped",
+            "error": str(exc),
+        }
     except OrchError as exc:
         row["error"] = str(exc)
         return row
@@ -117,8 +127,15 @@ def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
         run_state = run_phase(run.exit_status, live)
         run_state = f"exited {run.exit_status}" if run_state == "exited" else run_state
     return {
-        "session": None if sess is None else ("live" if sess.exists and sess.pane_dead is False
-                                              else "dead pane" if sess.exists else "none"),
+        "session": None
+        if sess is None
+        else (
+            "live"
+            if sess.exists and sess.pane_dead is False
+            else "dead pane"
+            if sess.exists
+            else "none"
+        ),
         "run_id": run.run_id if run else None,
         "run_state": run_state,
         "state": target_state(snap, startup_grace_s=container.limits.startup_grace_s),
@@ -129,9 +146,11 @@ def summarize(snap: Snapshot, container: ContainerConfig) -> dict[str, Any]:
         "gpus": len(gpus),
         "gpu_mem_used_gib": round(used / 1024, 1),
         "gpu_mem_total_gib": round(total / 1024, 1),
-        "gpus_busy": sum(1 for g in gpus if (g.memory_used_mib or 0) > container.limits.busy_mem_mib),
+        "gpus_busy": sum(
+            1 for g in gpus if (g.memory_used_mib or 0) > container.limits.busy_mem_mib
+        ),
         "errors": list(snap.errors),
-    }  # fmt: skip
+    }
 
 
 def status(inventory: Inventory, names: Sequence[str]) -> list[dict[str, Any]]:

@@ -128,15 +128,24 @@ def db_error(path: Path | str, exc: sqlite3.Error) -> HistoryError:
     text = str(exc)
     cls = _LockedOrBusy if isinstance(exc, sqlite3.OperationalError) else HistoryError
     if "locked" in text or "busy" in text:
-        return cls(str(path), f"locked by another process for {BUSY_TIMEOUT_S:g} s ({text})",
-                   "is another orch, or an sqlite3 shell, holding it?")  # fmt: skip
+        return cls(
+            str(path),
+            f"locked by another process for {BUSY_TIMEOUT_S:g} s ({text})",
+            "is another orch, or an sqlite3 shell, holding it?",
+        )
     if "readonly" in text or "read-only" in text:
-        return cls(str(path), f"read-only ({text})",
-                   "orch writes its history here: check the file's and directory's permissions, "
-                   "or choose another with --db / $ORCH_DB")  # fmt: skip
+        return cls(
+            str(path),
+            f"read-only ({text})",
+            "orch writes its history here: check the file's and directory's permissions, "
+            "or choose another with --db / $ORCH_DB",
+        )
     if isinstance(exc, sqlite3.DatabaseError) and not isinstance(exc, sqlite3.OperationalError):
-        return cls(str(path), f"not a usable SQLite database ({text})",
-                   "move it aside: orch starts a new one")  # fmt: skip
+        return cls(
+            str(path),
+            f"not a usable SQLite database ({text})",
+            "move it aside: orch starts a new one",
+        )
     return cls(str(path), f"history database error ({text})", "see docs/cron.md")
 
 
@@ -312,8 +321,9 @@ class History:
         except sqlite3.Error as exc:
             raw.close()
             err = db_error(path, exc)
-            raise HistoryError(str(path), f"cannot open history database: {err.problem}",
-                               err.hint) from None  # fmt: skip
+            raise HistoryError(
+                str(path), f"cannot open history database: {err.problem}", err.hint
+            ) from None
         history = cls(path, _Connection(path, raw), keep, identities(inventory))
         if history._keys and history.get_meta(UNCLAIMED):
             history._claim()
@@ -351,8 +361,11 @@ class History:
         try:
             fd = os.open(lock_path, os.O_CREAT | os.O_RDWR, 0o600)
         except OSError as exc:
-            raise HistoryError(str(lock_path), f"cannot open the check lock: {exc.strerror}",
-                               "check the directory's permissions, or choose --db / $ORCH_DB") from None  # fmt: skip
+            raise HistoryError(
+                str(lock_path),
+                f"cannot open the check lock: {exc.strerror}",
+                "check the directory's permissions, or choose --db / $ORCH_DB",
+            ) from None
         try:
             deadline = time.monotonic() + timeout_s
             while True:

@@ -123,8 +123,10 @@ class HostFeed:
     def gap(self, marker: Snapshot) -> dict[str, Snapshot]:
         """Every container unreachable, with the host stream's reason."""
         reason = "; ".join(marker.errors) or "host stream ended"
-        return {n: Snapshot.unreachable(n, marker.taken_at, f"{self.host}: {reason}")
-                for n in self.names}  # fmt: skip
+        return {
+            n: Snapshot.unreachable(n, marker.taken_at, f"{self.host}: {reason}")
+            for n in self.names
+        }
 
 
 def pump_host(
@@ -138,8 +140,9 @@ def pump_host(
     """Put ``(name, Snapshot)`` for every container of the host, and ``(HOST_PREFIX + host,
     HostView)`` (the document's candidate host events) after each document, on ``out`` until
     ``stop`` is set (a thread's body)."""
-    items = reconnecting(feed.host, connect, backoff_cap_s=backoff_cap_s, sleep=stop.wait,
-                         stop=stop)  # fmt: skip
+    items = reconnecting(
+        feed.host, connect, backoff_cap_s=backoff_cap_s, sleep=stop.wait, stop=stop
+    )
     try:
         for item in items:
             if stop.is_set():

@@ -56,8 +56,11 @@ def container_gpus(
     >>> container_gpus(doc, None, {201: "ct201"})[0].processes[0].container
     'ct201'
     """
-    chosen = list(doc.gpus) if visible is None else [g for h in visible for g in doc.gpus
-                                                     if g.index == h]  # fmt: skip
+    chosen = (
+        list(doc.gpus)
+        if visible is None
+        else [g for h in visible for g in doc.gpus if g.index == h]
+    )
     out = []
     for i, g in enumerate(chosen):
         procs = g.processes
@@ -93,8 +96,9 @@ def fan_out(
     for name, vmid in mine.items():
         snap = doc.containers.get(name)
         if snap is None:
-            snap = Snapshot.unreachable(name, doc.taken_at, f"{doc.host}: the host observer "
-                                        "did not report this container")  # fmt: skip
+            snap = Snapshot.unreachable(
+                name, doc.taken_at, f"{doc.host}: the host observer did not report this container"
+            )
             out[name] = snap
             continue
         running = snap.container_status in (None, "running")

@@ -39,9 +39,17 @@ from orchestrator.monitor.state import stopped_on_request
 from orchestrator.wire.model import Finding, HostProbe, KernelEvent, Severity, Snapshot
 
 STATE_ORDER = (
-    "dead", "crashed", "stopped", "unreachable", "stalled", "connecting", "starting", "idle",
-    "finished", "running",
-)  # fmt: skip
+    "dead",
+    "crashed",
+    "stopped",
+    "unreachable",
+    "stalled",
+    "connecting",
+    "starting",
+    "idle",
+    "finished",
+    "running",
+)
 """Node states, worst first: a job is in its worst node's state."""
 JOB_FINDING = "job-node-failed"
 BLOCK = "the other nodes will block at the next collective"
@@ -183,9 +191,15 @@ def node_failure(
         links = link_down_events(events, vmid=container.vmid, since=started)
         at = links[0].at if links else snap.taken_at
         return NodeFailure(
-            node.container, node.rank, f"lost its container ({snap.container_status}, pct status)",
-            CAUSE, at, None, tuple([*snap.errors[:1], *(e.line for e in links[:2])]), host,
-        )  # fmt: skip
+            node.container,
+            node.rank,
+            f"lost its container ({snap.container_status}, pct status)",
+            CAUSE,
+            at,
+            None,
+            tuple([*snap.errors[:1], *(e.line for e in links[:2])]),
+            host,
+        )
     run = snap.run
     if run is not None and stopped_on_request(run, snap.taken_at):
         return None
@@ -193,10 +207,15 @@ def node_failure(
     if links and snap.reachable:
         e = links[0]
         return NodeFailure(
-            node.container, node.rank,
+            node.container,
+            node.rank,
             f"lost the job network at {fmt_time(e.at)} (host {host}: {e.device} down)",
-            CAUSE, e.at, None, (f"{host} kernel: {e.line}",), host,
-        )  # fmt: skip
+            CAUSE,
+            e.at,
+            None,
+            (f"{host} kernel: {e.line}",),
+            host,
+        )
     dead = judgement.state in ("crashed", "dead") or (
         run is not None and run.exit_status not in (None, 0)
     )

@@ -67,10 +67,18 @@ class Ledger:
         with self.lock:
             old = self.hosts.get(view.host) or HostView(view.host)
             now = view.taken_at if view.taken_at is not None else old.taken_at or 0.0
-            events = [e for e in dict.fromkeys([*old.events, *view.events])
-                      if e.at is None or now - e.at <= HOST_EVENTS_KEEP_S]  # fmt: skip
-            new = HostView(view.host, events[-KEEP_HOST_EVENTS:], old.findings,
-                           view.errors, view.taken_at or old.taken_at)  # fmt: skip
+            events = [
+                e
+                for e in dict.fromkeys([*old.events, *view.events])
+                if e.at is None or now - e.at <= HOST_EVENTS_KEEP_S
+            ]
+            new = HostView(
+                view.host,
+                events[-KEEP_HOST_EVENTS:],
+                old.findings,
+                view.errors,
+                view.taken_at or old.taken_at,
+            )
             self.hosts[view.host] = new
             return self._judged(new)
 

@@ -39,11 +39,18 @@ class Poller:
     ) -> None:
         self.inventory = inventory
         self.names = list(names)
-        self.jobs = [inventory.job(j) for j in jobs
-                     if all(n in names for n in inventory.job(j).containers)]  # fmt: skip
+        self.jobs = [
+            inventory.job(j) for j in jobs if all(n in names for n in inventory.job(j).containers)
+        ]
         one = (lambda n, _resume: fetch(n)) if fetch is not None else None
-        self.observer = Observer(inventory, self.names, timeout_s=timeout_s, workers=workers,
-                                 fetch=one, host_link=host_link)  # fmt: skip
+        self.observer = Observer(
+            inventory,
+            self.names,
+            timeout_s=timeout_s,
+            workers=workers,
+            fetch=one,
+            host_link=host_link,
+        )
         self._stop = threading.Event()
 
     def latest(self) -> list[Judgement]:

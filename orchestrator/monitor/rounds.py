@@ -68,13 +68,15 @@ def take(
     groups = obs.groups(names)
     on_host = {n for ns in groups.values() for n in ns}
     inside = [n for n in names if n not in on_host]
-    jobs: dict[str, Callable[[], Any]] = {f"H:{h}": _host_job(obs, h, ns, pair)
-                                          for h, ns in groups.items()}  # fmt: skip
+    jobs: dict[str, Callable[[], Any]] = {
+        f"H:{h}": _host_job(obs, h, ns, pair) for h, ns in groups.items()
+    }
     jobs.update(_inside_jobs(obs, inside, pair))
     probed = _probe_hosts(obs, inside, probe_also) if probe_since is not None else set()
     jobs.update({f"h:{h}": _probe_job(obs, h, probe_since) for h in probed})
-    got = settle(jobs, gather(jobs, workers=obs.workers, timeout_s=obs.timeout_s,
-                              meanwhile=meanwhile))  # fmt: skip
+    got = settle(
+        jobs, gather(jobs, workers=obs.workers, timeout_s=obs.timeout_s, meanwhile=meanwhile)
+    )
     out = Round(time.time())
     pids = known_pids(past or {})
     fallback: list[str] = []
@@ -83,8 +85,12 @@ def take(
     if fallback:  # a host that cannot run the observer: its containers from inside, now
         more = _inside_jobs(obs, fallback, pair)
         if probe_since is not None:
-            more.update({f"h:{h}": _probe_job(obs, h, probe_since)
-                         for h in _probe_hosts(obs, fallback, ()) - probed})  # fmt: skip
+            more.update(
+                {
+                    f"h:{h}": _probe_job(obs, h, probe_since)
+                    for h in _probe_hosts(obs, fallback, ()) - probed
+                }
+            )
         got.update(settle(more, gather(more, workers=obs.workers, timeout_s=obs.timeout_s)))
         inside += fallback
     for n in inside:

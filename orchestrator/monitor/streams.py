@@ -51,8 +51,12 @@ def start(
             return
         for n in group:
             obs.streaming.add(n)
-            threading.Thread(target=pump, args=(n, _connect(obs, n, interval_s), raw, stop),
-                             name=f"observe-{n}", daemon=True).start()  # fmt: skip
+            threading.Thread(
+                target=pump,
+                args=(n, _connect(obs, n, interval_s), raw, stop),
+                name=f"observe-{n}",
+                daemon=True,
+            ).start()
 
     groups = obs.groups(chosen)
     for host, group in groups.items():
@@ -64,11 +68,16 @@ def start(
             return link.stream_once(every)  # type: ignore[no-any-return]
 
         obs.streaming.update(group)
-        threading.Thread(target=pump_host, args=(feed, connect, raw, stop),
-                         name=f"observe-host-{host}", daemon=True).start()  # fmt: skip
+        threading.Thread(
+            target=pump_host,
+            args=(feed, connect, raw, stop),
+            name=f"observe-host-{host}",
+            daemon=True,
+        ).start()
     in_container([n for n in chosen if not any(n in g for g in groups.values())])
-    threading.Thread(target=_judging, args=(obs, raw, out, stop), name="observe-judge",
-                     daemon=True).start()  # fmt: skip
+    threading.Thread(
+        target=_judging, args=(obs, raw, out, stop), name="observe-judge", daemon=True
+    ).start()
 
 
 def _connect(obs: Handles, name: str, interval_s: float | None) -> Connect:
@@ -93,8 +102,11 @@ def _judging(
             name, item = raw.get(timeout=0.5)
         except queue.Empty:
             continue
-        judged = (obs.ledger.saw_host(item) if isinstance(item, HostView)
-                  else obs.ledger.judge(name, item))  # fmt: skip
+        judged = (
+            obs.ledger.saw_host(item)
+            if isinstance(item, HostView)
+            else obs.ledger.judge(name, item)
+        )
         if out is not None:
             out.put((name, judged))
 

@@ -151,15 +151,22 @@ def run_check(
     picked = [inventory.jobs[j] for j in select_jobs(inventory, opts.names)]
     job_cfgs = [j for j in picked if all(n in containers for n in j.containers)]
     job_hosts = {containers[n].host for j in job_cfgs for n in j.containers}
-    obs = Observer(inventory, names, timeout_s=opts.timeout_s, workers=opts.workers, fetch=fetch,
-                   host_link=host_link)  # fmt: skip
+    obs = Observer(
+        inventory,
+        names,
+        timeout_s=opts.timeout_s,
+        workers=opts.workers,
+        fetch=fetch,
+        host_link=host_link,
+    )
     history = History.open(opts.db_path, inventory=inventory)
     with history:
         started = time.time()
         # continue each run's log and each host's kernel log where the previous check stopped
         obs.resume.update(history.last_runs(names))
-        since = _host_meta(history, obs, {c.host for c in containers.values() if not c.is_local},
-                           started)  # fmt: skip
+        since = _host_meta(
+            history, obs, {c.host for c in containers.values() if not c.is_local}, started
+        )
         fresh = history.newest(names)
         stale = {n for n in names if fresh.get(n, 0.0) < started - STALE_S}
         pair = set() if fetch or host_link else stale  # recorded snapshots are never paired
@@ -169,11 +176,16 @@ def run_check(
             past.update({n: history.snapshots(n, limit=DETECT_WINDOW - 1) for n in names})
             default_playbooks()  # parsed once per process; the detectors need them
 
-        probe_since = {h: min(t, started - JOB_LOOKBACK_S) if h in job_hosts else t
-                       for h, t in since.items()}  # fmt: skip
-        got = obs.round(pair=pair, probe_since=probe_since if opts.probe_hosts else None,
-                        probe_also=job_hosts if opts.probe_hosts else (), past=past,
-                        meanwhile=meanwhile)  # fmt: skip
+        probe_since = {
+            h: min(t, started - JOB_LOOKBACK_S) if h in job_hosts else t for h, t in since.items()
+        }
+        got = obs.round(
+            pair=pair,
+            probe_since=probe_since if opts.probe_hosts else None,
+            probe_also=job_hosts if opts.probe_hosts else (),
+            past=past,
+            meanwhile=meanwhile,
+        )
         for n, first in got.earlier.items():  # the earlier of a pair: history the detectors see
             past[n] = [*past[n], first][-(DETECT_WINDOW - 1) :]
         # a node's own detectors and the hosts' findings see the kernel events since the
@@ -186,7 +198,9 @@ def run_check(
                 host = containers[n].host
                 probes = [recent[host]] if host in recent and n in got.inside else []
                 j = obs.ledger.judge(n, got.snaps[n], probes)
-                results.append(replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds))))  # fmt: skip
+                results.append(
+                    replace(j, findings=tuple(escalate(j.findings, opts.critical_kinds)))
+                )
             for view in got.hosts.values():
                 obs.ledger.saw_host(view)
             for h, p in recent.items():
@@ -195,22 +209,46 @@ def run_check(
             host_results = [] if opts.names else obs.ledger.host_judgements()
             secrets = alerts.environment_secrets([c.env for c in containers.values()])
             with history.batch():  # the snapshots and the cursors they were read to: one commit
-                history.record(stored([*got.earlier.values(), *got.snaps.values()],
-                                      secrets | opts.extra_secrets))  # fmt: skip
+                history.record(
+                    stored(
+                        [*got.earlier.values(), *got.snaps.values()], secrets | opts.extra_secrets
+                    )
+                )
                 _save_cursors(history, got)
             by_name = {r.name: r for r in results}
-            job_results = [judge_job(job, containers, by_name, probes=got.probes,
-                                     histories={n: [*past[n], got.snaps[n]] for n in job.containers})
-                           for job in job_cfgs]  # fmt: skip
+            job_results = [
+                judge_job(
+                    job,
+                    containers,
+                    by_name,
+                    probes=got.probes,
+                    histories={n: [*past[n], got.snaps[n]] for n in job.containers},
+                )
+                for job in job_cfgs
+            ]
             job_findings = [f for jj in job_results for f in jj.findings]
             status = nagios_status([*results, *host_results], job_findings)
             found = [f for j in [*results, *host_results] for f in j.findings] + job_findings
             checked = [*names, *(j.name for j in job_cfgs), *(j.name for j in host_results)]
             held = [r.name for r in results if not r.snapshot.reachable]
-            notified, problems = _notify(history, opts, found, checked, held, status,
-                                         secrets | opts.extra_secrets, got.taken_at)  # fmt: skip
-    return CheckReport(status, tuple(results), tuple(problems), notified,
-                       hosts=tuple(host_results), jobs=tuple(job_results))  # fmt: skip
+            notified, problems = _notify(
+                history,
+                opts,
+                found,
+                checked,
+                held,
+                status,
+                secrets | opts.extra_secrets,
+                got.taken_at,
+            )
+    return CheckReport(
+        status,
+        tuple(results),
+        tuple(problems),
+        notified,
+        hosts=tuple(host_results),
+        jobs=tuple(job_results),
+    )
 
 
 def _host_meta(
@@ -253,12 +291,14 @@ def _notify(
     if not notifier.configured:
         return 0, []
     previous = history.alerts(checked)
-    notes, planned = alerts.plan(previous, found, checked=checked, held=held, now=now,
-                                 renotify_s=opts.renotify_h * 3600.0)  # fmt: skip
+    notes, planned = alerts.plan(
+        previous, found, checked=checked, held=held, now=now, renotify_s=opts.renotify_h * 3600.0
+    )
     delivered, problems = True, []
     if notes:
-        body = alerts.payload(notes, status=STATUS_NAMES[status], titles=playbook_titles(),
-                              secrets=secrets)  # fmt: skip
+        body = alerts.payload(
+            notes, status=STATUS_NAMES[status], titles=playbook_titles(), secrets=secrets
+        )
         for d in notifier.deliver(body):
             if not d.ok:
                 delivered = False

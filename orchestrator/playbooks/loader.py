@@ -58,10 +58,27 @@ from orchestrator.playbooks.steps import (
 from orchestrator.wire.model import Severity
 
 __all__ = [
-    "ACTIONS", "CERTAIN", "CONFIDENCES", "DEFAULT_RESTART_PROCEDURE", "MAX_LINE_CHARS",
-    "PLACEHOLDERS", "LogMatcher", "Match", "Playbook", "Signature", "Step", "compile_pattern", "for_exit_code", "format_matches", "get_playbook",
-    "iter_log_lines", "literal_needles", "load_playbooks", "match_log", "parse_playbook",
-]  # fmt: skip
+    "ACTIONS",
+    "CERTAIN",
+    "CONFIDENCES",
+    "DEFAULT_RESTART_PROCEDURE",
+    "MAX_LINE_CHARS",
+    "PLACEHOLDERS",
+    "LogMatcher",
+    "Match",
+    "Playbook",
+    "Signature",
+    "Step",
+    "compile_pattern",
+    "for_exit_code",
+    "format_matches",
+    "get_playbook",
+    "iter_log_lines",
+    "literal_needles",
+    "load_playbooks",
+    "match_log",
+    "parse_playbook",
+]
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +95,20 @@ MAX_STACK_WINDOW = 200
 DEFAULT_STACK_WINDOW = 40
 
 _TOP_KEYS = {
-    "id", "title", "kind", "severity", "priority", "confidence", "confirm", "match",
-    "diagnosis", "remedy", "references", "steps", "restart",
-}  # fmt: skip
+    "id",
+    "title",
+    "kind",
+    "severity",
+    "priority",
+    "confidence",
+    "confirm",
+    "match",
+    "diagnosis",
+    "remedy",
+    "references",
+    "steps",
+    "restart",
+}
 _RESTART_KEYS = {"retryable", "procedure", "why"}
 DEFAULT_RESTART_PROCEDURE = "relaunch"
 """The procedure that restarts a retryable failure whose playbook names none: the same command
@@ -175,7 +203,7 @@ class Playbook:
                         ("trainer_args", list(s.trainer_args) or None),
                     )
                     if v is not None
-                }  # fmt: skip
+                }
                 for s in self.steps
             ]
         return out
@@ -233,9 +261,12 @@ def _signature(r: NodeReader, node: yaml.Node, key: str, confidence: str) -> Sig
             within = DEFAULT_STACK_WINDOW
             if "within" in f:
                 within = r.integer(
-                    f["within"][1], f"{key}.within", len(patterns), MAX_STACK_WINDOW,
+                    f["within"][1],
+                    f"{key}.within",
+                    len(patterns),
+                    MAX_STACK_WINDOW,
                     f"a number of lines from {len(patterns)} to {MAX_STACK_WINDOW}",
-                )  # fmt: skip
+                )
         if "confidence" in f:
             confidence = _confidence(r, f["confidence"][1], f"{key}.confidence")
         confirm = text_of(r, f, "confirm", node, key, required=False) or ""
@@ -362,8 +393,11 @@ def _restart(r: NodeReader, node: yaml.Node) -> RestartRule:
     if procedure is not None:
         line = f["procedure"][1].start_mark.line + 1
         if not retryable:
-            raise r.fail(f["procedure"][1], "restart.procedure",
-                         "a failure that is not retryable names no procedure")  # fmt: skip
+            raise r.fail(
+                f["procedure"][1],
+                "restart.procedure",
+                "a failure that is not retryable names no procedure",
+            )
     return RestartRule(retryable, why or "", procedure, line)
 
 
@@ -398,8 +432,12 @@ def load_playbooks(dir: Path | str | None = None, vocab: bool = True) -> list[Pl
     for pb in out.values():
         wanted = pb.restart.procedure if pb.restart else None
         if wanted is not None and getattr(out.get(wanted), "kind", None) != "procedure":
-            raise ConfigError(pb.path, pb.restart.line if pb.restart else None,
-                              "restart.procedure", f"no procedure playbook {wanted!r} in {root}")  # fmt: skip
+            raise ConfigError(
+                pb.path,
+                pb.restart.line if pb.restart else None,
+                "restart.procedure",
+                f"no procedure playbook {wanted!r} in {root}",
+            )
     from orchestrator.playbooks.vocab import VOCAB_DIR, attach, load_tables
 
     books = sorted(out.values(), key=lambda p: p.id)

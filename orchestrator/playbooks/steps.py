@@ -21,9 +21,19 @@ PLACEHOLDERS = ("python", "workdir", "session", "target", "gpu", "gpus", "venv",
 RESUME_MODES = ("auto",)
 """``resume:`` values of a ``launch`` step."""
 _STEP_KEYS = {
-    "name", "run", "argv", "action", "path", "overwrites", "foreach", "env", "timeout_s", "note",
-    "resume", "trainer_args",
-}  # fmt: skip
+    "name",
+    "run",
+    "argv",
+    "action",
+    "path",
+    "overwrites",
+    "foreach",
+    "env",
+    "timeout_s",
+    "note",
+    "resume",
+    "trainer_args",
+}
 
 
 @dataclass(frozen=True, slots=True)
@@ -147,9 +157,10 @@ def parse_step(r: NodeReader, node: yaml.Node, key: str) -> Step:
         action = r.text(f["action"][1], f"{key}.action", "an action name")
         if action not in ACTIONS:
             raise r.fail(
-                f["action"][1], f"{key}.action",
+                f["action"][1],
+                f"{key}.action",
                 f"unknown action {action!r}; known: {', '.join(ACTIONS)}",
-            )  # fmt: skip
+            )
     path = text_of(r, f, "path", node, key, required=False)
     if (action == "archive") != (path is not None):
         raise r.fail(
@@ -214,10 +225,14 @@ def _relaunch_keys(
             raise r.fail(
                 f["resume"][1], f"{key}.resume", f"must be one of: {', '.join(RESUME_MODES)}"
             )
-    args = tuple(strings_of(r, f["trainer_args"][1] if "trainer_args" in f else None,
-                            f"{key}.trainer_args"))  # fmt: skip
+    args = tuple(
+        strings_of(r, f["trainer_args"][1] if "trainer_args" in f else None, f"{key}.trainer_args")
+    )
     for i, a in enumerate(args):
         if a in ("--run-dir", "--config") or a.startswith(("--run-dir=", "--config=")):
-            raise r.fail(f["trainer_args"][1], f"{key}.trainer_args[{i}]",
-                         f"{a.split('=')[0]} is orch's to set, not a relaunch's")  # fmt: skip
+            raise r.fail(
+                f["trainer_args"][1],
+                f"{key}.trainer_args[{i}]",
+                f"{a.split('=')[0]} is orch's to set, not a relaunch's",
+            )
     return resume, args

@@ -94,7 +94,12 @@ def parse_table(text: str, path: str) -> Table:
             continue
         cells = line.split("\t")
         if len(cells) != len(COLUMNS):
-            raise ConfigError(path, n, "", f"{len(cells)} tab-separated fields, want {len(COLUMNS)}: {' '.join(COLUMNS)}")  # fmt: skip
+            raise ConfigError(
+                path,
+                n,
+                "",
+                f"{len(cells)} tab-separated fields, want {len(COLUMNS)}: {' '.join(COLUMNS)}",
+            )
         code, name, playbook, confidence, is_alone, entry_text = cells
         if code != "-" and not code.isdigit():
             raise ConfigError(path, n, "code", f"{code!r} is not a number or '-'")
@@ -102,8 +107,17 @@ def parse_table(text: str, path: str) -> Table:
             raise ConfigError(path, n, "confidence", f"must be one of {', '.join(CONFIDENCES)}")
         if is_alone not in ("yes", "no"):
             raise ConfigError(path, n, "alone", "must be yes or no")
-        entries.append(Entry(None if code == "-" else int(code), name, playbook, confidence,
-                             is_alone == "yes", entry_text, n))  # fmt: skip
+        entries.append(
+            Entry(
+                None if code == "-" else int(code),
+                name,
+                playbook,
+                confidence,
+                is_alone == "yes",
+                entry_text,
+                n,
+            )
+        )
     if not source:
         raise ConfigError(path, 1, "source", "missing (a table says where it was read from)")
     if not forms and not alone:

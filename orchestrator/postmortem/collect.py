@@ -101,8 +101,17 @@ def _kernel_log(transport: Any, since: float) -> tuple[list[str], str | None, bo
     journalctl, else dmesg; the boot before this one too when it has lines since ``since``
     (the host rebooted after the run started). Returns (lines, tool, previous boot read,
     volatile journal: no boot before this one is kept, ``-b -1`` said so on stderr)."""
-    argv = ["journalctl", "-k", "-o", "short-unix", "--no-pager", "-q", f"--since=@{int(since)}",
-            "-n", str(KERNEL_LOG_LINES)]  # fmt: skip
+    argv = [
+        "journalctl",
+        "-k",
+        "-o",
+        "short-unix",
+        "--no-pager",
+        "-q",
+        f"--since=@{int(since)}",
+        "-n",
+        str(KERNEL_LOG_LINES),
+    ]
     ok, text = _host_run(transport, argv)
     if ok:
         lines = text.splitlines()
@@ -182,8 +191,9 @@ def collect(
             probe = Host(inventory, c.host).probe(since, previous_boot=rebooted)
         except (AgentError, OSError) as exc:
             errors.append(f"host probe: {exc}")
-    ev = _evidence(name, answer, manifest, final, status, pct_text, probe, kernel, source,
-                   secrets, errors)  # fmt: skip
+    ev = _evidence(
+        name, answer, manifest, final, status, pct_text, probe, kernel, source, secrets, errors
+    )
     note = VOLATILE_NOTE if volatile else None
     return dataclasses.replace(ev, vmid=c.vmid, previous_boot=rebooted, kernel_log_note=note)
 
@@ -199,8 +209,20 @@ def _manifest(raw: Any, secrets: Sequence[str], errors: list[str]) -> RunManifes
     return dataclasses.replace(m, env=mask_env(m.env), command=redact(m.command, secrets))
 
 
-_AGENT_KEYS = ("run_id", "run_dir", "current", "session", "state", "tmux_server_running",
-               "pane", "heartbeat", "files", "manifest_error", "stop_requested", "tee")  # fmt: skip
+_AGENT_KEYS = (
+    "run_id",
+    "run_dir",
+    "current",
+    "session",
+    "state",
+    "tmux_server_running",
+    "pane",
+    "heartbeat",
+    "files",
+    "manifest_error",
+    "stop_requested",
+    "tee",
+)
 """The parts of the agent's evidence document kept as ``Evidence.agent`` (state.json)."""
 
 
@@ -218,11 +240,18 @@ def _evidence(
     errors: list[str],
 ) -> Evidence:
     if answer is None:
-        return Evidence(target=name, collected_at=time.time(), manifest=manifest,
-                        container_status=status, pct_status_text=pct_text,
-                        kernel_log=tuple(redact(x, secrets) for x in kernel),
-                        kernel_log_source=source, probe=probe, final=final,
-                        errors=tuple(redact(e, secrets) for e in errors))  # fmt: skip
+        return Evidence(
+            target=name,
+            collected_at=time.time(),
+            manifest=manifest,
+            container_status=status,
+            pct_status_text=pct_text,
+            kernel_log=tuple(redact(x, secrets) for x in kernel),
+            kernel_log_source=source,
+            probe=probe,
+            final=final,
+            errors=tuple(redact(e, secrets) for e in errors),
+        )
     state, log_tail, stop = answer.state, answer.log, answer.stop_requested
     pids = {*state.command_pids, *(p for p in (answer.pgid, answer.wrapper_pid) if p is not None)}
     tee_error = answer.tee.error

@@ -117,12 +117,29 @@ def gpu_episodes(history: Sequence[Snapshot], limits: Limits) -> tuple[Episode, 
         for _, run, after in _stretches(snaps, i, ghost):
             if len(run) >= limits.ghost_samples:
                 peak = max((x.utilization_pct or 0.0) for s in run if (x := gpu(s, i)))
-                out.append(Episode("ghost-utilization", i, run[0].taken_at, run[-1].taken_at,
-                                   len(run), after, f"up to {peak:.0f} % busy, <= "
-                                   f"{limits.ghost_mem_mib:.0f} MiB used"))  # fmt: skip
+                out.append(
+                    Episode(
+                        "ghost-utilization",
+                        i,
+                        run[0].taken_at,
+                        run[-1].taken_at,
+                        len(run),
+                        after,
+                        f"up to {peak:.0f} % busy, <= {limits.ghost_mem_mib:.0f} MiB used",
+                    )
+                )
         for error, run, after in _stretches(snaps, i, failed):
-            out.append(Episode("nvml-error", i, run[0].taken_at, run[-1].taken_at, len(run),
-                               after, f"error {error}"))  # fmt: skip
+            out.append(
+                Episode(
+                    "nvml-error",
+                    i,
+                    run[0].taken_at,
+                    run[-1].taken_at,
+                    len(run),
+                    after,
+                    f"error {error}",
+                )
+            )
     return tuple(sorted(out, key=lambda e: (e.start, e.gpu, e.kind)))
 
 

@@ -256,7 +256,7 @@ def final_snapshot(ev: Evidence) -> Snapshot:
         errors=(
             *(snap.errors if snap is not None else ()),
             *(e for e in ev.errors if e.startswith(BAD_DATA_PREFIX)),
-        ),  # fmt: skip
+        ),
     )
 
 

@@ -62,8 +62,12 @@ class ClockOffset:
     error: str | None = None
 
     def to_dict(self) -> dict[str, Any]:
-        return {"host": self.host, "offset_s": round(self.offset_s, 6),
-                "uncertainty_s": round(self.uncertainty_s, 6), "error": self.error}  # fmt: skip
+        return {
+            "host": self.host,
+            "offset_s": round(self.offset_s, 6),
+            "uncertainty_s": round(self.uncertainty_s, 6),
+            "error": self.error,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,8 +120,14 @@ class TimelineEvent:
     text: str
 
     def to_dict(self) -> dict[str, Any]:
-        return {"at": self.at, "time": fmt_time(self.at), "node": self.node, "rank": self.rank,
-                "kind": self.kind, "text": self.text}  # fmt: skip
+        return {
+            "at": self.at,
+            "time": fmt_time(self.at),
+            "node": self.node,
+            "rank": self.rank,
+            "kind": self.kind,
+            "text": self.text,
+        }
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +160,7 @@ class JobVerdict:
                     "what": f.what,
                     "role": f.role,
                     "evidence": list(f.evidence),
-                }  # fmt: skip
+                }
                 if f is not None
                 else None
             ),
@@ -197,21 +207,45 @@ def node_failure(report: NodeReport, playbooks: Sequence[Any]) -> NodeFailure | 
     links = link_down_events(events, vmid=vmid, since=started)
     if ev.container_status in ("stopped", "missing"):
         at = links[0].at if links else None
-        return NodeFailure(node.container, node.rank, f"lost its container (pct status: {ev.container_status})",
-                           CAUSE, at, None, tuple([ev.pct_status_text.strip() or "pct status: stopped",
-                                                   *(f"{host} kernel: {e.line}" for e in links[:2])]),
-                           host, {"kind": "container-stopped"})  # fmt: skip
+        return NodeFailure(
+            node.container,
+            node.rank,
+            f"lost its container (pct status: {ev.container_status})",
+            CAUSE,
+            at,
+            None,
+            tuple(
+                [
+                    ev.pct_status_text.strip() or "pct status: stopped",
+                    *(f"{host} kernel: {e.line}" for e in links[:2]),
+                ]
+            ),
+            host,
+            {"kind": "container-stopped"},
+        )
     if links:
         e = links[0]
-        return NodeFailure(node.container, node.rank, f"lost the job network ({host}: {e.device} down)",
-                           CAUSE, e.at, None, (f"{host} kernel: {e.line}",), host, {"kind": "link-down"})  # fmt: skip
+        return NodeFailure(
+            node.container,
+            node.rank,
+            f"lost the job network ({host}: {e.device} down)",
+            CAUSE,
+            e.at,
+            None,
+            (f"{host} kernel: {e.line}",),
+            host,
+            {"kind": "link-down"},
+        )
     code = ev.exit_status
     asked = report.postmortem.verdict.kind == "stopped"
     dead = (code not in (None, 0) or ev.run_state == "vanished") and not asked
     # a worker's death is in the log while torchrun's agent may still be up (it can hang on a
     # store it cannot reach): a critical log signature of a live run counts too
-    signs = [f for f in report.postmortem.findings
-             if f.kind == "log-signature" and f.severity >= Severity.CRITICAL]  # fmt: skip
+    signs = [
+        f
+        for f in report.postmortem.findings
+        if f.kind == "log-signature" and f.severity >= Severity.CRITICAL
+    ]
     if not dead and (asked or not signs):
         return None
     lines = [*ev.log_tail, *ev.pane]
@@ -311,8 +345,11 @@ def decide(
             return JobVerdict("stopped", f"job {job.name} was stopped on request on every node")
         if kinds == {"finished"}:
             return JobVerdict("finished", f"job {job.name} finished on every node (exit status 0)")
-        return JobVerdict("healthy", f"job {job.name}: every node is alive with no failure; nothing to explain",
-                          reached=False)  # fmt: skip
+        return JobVerdict(
+            "healthy",
+            f"job {job.name}: every node is alive with no failure; nothing to explain",
+            reached=False,
+        )
     others = tuple(f for f in failures if f is not first)
     summary = f"node {first.label} {first.what} first, at {fmt_time(first.at)}"
     if others:

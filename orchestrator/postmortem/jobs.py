@@ -132,8 +132,16 @@ def postmortem_job(
         r = NodeReport(n, c.host, single, offsets[c.host], None, c.vmid)
         reports.append(NodeReport(n, c.host, single, offsets[c.host], node_failure(r, pbs), c.vmid))
     verdict = decide(job, reports, pbs)
-    pm = JobPostmortem(job.name, rid, tuple(reports), verdict, tuple(timeline(reports)),
-                       time.time(), None, tuple(offsets[h] for h in hosts))  # fmt: skip
+    pm = JobPostmortem(
+        job.name,
+        rid,
+        tuple(reports),
+        verdict,
+        tuple(timeline(reports)),
+        time.time(),
+        None,
+        tuple(offsets[h] for h in hosts),
+    )
     if not write:
         return pm
     if report is None or node_report is None:
@@ -165,7 +173,7 @@ def write_job_bundle(
             n,
             postmortem=write_bundle(
                 n.postmortem, target / f"{n.node.rank}-{n.node.container}", report=node_report
-            ),  # fmt: skip
+            ),
         )
         for n in pm.nodes
     )

@@ -447,10 +447,16 @@ def decide(
         lost = first.get("xid")
         if lost is not None and lost.playbook == "gpu-fallen-off-bus" and code is None:
             # its GPU fell off the bus: the usual end of a run, and of the host's boot
-            boot = " (kernel log of the previous boot: the host rebooted since)" if (
-                ev.previous_boot and "previous boot" in lost.summary) else ""  # fmt: skip
-            return from_finding(lost, f"{what} vanished{when}: its GPU fell off the bus "
-                                f"({lost.summary.split(' (')[0]}){boot}")  # fmt: skip
+            boot = (
+                " (kernel log of the previous boot: the host rebooted since)"
+                if (ev.previous_boot and "previous boot" in lost.summary)
+                else ""
+            )
+            return from_finding(
+                lost,
+                f"{what} vanished{when}: its GPU fell off the bus "
+                f"({lost.summary.split(' (')[0]}){boot}",
+            )
         if "silent-death" in first:
             return from_finding(first["silent-death"])
     if asked and (code == 0 or "finished" in first):

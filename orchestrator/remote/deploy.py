@@ -237,18 +237,26 @@ def too_old(
     need = ".".join(map(str, MIN_PYTHON))
     got = ".".join(map(str, version))
     if host:
-        problem = (f"{where}: {python} is Python {got}; orch's host observer and host probe need "
-                   f"Python >= {need} (Proxmox VE 7 ships 3.9)")  # fmt: skip
-        fix = (f"upgrade {where} to Proxmox VE 8 (Python 3.11), or point host_python: of {where} "
-               f"in hosts.yaml at a Python >= {need} there; until then orch observes each "
-               "container from inside (pct exec) and goes without the host probe (pct status, "
-               "kernel events, GPU processes by container)")  # fmt: skip
+        problem = (
+            f"{where}: {python} is Python {got}; orch's host observer and host probe need "
+            f"Python >= {need} (Proxmox VE 7 ships 3.9)"
+        )
+        fix = (
+            f"upgrade {where} to Proxmox VE 8 (Python 3.11), or point host_python: of {where} "
+            f"in hosts.yaml at a Python >= {need} there; until then orch observes each "
+            "container from inside (pct exec) and goes without the host probe (pct status, "
+            "kernel events, GPU processes by container)"
+        )
         return problem, fix
-    problem = (f"{where}: {python} is Python {got}; orch's agent needs Python >= {need} "
-               "(Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)")  # fmt: skip
-    fix = (f"install Python >= {need} in {where} and point python: of {where} in hosts.yaml at "
-           "it (e.g. python: /usr/local/bin/python3.11), or upgrade the container to Debian 12 "
-           "or Ubuntu 22.04")  # fmt: skip
+    problem = (
+        f"{where}: {python} is Python {got}; orch's agent needs Python >= {need} "
+        "(Debian 11, Ubuntu 20.04 and Proxmox VE 7 ship 3.9)"
+    )
+    fix = (
+        f"install Python >= {need} in {where} and point python: of {where} in hosts.yaml at "
+        "it (e.g. python: /usr/local/bin/python3.11), or upgrade the container to Debian 12 "
+        "or Ubuntu 22.04"
+    )
     return problem, fix
 
 

@@ -145,8 +145,12 @@ class HostLink:
         out = []
         for n in self.names:
             c = self.inventory.container(n)
-            spec: dict[str, object] = {"name": n, "vmid": c.vmid, "workdir": c.workdir,
-                                       "session": c.session}  # fmt: skip
+            spec: dict[str, object] = {
+                "name": n,
+                "vmid": c.vmid,
+                "workdir": c.workdir,
+                "session": c.session,
+            }
             if c.log_patterns or c.log_format:
                 spec["log_patterns"] = c.agent_patterns()
             if n in self.resume:
@@ -181,11 +185,21 @@ class HostLink:
 
     def _run(self, args: Sequence[str], timeout: float) -> Result:
         h = self.host
-        res = run_agent(self.transport, h.agent_dir, h.host_python, args, bundle=self._bundle,
-                        timeout=timeout, host=True, boot=HOST_BOOT)  # fmt: skip
+        res = run_agent(
+            self.transport,
+            h.agent_dir,
+            h.host_python,
+            args,
+            bundle=self._bundle,
+            timeout=timeout,
+            host=True,
+            boot=HOST_BOOT,
+        )
         if res.exit_status == HOST_DIR_REFUSED:
-            raise AgentError(f"{h.name}: {res.err.strip()[-300:]}; fix its owner and mode "
-                             f"(chown root; chmod go-w) or set agent_dir: in hosts.yaml")  # fmt: skip
+            raise AgentError(
+                f"{h.name}: {res.err.strip()[-300:]}; fix its owner and mode "
+                f"(chown root; chmod go-w) or set agent_dir: in hosts.yaml"
+            )
         return res
 
     def observe(self, timeout: float = 30.0) -> HostDocument:
@@ -202,8 +216,10 @@ class HostLink:
             self._note_old_python(exc)
             raise
         if not res.ok and not res.stdout.strip():
-            raise AgentError(f"{self.host.name}: host observer failed (exit {res.exit_status}): "
-                             f"{res.err.strip()[-400:] or 'no output'}")  # fmt: skip
+            raise AgentError(
+                f"{self.host.name}: host observer failed (exit {res.exit_status}): "
+                f"{res.err.strip()[-400:] or 'no output'}"
+            )
         doc = read_reply(self.host.name, HostObserveRequest, parse_answer(self.host.name, res))
         self.remember(doc)
         return doc
@@ -252,7 +268,8 @@ class HostLink:
                 if line is None:
                     tail = stream.stderr_tail.decode("utf-8", "replace").strip()[-300:]
                     reason = f"host observer ended (exit {stream.exit_status})" + (
-                        f": {tail}" if tail else "")  # fmt: skip
+                        f": {tail}" if tail else ""
+                    )
                     if stream.exit_status == HOST_DIR_REFUSED:
                         reason += "; fix it or set agent_dir: in hosts.yaml"
                     break

@@ -267,8 +267,12 @@ def run_agent(
         stdin=stdin,
     )
     if agent_never_ran(res):
-        log.info("%s: agent not ready in %s (exit %s); deploying", transport.name, bundle_dir,
-                 res.exit_status)  # fmt: skip
+        log.info(
+            "%s: agent not ready in %s (exit %s); deploying",
+            transport.name,
+            bundle_dir,
+            res.exit_status,
+        )
         deploy.forget(transport, workdir)
         bundle_dir = deploy.ensure_agent(transport, workdir, python, bundle=bundle, host=host)
         res = transport.run(
@@ -378,8 +382,15 @@ class Target:
         The bundle is sent when missing (also when it vanished): :func:`run_agent`.
         """
         c = self.container
-        res = run_agent(self.transport, c.workdir, c.python, args, bundle=self._bundle,
-                        timeout=timeout, stdin=stdin)  # fmt: skip
+        res = run_agent(
+            self.transport,
+            c.workdir,
+            c.python,
+            args,
+            bundle=self._bundle,
+            timeout=timeout,
+            stdin=stdin,
+        )
         if res.ok or res.stdout.strip():
             return parse_answer(self.name, res)
         tail = res.err.strip()[-400:] or "no output"

@@ -128,8 +128,17 @@ def kill_tmux_server(state_dir: Path | str | None, container: str | int) -> int 
     """
     state_dir = resolve_state_dir(state_dir)
     vmid = vmid_of(container)
-    proc = run_pct(state_dir, "exec", str(vmid), "--", "tmux", "display-message", "-p", "#{pid}",
-                   host=host_of(state_dir, vmid))  # fmt: skip
+    proc = run_pct(
+        state_dir,
+        "exec",
+        str(vmid),
+        "--",
+        "tmux",
+        "display-message",
+        "-p",
+        "#{pid}",
+        host=host_of(state_dir, vmid),
+    )
     text = proc.stdout.strip()
     if proc.returncode != 0 or not text.isdigit():
         return None

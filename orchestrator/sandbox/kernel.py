@@ -131,20 +131,32 @@ def guest_port_lines(
     dev = f"{'tap' if vm else 'veth'}{vmid}i{netid}"
     if firewall:
         fwbr = f"fwbr{vmid}i{netid}"
-        ports = [(bridge, port, f"fwpr{vmid}p{netid}"), (fwbr, 1, f"fwln{vmid}i{netid}"),
-                 (fwbr, 2, dev)]  # fmt: skip
+        ports = [
+            (bridge, port, f"fwpr{vmid}p{netid}"),
+            (fwbr, 1, f"fwln{vmid}i{netid}"),
+            (fwbr, 2, dev),
+        ]
     else:
         ports = [(bridge, port, dev)]
     out: list[str] = []
     for br, no, name in ports if start else reversed(ports):
         head = f"{br}: port {no}({name}) entered"
         if start:
-            out += [f"{head} blocking state", f"{head} disabled state",
-                    f"{name}: entered allmulticast mode", f"{name}: entered promiscuous mode",
-                    f"{head} blocking state", f"{head} forwarding state"]  # fmt: skip
+            out += [
+                f"{head} blocking state",
+                f"{head} disabled state",
+                f"{name}: entered allmulticast mode",
+                f"{name}: entered promiscuous mode",
+                f"{head} blocking state",
+                f"{head} forwarding state",
+            ]
         else:
-            out += [f"{head} disabled state", f"{name} (unregistering): left allmulticast mode",
-                    f"{name} (unregistering): left promiscuous mode", f"{head} disabled state"]  # fmt: skip
+            out += [
+                f"{head} disabled state",
+                f"{name} (unregistering): left allmulticast mode",
+                f"{name} (unregistering): left promiscuous mode",
+                f"{head} disabled state",
+            ]
     return out
 
 

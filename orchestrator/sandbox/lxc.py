@@ -47,10 +47,24 @@ MOUNTED = ("usr", "run", "dev", "proc", "sys")  # what a container mounts over i
 DRIVER_MOUNT = "dev/orch-nvidia"
 # what a real container needs of /etc (copied; never keys, shadow or sudoers)
 ETC_FILES = (
-    "passwd", "group", "nsswitch.conf", "ld.so.cache", "ld.so.conf", "localtime", "timezone",
-    "shells", "profile", "bash.bashrc", "environment", "inputrc", "host.conf", "debian_version",
-    "os-release", "mime.types", "gai.conf",
-)  # fmt: skip
+    "passwd",
+    "group",
+    "nsswitch.conf",
+    "ld.so.cache",
+    "ld.so.conf",
+    "localtime",
+    "timezone",
+    "shells",
+    "profile",
+    "bash.bashrc",
+    "environment",
+    "inputrc",
+    "host.conf",
+    "debian_version",
+    "os-release",
+    "mime.types",
+    "gai.conf",
+)
 ETC_DIRS = ("ld.so.conf.d", "alternatives", "terminfo", "profile.d")
 ROOT_LINKS = ("bin", "sbin", "lib", "lib32", "lib64", "libx32")
 REFUSING_DMESG = (

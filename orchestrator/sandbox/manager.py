@@ -62,10 +62,27 @@ from orchestrator.sandbox.state import (
 )
 
 __all__ = [  # the sandbox's API; tests and the reliability suite use these names
-    "SandboxError", "SandboxInfo", "down", "host_env", "info", "kill_tmux_server", "load_scenario",
-    "read_scenario", "reboot", "resize_scenario", "resolve_state_dir", "run_pct", "scenario_names",
-    "set_scenario", "start_container", "start_sshd", "status", "stop_container", "stop_sshd", "up",
-]  # fmt: skip
+    "SandboxError",
+    "SandboxInfo",
+    "down",
+    "host_env",
+    "info",
+    "kill_tmux_server",
+    "load_scenario",
+    "read_scenario",
+    "reboot",
+    "resize_scenario",
+    "resolve_state_dir",
+    "run_pct",
+    "scenario_names",
+    "set_scenario",
+    "start_container",
+    "start_sshd",
+    "status",
+    "stop_container",
+    "stop_sshd",
+    "up",
+]
 
 log = logging.getLogger(__name__)
 

@@ -140,8 +140,9 @@ def create(state_dir: Path, hosts: Sequence[str]) -> dict[str, str]:
         _ip("-n", ns, "link", "add", BRIDGE, "type", "bridge")
         _ip("-n", ns, "link", "set", BRIDGE, "up")
         _ip("-n", ns, "link", "set", "lo", "up")
-        _ip("link", "add", UPLINK, "netns", ns, "type", "veth", "peer", "name", f"p{i}",
-            "netns", sw)  # fmt: skip
+        _ip(
+            "link", "add", UPLINK, "netns", ns, "type", "veth", "peer", "name", f"p{i}", "netns", sw
+        )
         _ip("-n", ns, "link", "set", UPLINK, "master", BRIDGE, "up")
         _ip("-n", sw, "link", "set", f"p{i}", "master", "sw0", "up")
     return out

@@ -103,11 +103,24 @@ def hook_lines(
     >>> lines[0].split()[:5]
     ['lxc.hook.pre-start', '=', '/h', '/run/s', 'bind']
     """
-    staged = {"rootfs": str(stage / "rootfs"), "usr": str(stage / "usr"),
-              "driver": str(stage / "driver")}  # fmt: skip
-    args = ["bind", str(rootfs), staged["rootfs"],
-            "overlay", "/usr", str(usr[0]), str(usr[1]), staged["usr"],
-            "bind-ro", str(driver), staged["driver"]]  # fmt: skip
+    staged = {
+        "rootfs": str(stage / "rootfs"),
+        "usr": str(stage / "usr"),
+        "driver": str(stage / "driver"),
+    }
+    args = [
+        "bind",
+        str(rootfs),
+        staged["rootfs"],
+        "overlay",
+        "/usr",
+        str(usr[0]),
+        str(usr[1]),
+        staged["usr"],
+        "bind-ro",
+        str(driver),
+        staged["driver"],
+    ]
     for i, path in enumerate(binds):
         staged[str(path)] = str(stage / f"py{i}")
         args += ["bind-ro", str(path), staged[str(path)]]

@@ -55,8 +55,9 @@ def fingerprint(key: Any) -> str:
 
 def _wildcard(pattern: str) -> re.Pattern[str]:
     """OpenSSH's ``match_pattern``: ``*`` and ``?`` only (``[`` is a literal: ``[host]:port``)."""
-    return re.compile("".join(".*" if c == "*" else "." if c == "?" else re.escape(c)
-                              for c in pattern.lower()))  # fmt: skip
+    return re.compile(
+        "".join(".*" if c == "*" else "." if c == "?" else re.escape(c) for c in pattern.lower())
+    )
 
 
 def host_matches(patterns: str, name: str) -> bool:
@@ -125,8 +126,14 @@ def known_entries(path: Path, name: str) -> list[tuple[int, str, str]]:
 
 def revoked_line(path: Path, name: str, key_b64: str) -> int | None:
     """The line that marks ``key_b64`` ``@revoked`` for ``name`` (``None``: not revoked)."""
-    return next((e.line for e in host_entries(path, name)
-                 if e.marker == REVOKE_MARKER and e.key == key_b64), None)  # fmt: skip
+    return next(
+        (
+            e.line
+            for e in host_entries(path, name)
+            if e.marker == REVOKE_MARKER and e.key == key_b64
+        ),
+        None,
+    )
 
 
 def check_host_key(ep: Endpoint, key: Any) -> None:
@@ -139,7 +146,9 @@ def check_host_key(ep: Endpoint, key: Any) -> None:
     """
     line = revoked_line(ep.known_hosts, ep.known_name, key.get_base64())
     if line is not None:
-        raise HostKeyRevoked(ep.name, ep.address, ep.port, fingerprint(key), str(ep.known_hosts), line)  # fmt: skip
+        raise HostKeyRevoked(
+            ep.name, ep.address, ep.port, fingerprint(key), str(ep.known_hosts), line
+        )
     entries = [e for e in known_entries(ep.known_hosts, ep.known_name) if e[1] == key.get_name()]
     if any(b64 == key.get_base64() for _, _, b64 in entries):
         return

@@ -51,8 +51,11 @@ class RichDemoUI:
 
     def step(self, name: str, status: str, detail: str, elapsed_s: float | None) -> None:
         if status == "start":
-            self.console.print(Text.assemble(("▶ ", "bold cyan"), (f"{name:<11}", "bold"), detail),
-                               highlight=False, soft_wrap=True)  # fmt: skip
+            self.console.print(
+                Text.assemble(("▶ ", "bold cyan"), (f"{name:<11}", "bold"), detail),
+                highlight=False,
+                soft_wrap=True,
+            )
             return
         if self._phases is not None:
             self._phases.close()
@@ -87,9 +90,15 @@ class RichDemoUI:
         """
         if self.watcher is None:
             raise RuntimeError("RichDemoUI.watch needs a watcher")
-        self.watcher(inventory, name, seconds=seconds, on_snapshot=on_snapshot,
-                     console=self.console, interval_s=self.interval_s,
-                     show_after_s=SHOW_AFTER_FOUND_S)  # fmt: skip
+        self.watcher(
+            inventory,
+            name,
+            seconds=seconds,
+            on_snapshot=on_snapshot,
+            console=self.console,
+            interval_s=self.interval_s,
+            show_after_s=SHOW_AFTER_FOUND_S,
+        )
 
     def findings(self, findings: Sequence[Finding]) -> None:
         if not findings:
@@ -97,8 +106,9 @@ class RichDemoUI:
         for f in findings:
             sev = f.severity.name
             gpus = f" [GPU {','.join(map(str, f.gpus))}]" if f.gpus else ""
-            line = Text.assemble("   finding: ", (f"{sev} {f.kind}", _SEVERITY.get(sev, "")),
-                                 gpus, f": {f.summary}")  # fmt: skip
+            line = Text.assemble(
+                "   finding: ", (f"{sev} {f.kind}", _SEVERITY.get(sev, "")), gpus, f": {f.summary}"
+            )
             self.console.print(line, highlight=False, soft_wrap=True)
 
     def report(self, pm: Any) -> tuple[str, str]:
@@ -127,9 +137,12 @@ class RichDemoUI:
     def done(self, result: Any) -> None:
         c = self.console
         verdict = result.verdict.kind if result.verdict is not None else "none"
-        c.print(Text.assemble(("demo done", "bold green"),
-                              f" in {result.elapsed_s:.1f} s: verdict {verdict}"),
-                highlight=False)  # fmt: skip
+        c.print(
+            Text.assemble(
+                ("demo done", "bold green"), f" in {result.elapsed_s:.1f} s: verdict {verdict}"
+            ),
+            highlight=False,
+        )
         if result.report_html:
             c.print(Text(f"HTML report: {result.report_html}"), highlight=False, soft_wrap=True)
         if result.kept:
@@ -137,8 +150,14 @@ class RichDemoUI:
             for cmd in result.explore_commands():
                 c.print(Text(f"  {cmd}"), highlight=False, soft_wrap=True)
         else:
-            c.print(Text(f"Sandbox stopped; its files stay in {result.state_dir} "
-                         f"(orch demo --keep leaves it running)."), highlight=False, soft_wrap=True)  # fmt: skip
+            c.print(
+                Text(
+                    f"Sandbox stopped; its files stay in {result.state_dir} "
+                    f"(orch demo --keep leaves it running)."
+                ),
+                highlight=False,
+                soft_wrap=True,
+            )
             c.print("Next, try:")
             for cmd in result.next_commands():
                 c.print(Text(f"  {cmd}"), highlight=False, soft_wrap=True)

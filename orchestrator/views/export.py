@@ -31,8 +31,16 @@ log = logging.getLogger(__name__)
 # dcgm-exporter's labels (internal/pkg/rendermetrics/render_metrics.go, gpuMetricsFormat:
 # gpu, UUID, pci_bus_id, device, modelName, then the "label" fields of its counters CSV, of
 # which etc/default-counters.csv has DCGM_FI_DRIVER_VERSION), and its container label.
-DCGM_LABELS = ["gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "container",
-               "DCGM_FI_DRIVER_VERSION"]  # fmt: skip
+DCGM_LABELS = [
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "container",
+    "DCGM_FI_DRIVER_VERSION",
+]
 # orch's own series carry dcgm's Hostname and container besides target and host, so that
 # `on (Hostname, container)` joins them to the GPU series without label_replace.
 TARGET_LABELS = ["target", "host", "Hostname", "container"]
@@ -40,21 +48,33 @@ DCGM_MORE = (
     ("DCGM_FI_DEV_SM_CLOCK", "SM clock frequency (in MHz).", "sm_clock_mhz"),
     ("DCGM_FI_DEV_MEM_CLOCK", "Memory clock frequency (in MHz).", "mem_clock_mhz"),
     ("DCGM_FI_DEV_MEMORY_TEMP", "Memory temperature (in C).", "memory_temp_c"),
-    ("DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION", "Total energy consumption since boot (in mJ).",
-     "energy_mj"),
+    (
+        "DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION",
+        "Total energy consumption since boot (in mJ).",
+        "energy_mj",
+    ),
     ("DCGM_FI_DEV_PCIE_REPLAY_COUNTER", "Total number of PCIe retries.", "pcie_replay_count"),
     ("DCGM_FI_DEV_MEM_COPY_UTIL", "Memory utilization (in %).", "mem_copy_util_pct"),
     ("DCGM_FI_DEV_ENC_UTIL", "Encoder utilization (in %).", "encoder_util_pct"),
     ("DCGM_FI_DEV_DEC_UTIL", "Decoder utilization (in %).", "decoder_util_pct"),
     ("DCGM_FI_DEV_FB_RESERVED", "Framebuffer memory reserved (in MiB).", "memory_reserved_mib"),
-    ("DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
-     "Total number of NVLink bandwidth counters for all lanes.", "nvlink_bandwidth_mib_s"),
-    ("DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
-     "Number of remapped rows for uncorrectable errors", "remapped_rows_uncorrectable"),
-    ("DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS", "Number of remapped rows for correctable errors",
-     "remapped_rows_correctable"),
+    (
+        "DCGM_FI_DEV_NVLINK_BANDWIDTH_TOTAL",
+        "Total number of NVLink bandwidth counters for all lanes.",
+        "nvlink_bandwidth_mib_s",
+    ),
+    (
+        "DCGM_FI_DEV_UNCORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for uncorrectable errors",
+        "remapped_rows_uncorrectable",
+    ),
+    (
+        "DCGM_FI_DEV_CORRECTABLE_REMAPPED_ROWS",
+        "Number of remapped rows for correctable errors",
+        "remapped_rows_correctable",
+    ),
     ("DCGM_FI_DEV_ROW_REMAP_FAILURE", "Whether remapping of rows has failed", "row_remap_failure"),
-)  # fmt: skip
+)
 """The rest of dcgm-exporter's default counters NVML gives (etc/default-counters.csv, tag
 4.5.3-4.8.2): name, its help text there, the GpuSample field. A reading the GPU lacks is no
 series, never 0. dcgm-exporter types the energy, replay, NVLink and remapped-rows fields
@@ -260,17 +280,25 @@ def job_families(jobs: Sequence[JobJudgement]) -> list[Metric]:
     >>> [(x.labels["job"], x.value) for x in fams["orch_job_tokens_per_second"].samples]
     [('pair', 9.0)]
     """
-    state = GaugeMetricFamily("orch_job_state", "1 for the job's state (its worst node's).",
-                              labels=["job", "state"])  # fmt: skip
-    total = GaugeMetricFamily("orch_job_tokens_per_second", "Tokens/s of every node together.",
-                              labels=["job"])  # fmt: skip
-    node_state = GaugeMetricFamily("orch_job_node_state", "1 for each node's state.",
-                                   labels=["job", "node", "rank", "host", "state"])  # fmt: skip
-    node_tps = GaugeMetricFamily("orch_job_node_tokens_per_second", "Tokens/s of each node.",
-                                 labels=["job", "node", "rank"])  # fmt: skip
-    failed = GaugeMetricFamily("orch_job_first_failure",
-                               "1 on the node that failed first (the others' failures follow it).",
-                               labels=["job", "node", "rank", "role"])  # fmt: skip
+    state = GaugeMetricFamily(
+        "orch_job_state", "1 for the job's state (its worst node's).", labels=["job", "state"]
+    )
+    total = GaugeMetricFamily(
+        "orch_job_tokens_per_second", "Tokens/s of every node together.", labels=["job"]
+    )
+    node_state = GaugeMetricFamily(
+        "orch_job_node_state",
+        "1 for each node's state.",
+        labels=["job", "node", "rank", "host", "state"],
+    )
+    node_tps = GaugeMetricFamily(
+        "orch_job_node_tokens_per_second", "Tokens/s of each node.", labels=["job", "node", "rank"]
+    )
+    failed = GaugeMetricFamily(
+        "orch_job_first_failure",
+        "1 on the node that failed first (the others' failures follow it).",
+        labels=["job", "node", "rank", "role"],
+    )
     for jj in jobs:
         state.add_metric([jj.name, jj.state], 1.0)
         _add(total, [jj.name], jj.tokens_per_s)

@@ -28,8 +28,14 @@ def print_job_verdict(console: Console, pm: Any) -> None:
     """The job verdict: first failure (node, rank, when, evidence), consequences, nodes,
     clock offsets, remedy, bundle."""
     v = pm.verdict
-    console.print(Text.assemble((v.kind, "bold red" if v.first else "green"), "  ",
-                                f"[{v.playbook}]" if v.playbook else ""), highlight=False)  # fmt: skip
+    console.print(
+        Text.assemble(
+            (v.kind, "bold red" if v.first else "green"),
+            "  ",
+            f"[{v.playbook}]" if v.playbook else "",
+        ),
+        highlight=False,
+    )
     console.print(_safe(v.summary), highlight=False)
     f = v.first
     if f is not None:
@@ -50,11 +56,19 @@ def print_job_verdict(console: Console, pm: Any) -> None:
     for n in pm.nodes:
         ev = n.evidence
         role = f", {n.failure.role}" if n.failure else ""
-        console.print(_safe(f"  rank {n.node.rank} {n.node.container} on {n.host}: "
-                           f"{n.postmortem.verdict.kind}, exit status {ev.exit_status}, container "
-                           f"{ev.container_status}{role}"), highlight=False)  # fmt: skip
-    offs = ", ".join(f"{o.host} {o.offset_s * 1000:+.1f} ms (±{o.uncertainty_s * 1000:.1f})"
-                     + (f" [{o.error}]" if o.error else "") for o in pm.offsets)  # fmt: skip
+        console.print(
+            _safe(
+                f"  rank {n.node.rank} {n.node.container} on {n.host}: "
+                f"{n.postmortem.verdict.kind}, exit status {ev.exit_status}, container "
+                f"{ev.container_status}{role}"
+            ),
+            highlight=False,
+        )
+    offs = ", ".join(
+        f"{o.host} {o.offset_s * 1000:+.1f} ms (±{o.uncertainty_s * 1000:.1f})"
+        + (f" [{o.error}]" if o.error else "")
+        for o in pm.offsets
+    )
     console.print(
         _safe(f"clock offsets (host - orch): {offs or 'none (all local)'}"), highlight=False
     )
@@ -83,8 +97,11 @@ def markdown(pm: Any) -> str:
     ]
     if v.first is not None:
         f = v.first
-        out += [f"\n## First failure\n\n- node: {f.node} (rank {f.rank}) on {f.host}\n"
-                f"- at: {fmt_time(f.at)}\n- what: {f.what}\n", _fence(list(f.evidence))]  # fmt: skip
+        out += [
+            f"\n## First failure\n\n- node: {f.node} (rank {f.rank}) on {f.host}\n"
+            f"- at: {fmt_time(f.at)}\n- what: {f.what}\n",
+            _fence(list(f.evidence)),
+        ]
     if v.consequences:
         out.append("\n## Consequences\n\n")
         out += [f"- {c.label} at {fmt_time(c.at)}: {c.what} ({c.role})\n" for c in v.consequences]
@@ -93,13 +110,23 @@ def markdown(pm: Any) -> str:
     )
     for n in pm.nodes:
         ev = n.evidence
-        out.append(f"| {n.node.rank} | {n.node.container} | {n.host} | {n.postmortem.verdict.kind} | "
-                   f"{ev.exit_status} | {ev.container_status} |\n")  # fmt: skip
+        out.append(
+            f"| {n.node.rank} | {n.node.container} | {n.host} | {n.postmortem.verdict.kind} | "
+            f"{ev.exit_status} | {ev.container_status} |\n"
+        )
     out.append("\n## Clock offsets (host minus orch)\n\n")
-    out += [f"- {o.host}: {o.offset_s * 1000:+.1f} ms (±{o.uncertainty_s * 1000:.1f} ms)"
-            + (f", {o.error}" if o.error else "") + "\n" for o in pm.offsets] or ["_all local_\n"]  # fmt: skip
-    out += ["\n## Timeline (orch's clock, UTC)\n\n",
-            _fence([f"{fmt_time(e.at)}  {e.node} (rank {e.rank})  {e.kind}: {e.text}" for e in pm.timeline])]  # fmt: skip
+    out += [
+        f"- {o.host}: {o.offset_s * 1000:+.1f} ms (±{o.uncertainty_s * 1000:.1f} ms)"
+        + (f", {o.error}" if o.error else "")
+        + "\n"
+        for o in pm.offsets
+    ] or ["_all local_\n"]
+    out += [
+        "\n## Timeline (orch's clock, UTC)\n\n",
+        _fence(
+            [f"{fmt_time(e.at)}  {e.node} (rank {e.rank})  {e.kind}: {e.text}" for e in pm.timeline]
+        ),
+    ]
     if v.remedy:
         out += ["\n## Remedy\n\n", *(f"- {r}\n" for r in v.remedy)]
     out.append("\nEach node's own bundle is in its sub-directory (`<rank>-<node>/`).\n")
@@ -130,8 +157,13 @@ _MARKS = {
 
 def _key(marks: Sequence[Marker], drawn: set[str]) -> str:
     """The key of the job report's marks: lane dots, the tokens/s lines, gaps, markers."""
-    entries = [("dot", "an event in a node's lane (colour by kind: launch green, death dark "
-                "red, error orange, others blue); hover it for its text")]  # fmt: skip
+    entries = [
+        (
+            "dot",
+            "an event in a node's lane (colour by kind: launch green, death dark "
+            "red, error orange, others blue); hover it for its text",
+        )
+    ]
     if "line" in drawn:
         entries.append(("line", "tokens/s of a node (one colour per node, named in the legend)"))
     if "band:gap" in drawn:
@@ -149,21 +181,37 @@ def html(pm: Any) -> str:
     v = pm.verdict
     marks = _markers(pm)
     rates = [
-        Series(f"{n.node.container} (rank {n.node.rank})",
-               tuple((n.to_orch(float(r["time"])) or 0.0, float(r["tok_s"])) for r in n.evidence.metrics
-                     if isinstance(r.get("time"), (int, float)) and isinstance(r.get("tok_s"), (int, float))))
+        Series(
+            f"{n.node.container} (rank {n.node.rank})",
+            tuple(
+                (n.to_orch(float(r["time"])) or 0.0, float(r["tok_s"]))
+                for r in n.evidence.metrics
+                if isinstance(r.get("time"), (int, float))
+                and isinstance(r.get("tok_s"), (int, float))
+            ),
+        )
         for n in pm.nodes
-    ]  # fmt: skip
+    ]
     times = [e.at for e in pm.timeline] + [t for s in rates for t, _ in s.points]
     t0, t1 = span_of(times + [m.at for m in marks])
-    rows = [(f"{n.node.container} r{n.node.rank}",
-             [(e.at, e.kind, e.text) for e in pm.timeline if e.node == n.node.container]) for n in pm.nodes]  # fmt: skip
+    rows = [
+        (
+            f"{n.node.container} r{n.node.rank}",
+            [(e.at, e.kind, e.text) for e in pm.timeline if e.node == n.node.container],
+        )
+        for n in pm.nodes
+    ]
     first = v.first
-    head = (f"<p><b>First failure:</b> {esc(first.label)} on {esc(str(first.host))} at "
-            f"{esc(fmt_time(first.at))}: {esc(first.what)}</p><pre>{esc(chr(10).join(first.evidence))}</pre>"
-            if first else "")  # fmt: skip
-    cons = "".join(f"<li>{esc(c.label)} at {esc(fmt_time(c.at))}: {esc(c.what)} ({esc(c.role)})</li>"
-                   for c in v.consequences)  # fmt: skip
+    head = (
+        f"<p><b>First failure:</b> {esc(first.label)} on {esc(str(first.host))} at "
+        f"{esc(fmt_time(first.at))}: {esc(first.what)}</p><pre>{esc(chr(10).join(first.evidence))}</pre>"
+        if first
+        else ""
+    )
+    cons = "".join(
+        f"<li>{esc(c.label)} at {esc(fmt_time(c.at))}: {esc(c.what)} ({esc(c.role)})</li>"
+        for c in v.consequences
+    )
     nodes = "".join(
         f"<tr><td>{n.node.rank}</td><td>{esc(n.node.container)}</td><td>{esc(n.host)}</td>"
         f"<td>{esc(n.postmortem.verdict.kind)}</td><td>{esc(str(n.evidence.exit_status))}</td>"

@@ -59,8 +59,10 @@ def launch_summary(console: Console, result: dict[str, Any]) -> None:
         highlight=False,
     )
     console.print(remote_text(f"  log:    {result['log_path']}"), highlight=False, soft_wrap=True)
-    console.print(f"  follow: orch logs -f {target}   |   orch watch {target}   |   orch attach {target}",
-                  highlight=False)  # fmt: skip
+    console.print(
+        f"  follow: orch logs -f {target}   |   orch watch {target}   |   orch attach {target}",
+        highlight=False,
+    )
 
 
 def job_summary(console: Console, result: dict[str, Any]) -> None:
@@ -74,11 +76,20 @@ def job_summary(console: Console, result: dict[str, Any]) -> None:
         highlight=False,
     )
     for n in result["nodes"]:
-        console.print(remote_text(f"  rank {n['rank']}: {n['node']} on {n['host']} ({n['address']})  "
-                              f"log {n['log_path']}"), highlight=False, soft_wrap=True)  # fmt: skip
+        console.print(
+            remote_text(
+                f"  rank {n['rank']}: {n['node']} on {n['host']} ({n['address']})  "
+                f"log {n['log_path']}"
+            ),
+            highlight=False,
+            soft_wrap=True,
+        )
     first = result["nodes"][0]["node"] if result["nodes"] else job
-    console.print(f"  follow: orch watch {job}   |   orch logs -f {job} --node {first}   |   "
-                  f"orch check {job}", highlight=False)  # fmt: skip
+    console.print(
+        f"  follow: orch watch {job}   |   orch logs -f {job} --node {first}   |   "
+        f"orch check {job}",
+        highlight=False,
+    )
 
 
 def _age(seconds: float | None) -> str:
@@ -97,17 +108,32 @@ def status_table(rows: Sequence[dict[str, Any]], width: int | None = None) -> Ta
     space apart, not two, so every word fits whole.
     """
     heal = any(r.get("restarts") for r in rows)
-    cols = ("target", "reach", "container", "session", "run", "state", "age", "step",
-            "tok/s", "GPU mem", *(("restarts",) if heal else ()))  # fmt: skip
+    cols = (
+        "target",
+        "reach",
+        "container",
+        "session",
+        "run",
+        "state",
+        "age",
+        "step",
+        "tok/s",
+        "GPU mem",
+        *(("restarts",) if heal else ()),
+    )
     cells = _status_cells(rows, heal)
     narrow = width is not None and width < 100
-    table = Table(box=None, pad_edge=False, header_style="bold",
-                  padding=(0, 1, 0, 0) if narrow else (0, 1))  # fmt: skip
+    table = Table(
+        box=None, pad_edge=False, header_style="bold", padding=(0, 1, 0, 0) if narrow else (0, 1)
+    )
     for i, col in enumerate(cols):
         # a narrow terminal wraps between words (the run id, one long word, folds): no column
         # is ever narrower than its longest word, so "container" never reads "contai/ner"
-        words = [w for c in (col, *(row[i] for row in cells))
-                 for w in (c.plain if isinstance(c, Text) else Text.from_markup(c).plain).split()]  # fmt: skip
+        words = [
+            w
+            for c in (col, *(row[i] for row in cells))
+            for w in (c.plain if isinstance(c, Text) else Text.from_markup(c).plain).split()
+        ]
         longest = max(map(len, words), default=1)
         if col == "run":
             table.add_column(col, overflow="fold", min_width=min(longest, 8))
@@ -125,15 +151,29 @@ def _status_cells(rows: Sequence[dict[str, Any]], heal: bool) -> list[tuple[str 
     for r in rows:
         if r.get("kind") == "job":
             tps = r.get("tokens_per_s")
-            out.append((
-                f"[bold]{r['target']}[/] (job)", "", "", "", f"rendezvous {r.get('rendezvous', '-')}",
-                r.get("state") or "-", "", "", f"{tps:,.0f}" if tps is not None else "-", "",
-                *(("",) if heal else ()),
-            ))  # fmt: skip
+            out.append(
+                (
+                    f"[bold]{r['target']}[/] (job)",
+                    "",
+                    "",
+                    "",
+                    f"rendezvous {r.get('rendezvous', '-')}",
+                    r.get("state") or "-",
+                    "",
+                    "",
+                    f"{tps:,.0f}" if tps is not None else "-",
+                    "",
+                    *(("",) if heal else ()),
+                )
+            )
             continue
         reach = "[green]yes[/]" if r.get("reachable") else "[red]no[/]"
-        mem = (f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
-               f"{r['gpus_busy']} busy)" if r.get("gpus") else "-")  # fmt: skip
+        mem = (
+            f"{r['gpu_mem_used_gib']:.0f}/{r['gpu_mem_total_gib']:.0f} GiB ({r['gpus']} GPUs, "
+            f"{r['gpus_busy']} busy)"
+            if r.get("gpus")
+            else "-"
+        )
         tps = r.get("tokens_per_s")
         state = r.get("state") or r.get("run_state") or "-"
         if r.get("run_state") and r["run_state"] != state:
@@ -145,12 +185,21 @@ def _status_cells(rows: Sequence[dict[str, Any]], heal: bool) -> list[tuple[str 
         container = r.get("container") or "-"
         if r.get("lock"):
             container = f"{container}, locked ({r['lock']})"  # pct list's Lock column
-        out.append((
-            remote_text(name), reach, remote_text(container), remote_text(r.get("session") or "-"),
-            remote_text(r.get("run_id") or "-"), shown, _age(r.get("age_s")),
-            _step(r), _rate(r, tps), mem,
-            *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
-        ))  # fmt: skip
+        out.append(
+            (
+                remote_text(name),
+                reach,
+                remote_text(container),
+                remote_text(r.get("session") or "-"),
+                remote_text(r.get("run_id") or "-"),
+                shown,
+                _age(r.get("age_s")),
+                _step(r),
+                _rate(r, tps),
+                mem,
+                *(((r.get("restarts") or {}).get("short", "-"),) if heal else ()),
+            )
+        )
     return out
 
 
@@ -182,10 +231,12 @@ def runs_table(doc: RunsAnswer) -> Table:
         started = r.started_at
         table.add_row(
             "*" if r.run_id == doc.current else "",
-            remote_text(r.run_id), remote_text(shown, style),
+            remote_text(r.run_id),
+            remote_text(shown, style),
             time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(started)) if started else "-",
-            _size(r.log_size_bytes), remote_text((r.command or "")[:80]),
-        )  # fmt: skip
+            _size(r.log_size_bytes),
+            remote_text((r.command or "")[:80]),
+        )
     return table
 
 

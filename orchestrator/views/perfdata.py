@@ -133,22 +133,42 @@ def target_items(r: Judgement, limits: Limits) -> list[Perf]:
     m = snap.metrics
     if m is not None and m.tokens_per_s is not None:
         floor = limits.min_tokens_per_s
-        out.append(Perf(f"{r.name}_tokens_per_s", m.tokens_per_s,
-                        warn="" if floor is None else f"{number(floor)}:", min=0))  # fmt: skip
+        out.append(
+            Perf(
+                f"{r.name}_tokens_per_s",
+                m.tokens_per_s,
+                warn="" if floor is None else f"{number(floor)}:",
+                min=0,
+            )
+        )
     run = snap.run
     if run is not None and run.disk_free_mib is not None:
         total = run.disk_total_mib
-        out.append(Perf(f"{r.name}_disk_free", run.disk_free_mib * MIB, "B",
-                        warn=f"{number(limits.min_free_disk_gib * 1024 * MIB)}:",
-                        crit=f"{number(limits.critical_free_disk_gib * 1024 * MIB)}:",
-                        min=0, max=None if total is None else total * MIB))  # fmt: skip
+        out.append(
+            Perf(
+                f"{r.name}_disk_free",
+                run.disk_free_mib * MIB,
+                "B",
+                warn=f"{number(limits.min_free_disk_gib * 1024 * MIB)}:",
+                crit=f"{number(limits.critical_free_disk_gib * 1024 * MIB)}:",
+                min=0,
+                max=None if total is None else total * MIB,
+            )
+        )
     for g in snap.gpus:
         if g.utilization_pct is not None:
             out.append(Perf(f"{r.name}_gpu{g.index}_util", g.utilization_pct, "%", min=0, max=100))
         if g.memory_used_mib is not None:
             total = g.memory_total_mib
-            out.append(Perf(f"{r.name}_gpu{g.index}_mem", g.memory_used_mib * MIB, "B",
-                            min=0, max=None if total is None else total * MIB))  # fmt: skip
+            out.append(
+                Perf(
+                    f"{r.name}_gpu{g.index}_mem",
+                    g.memory_used_mib * MIB,
+                    "B",
+                    min=0,
+                    max=None if total is None else total * MIB,
+                )
+            )
     return out
 
 

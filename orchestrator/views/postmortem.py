@@ -105,8 +105,10 @@ def markdown(pm: Any) -> str:
     if ev.tee_error:
         out.append(f"- **tee failed** (train.log stopped there): {_code(ev.tee_error)}\n")
     if m is not None:
-        out.append(f"- command: {_code(m.command)}\n- started: {fmt_time(m.started_at)}\n"
-                   f"- GPUs: {list(m.gpus)}\n")  # fmt: skip
+        out.append(
+            f"- command: {_code(m.command)}\n- started: {fmt_time(m.started_at)}\n"
+            f"- GPUs: {list(m.gpus)}\n"
+        )
     out += ["\n## Cause\n", f"{v.cause or '-'}\n", f"\nConfidence: **{v.confidence}**\n"]
     if v.confirm:
         out.append(f"\nTo confirm: {v.confirm}\n")
@@ -117,8 +119,10 @@ def markdown(pm: Any) -> str:
         _md_list([f"{f.severity} {f.kind}: {f.summary}" for f in pm.findings]),
     ]
     if getattr(pm, "episodes", ()):
-        out += ["\n### Episodes in the GPU history\n",
-                _md_list([f"{e.line()}" for e, _ in episode_rows(pm)])]  # fmt: skip
+        out += [
+            "\n### Episodes in the GPU history\n",
+            _md_list([f"{e.line()}" for e, _ in episode_rows(pm)]),
+        ]
     if pm.restarts:
         out += ["\n## Restart journal\n", _md_list([e.line() for e in pm.restarts])]
     out += ["\n## Log tail\n", _md_list(list(ev.log_tail[-50:]), True)]
@@ -146,8 +150,10 @@ def _series(pm: Any) -> dict[str, tuple[list[Series], Unit]]:
     mine = _mine(pm)
 
     def named(rows: dict[int, list[tuple[float, float]]]) -> list[Series]:
-        return [Series(f"GPU {k}" + ("*" if k in mine else ""), tuple(v))
-                for k, v in sorted(rows.items())]  # fmt: skip
+        return [
+            Series(f"GPU {k}" + ("*" if k in mine else ""), tuple(v))
+            for k, v in sorted(rows.items())
+        ]
 
     tok = tuple(
         (float(r["time"]), float(r["tok_s"]))
@@ -218,8 +224,13 @@ def key_entries(pm: Any, marks: Sequence[Marker], drawn: set[str]) -> list[tuple
     kinds = dict.fromkeys(m.kind for m in marks)
     out += [(f"marker:{k}", _MARKER_MEANING.get(k, k)) for k in kinds]
     if _mine(pm):
-        out.append(("text:*", "GPU n*: a GPU of this run (its manifest's GPU list); the others "
-                    "are the container's other GPUs"))  # fmt: skip
+        out.append(
+            (
+                "text:*",
+                "GPU n*: a GPU of this run (its manifest's GPU list); the others "
+                "are the container's other GPUs",
+            )
+        )
     return out
 
 
@@ -257,10 +268,18 @@ def _timeline(pm: Any) -> str:
     bands = episode_bands(pm)
     note = "* this run's GPU" if _mine(pm) else ""
     charts = "".join(
-        chart(title, rows, t0, t1, marks, unit, bands=bands if unit is not TOK_S else (),
-              note=note if unit is not TOK_S else "")
+        chart(
+            title,
+            rows,
+            t0,
+            t1,
+            marks,
+            unit,
+            bands=bands if unit is not TOK_S else (),
+            note=note if unit is not TOK_S else "",
+        )
         for title, (rows, unit) in series.items()
-    )  # fmt: skip
+    )
     drawn = set().union(*(marks_of(rows, t0, t1) for rows, _ in series.values()))
     return charts + key(key_entries(pm, marks, drawn))
 

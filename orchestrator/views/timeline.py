@@ -35,10 +35,26 @@ from orchestrator.views.scales import (
 W, PAD_L, PAD_R = 1000, 92, 16
 """viewBox width and the plot's left/right margins (the value labels sit in the left one)."""
 FONT, SMALL, ROW_H, PLOT_H = 13, 12, 16, 170
-COLORS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f",
-          "#bcbd22", "#17becf")  # fmt: skip
-MARK = {"launch": "#2a9d2a", "finding": "#e08a00", "failure": "#d00000", "death": "#7a0000",
-        "kernel": "#6a3d9a", "stop": "#555555"}  # fmt: skip
+COLORS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+MARK = {
+    "launch": "#2a9d2a",
+    "finding": "#e08a00",
+    "failure": "#d00000",
+    "death": "#7a0000",
+    "kernel": "#6a3d9a",
+    "stop": "#555555",
+}
 DASHED = ("death", "kernel", "stop")
 _ORDER = {"launch": 0, "finding": 1, "kernel": 2, "stop": 3, "failure": 4, "death": 5}
 """Markers at one instant: the later kinds are drawn over the earlier (a death over a finding)."""
@@ -183,8 +199,10 @@ def _draw_markers(frame: _Frame, shown: Sequence[Marker], boxes: Sequence) -> li
 
 
 def _time_axis(frame: _Frame) -> list[str]:
-    out = [f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{frame.bottom}" y2="{frame.bottom}" '
-           'stroke="#999"/>']  # fmt: skip
+    out = [
+        f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{frame.bottom}" y2="{frame.bottom}" '
+        'stroke="#999"/>'
+    ]
     for t in ticks(frame.t0, frame.t1):
         x = frame.x(t)
         out.append(
@@ -192,8 +210,10 @@ def _time_axis(frame: _Frame) -> list[str]:
             f'<text x="{x:.1f}" y="{frame.bottom + 17}" font-size="{SMALL}" text-anchor="middle" '
             f'fill="#555">{clock(t)}</text>'
         )
-    out.append(f'<text x="{W - PAD_R}" y="{frame.bottom + 32}" font-size="{SMALL}" '
-               'text-anchor="end" fill="#555">time (UTC)</text>')  # fmt: skip
+    out.append(
+        f'<text x="{W - PAD_R}" y="{frame.bottom + 32}" font-size="{SMALL}" '
+        'text-anchor="end" fill="#555">time (UTC)</text>'
+    )
     return out
 
 
@@ -209,10 +229,14 @@ def _legend(labels: Sequence[str], y: float, note: str = "") -> tuple[list[str],
             x, y = float(PAD_L), y + ROW_H
         if i >= 0:
             color = COLORS[i % len(COLORS)]
-            out.append(f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{color}"/>'
-                       f'<text x="{x + 14:.1f}" y="{y}" font-size="{SMALL}">{html.escape(text)}</text>')  # fmt: skip
+            out.append(
+                f'<rect x="{x:.1f}" y="{y - 9}" width="10" height="10" fill="{color}"/>'
+                f'<text x="{x + 14:.1f}" y="{y}" font-size="{SMALL}">{html.escape(text)}</text>'
+            )
         else:
-            out.append(f'<text x="{x:.1f}" y="{y}" font-size="{SMALL}" fill="#666">{html.escape(text)}</text>')  # fmt: skip
+            out.append(
+                f'<text x="{x:.1f}" y="{y}" font-size="{SMALL}" fill="#666">{html.escape(text)}</text>'
+            )
         x += width
     return out, y
 
@@ -232,8 +256,10 @@ def _bands(frame: _Frame, bands: Sequence[Band]) -> list[str]:
             f'fill-opacity="{opacity}"><title>{html.escape(b.label)}</title></rect>'
         )
         if b.kind == "gap" and x1 - x0 > label_width("no samples", SMALL) + 8:
-            out.append(f'<text x="{(x0 + x1) / 2:.1f}" y="{frame.bottom - 6}" font-size="{SMALL}" '
-                       'fill="#777" text-anchor="middle">no samples</text>')  # fmt: skip
+            out.append(
+                f'<text x="{(x0 + x1) / 2:.1f}" y="{frame.bottom - 6}" font-size="{SMALL}" '
+                'fill="#777" text-anchor="middle">no samples</text>'
+            )
     return out
 
 
@@ -267,7 +293,7 @@ def gap_bands(times: Sequence[float], factor: float = GAP_FACTOR) -> list[Band]:
             b,
             "gap",
             f"no samples from {clock(a)} to {clock(b)} ({b - a:.0f} s; samples every {step:.0f} s)",
-        )  # fmt: skip
+        )
         for a, b in gaps(ts, factor)
         if step is not None
     ]
@@ -288,8 +314,10 @@ def _lines(frame: _Frame, series: Sequence[Series], y_of, interval: float | None
         )
         label = html.escape(s.label)
         if d:
-            out.append(f'<path class="series" d="{d}" fill="none" stroke="{color}" '
-                       f'stroke-width="2" stroke-linejoin="round"><title>{label}</title></path>')  # fmt: skip
+            out.append(
+                f'<path class="series" d="{d}" fill="none" stroke="{color}" '
+                f'stroke-width="2" stroke-linejoin="round"><title>{label}</title></path>'
+            )
         out += [
             f'<circle class="alone" cx="{frame.x(run[0][0]):.1f}" cy="{y_of(run[0][1]):.1f}" '
             f'r="3" fill="{color}"><title>{label}: {run[0][1]:,.6g} at {clock(run[0][0])}</title></circle>'
@@ -344,8 +372,10 @@ def chart(
     parts += _time_axis(frame)
     parts += _lines(frame, series, y_of, interval)
     if ax.note:
-        parts.append(f'<text x="{(PAD_L + W - PAD_R) / 2:.0f}" y="{frame.top + PLOT_H / 2:.0f}" '
-                     f'font-size="{FONT}" fill="#777" text-anchor="middle">{html.escape(ax.note)}</text>')  # fmt: skip
+        parts.append(
+            f'<text x="{(PAD_L + W - PAD_R) / 2:.0f}" y="{frame.top + PLOT_H / 2:.0f}" '
+            f'font-size="{FONT}" fill="#777" text-anchor="middle">{html.escape(ax.note)}</text>'
+        )
     parts += _draw_markers(frame, shown, boxes)
     return "".join(parts) + "</svg>"
 
@@ -372,13 +402,17 @@ def lanes(
     parts = _svg_open(frame.bottom + 40, title) + _time_axis(frame)
     for i, (label, events) in enumerate(rows):
         y = top + lane_h * i + lane_h / 2 + 4
-        parts.append(f'<text x="4" y="{y + 4:.1f}" font-size="{SMALL}">{html.escape(label[:12])}</text>'
-                     f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ccc"/>')  # fmt: skip
+        parts.append(
+            f'<text x="4" y="{y + 4:.1f}" font-size="{SMALL}">{html.escape(label[:12])}</text>'
+            f'<line x1="{PAD_L}" x2="{W - PAD_R}" y1="{y:.1f}" y2="{y:.1f}" stroke="#ccc"/>'
+        )
         for at, kind, text in events:
             if frame.inside(at):
                 color = MARK.get(kind, MARK["finding"] if kind == "error" else "#1f77b4")
-                parts.append(f'<circle cx="{frame.x(at):.1f}" cy="{y:.1f}" r="5" fill="{color}">'
-                             f"<title>{html.escape(label)} {clock(at)} {kind}: {html.escape(text)}</title></circle>")  # fmt: skip
+                parts.append(
+                    f'<circle cx="{frame.x(at):.1f}" cy="{y:.1f}" r="5" fill="{color}">'
+                    f"<title>{html.escape(label)} {clock(at)} {kind}: {html.escape(text)}</title></circle>"
+                )
     parts += _draw_markers(frame, shown, boxes)
     return "".join(parts) + "</svg>"
 

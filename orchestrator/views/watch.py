@@ -242,8 +242,12 @@ def heal_text(v: TargetView, now: float, *, short: bool = False) -> str | None:
     if not v.journal:
         return None
     policy = v.container.restart
-    s = summary(v.journal, now=now, max_restarts=policy.max_restarts if policy else None,
-                window_s=policy.window_s if policy else None)  # fmt: skip
+    s = summary(
+        v.journal,
+        now=now,
+        max_restarts=policy.max_restarts if policy else None,
+        window_s=policy.window_s if policy else None,
+    )
     return None if s is None else str(s["short" if short else "text"])
 
 
@@ -318,8 +322,9 @@ def render_dashboard(
     order = [v for jj in jobs for r in jj.nodes for v in views if v.name == r.node.container]
     views = order + [v for v in views if v.name not in ranks]
     for i, v in enumerate(views):
-        block = target_lines(v, now=now, width=width, titles=titles, selected=i == selected,
-                             rank=ranks.get(v.name))  # fmt: skip
+        block = target_lines(
+            v, now=now, width=width, titles=titles, selected=i == selected, rank=ranks.get(v.name)
+        )
         block = heads.get(v.name, []) + block
         if used + len(block) > budget and i > 0:
             lines.append(Text(f"  +{n - i} more targets (make the terminal taller)", style="dim"))

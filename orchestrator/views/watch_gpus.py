@@ -216,8 +216,10 @@ def _user(name: str | None) -> str:
 
 
 def process_header() -> Text:
-    t = Text(f"  {'GPU':>3} {'PID':>{PID_W}} {'USER':<{USER_W}} {'GPU-MEM':>9} {'%CPU':>5}  COMMAND",
-             style="bold reverse")  # fmt: skip
+    t = Text(
+        f"  {'GPU':>3} {'PID':>{PID_W}} {'USER':<{USER_W}} {'GPU-MEM':>9} {'%CPU':>5}  COMMAND",
+        style="bold reverse",
+    )
     t.no_wrap, t.overflow = True, "ellipsis"
     return t
 
@@ -229,8 +231,10 @@ def process_rows(v: TargetView) -> list[Text]:
     for g in snap.gpus if snap is not None else ():
         for p in sorted(g.processes or (), key=lambda p: -(p.used_memory_mib or 0.0)):
             t = Text("  ")
-            t.append(f"{g.index:>3}", style=mem_style(g) if not is_anomalous(g, v.container.limits)
-                     else ANOMALY_STYLE)  # fmt: skip
+            t.append(
+                f"{g.index:>3}",
+                style=mem_style(g) if not is_anomalous(g, v.container.limits) else ANOMALY_STYLE,
+            )
             t.append(f" {pid_text(p, v)[-PID_W:]:>{PID_W}} {_user(p.user):<{USER_W}}")
             t.append(f" {size_text(p.used_memory_mib):>9}")
             cpu = "-" if p.cpu_pct is None else f"{p.cpu_pct:.1f}"
@@ -248,8 +252,9 @@ def process_table(v: TargetView, room: int) -> list[Text]:
         return []
     if len(rows) + 1 > room:
         cut = len(rows) - (room - 2)
-        rows = rows[: room - 2] + [Text(f"  +{cut} more processes (make the terminal taller)",
-                                        style="dim")]  # fmt: skip
+        rows = rows[: room - 2] + [
+            Text(f"  +{cut} more processes (make the terminal taller)", style="dim")
+        ]
     return [process_header(), *rows]
 
 
@@ -267,8 +272,15 @@ def plain_gpu_line(name: str, g: GpuSample, clock: str) -> str:
     used, total = (
         size_text(m).replace("N/A", "-") for m in (g.memory_used_mib, g.memory_total_mib)
     )
-    parts = [clock, name, f"gpu{g.index}", f"util={util}", f"mem={used}/{total}",
-             f"temp={temp}", f"power={power}"]  # fmt: skip
+    parts = [
+        clock,
+        name,
+        f"gpu{g.index}",
+        f"util={util}",
+        f"mem={used}/{total}",
+        f"temp={temp}",
+        f"power={power}",
+    ]
     if g.error:
         parts.append(f"error={g.error}")
     return " ".join(parts)

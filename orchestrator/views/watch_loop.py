@@ -131,8 +131,9 @@ def run_plain(
         if not changed:
             continue
         if isinstance(snap, HostView):
-            print(plain_host_line(model.hosts[snap.host], now=time.time(), titles=titles),
-                  flush=True)  # fmt: skip
+            print(
+                plain_host_line(model.hosts[snap.host], now=time.time(), titles=titles), flush=True
+            )
             continue
         target = snap[0] if name == JOURNAL else name
         print(plain_line(model.views[target], now=time.time(), titles=titles), flush=True)

@@ -139,8 +139,14 @@ class WatchModel:
                 if v.current is not None
             }
             try:
-                out.append(judge_job(job, {v.name: v.container for v in nodes}, judged,
-                                     histories={v.name: list(v.history) for v in nodes}))  # fmt: skip
+                out.append(
+                    judge_job(
+                        job,
+                        {v.name: v.container for v in nodes},
+                        judged,
+                        histories={v.name: list(v.history) for v in nodes},
+                    )
+                )
             except Exception as exc:  # lenient in views: show, carry on
                 log.debug("job %s not judged", job.name, exc_info=True)
                 self.messages.append(f"{job.name}: not judged: {exc}")

@@ -28,8 +28,16 @@ _BAR_NOTOTAL = re.compile(
     r"(?<![\w/])(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?P<unitn>[A-Za-z]*) \[(?P<elapsed>[\d:]+),\s*"
     r"(?P<rate>[\d.]+[kMGTP]?|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
 )
-_BAR_UNITS = {"it": "it/s", "tok": "tokens/s", "tokens": "tokens/s", "samples": "samples/s",
-              "step": "it/s", "steps": "it/s", "batch": "it/s", "batches": "it/s"}  # fmt: skip
+_BAR_UNITS = {
+    "it": "it/s",
+    "tok": "tokens/s",
+    "tokens": "tokens/s",
+    "samples": "samples/s",
+    "step": "it/s",
+    "steps": "it/s",
+    "batch": "it/s",
+    "batches": "it/s",
+}
 
 
 @dataclass(frozen=True, slots=True)

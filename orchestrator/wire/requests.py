@@ -41,7 +41,7 @@ SESSION = "train"
 GRACE_S = 60.0
 """How long ``stop`` (and ``launch --force``) waits before SIGKILL (s)."""
 EXIT_LINE = "[orch] command exited with status"
-"""How the wrapper's last log line starts (``... N at DATE``): written by ``agent/runs.py``, read
+"""How the wrapper's last log line starts (``... N at DATE``): written by ``agent/wrapper.py``, read
 by ``detect/run.py``."""
 
 A = TypeVar("A")

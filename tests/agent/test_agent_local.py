@@ -231,8 +231,12 @@ def test_a_dead_pane_whose_status_tmux_lost_reports_it_from_the_zombie(
     try:
         line = f"1|||{exited.pid}|%0|{os.getpid()}"
         assert reader._unreaped("train", line, exited.pid, os.getpid()) == (
-            True, 3, None, exited.pid, "%0"
-        )  # fmt: skip
+            True,
+            3,
+            None,
+            exited.pid,
+            "%0",
+        )
     finally:
         exited.wait()
     # reaped since it was listed: tmux has the status now, so the panes are listed again

@@ -17,8 +17,11 @@ from orchestrator.remote import deploy
 def full_disk(tmp_path: Path) -> Iterator[Path]:
     where = tmp_path / "small"
     where.mkdir()
-    res = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(where)],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     try:
@@ -31,8 +34,12 @@ def test_a_full_disk_is_one_clear_error_and_leaves_no_temp_directory(full_disk: 
     bundle = deploy.build_bundle()
     dest = full_disk / ".orch" / f"agent-{bundle.hash}"
     for _ in range(2):  # every attempt cleans up after itself
-        res = subprocess.run([sys.executable, "-c", deploy._UNPACK, str(dest), bundle.hash],
-                             input=bundle.tarball, capture_output=True, timeout=60)  # fmt: skip
+        res = subprocess.run(
+            [sys.executable, "-c", deploy._UNPACK, str(dest), bundle.hash],
+            input=bundle.tarball,
+            capture_output=True,
+            timeout=60,
+        )
         err = res.stderr.decode()
         assert res.returncode == 5, err
         assert "cannot unpack the bundle into" in err and "No space left on device" in err, err

@@ -60,10 +60,14 @@ def _render(fmt: str) -> tuple[str, dict[str, object]]:
     if fmt.count("%s") - (2 if with_pid else 0) == 2:
         args.append(ROOT_CAUSE)
     want: dict[str, object] = {
-        "kind": "xid", "xid": 43, "pci": "0000:3b:00",
-        "gpu_instance": 2 if gi else None, "compute_instance": 1 if ci else None,
-        "pid": 4242 if with_pid else None, "process": "python3" if with_pid else None,
-    }  # fmt: skip
+        "kind": "xid",
+        "xid": 43,
+        "pci": "0000:3b:00",
+        "gpu_instance": 2 if gi else None,
+        "compute_instance": 1 if ci else None,
+        "pid": 4242 if with_pid else None,
+        "process": "python3" if with_pid else None,
+    }
     return _printf(fmt, args), want
 
 
@@ -115,10 +119,12 @@ def test_the_live_parser_agrees() -> None:
 def test_unsupported_gpu_notices_are_no_fallen_off_bus() -> None:
     """osapi.c's other "NVRM: The NVIDIA GPU %04x:%02x:%02x.%x (PCI ID: %04x:%04x)" notices
     (not supported by this driver / open nvidia.ko, 580.65.06 osapi.c:3553, 3566, 3603)."""
-    lines = ["[ 5.0] NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:1db6)",
-             "[ 5.0] NVRM: installed in this system is not supported by open",
-             "[ 5.0] NVRM: nvidia.ko because it does not include the required GPU",
-             "[ 5.0] NVRM: System Processor (GSP)."]  # fmt: skip
+    lines = [
+        "[ 5.0] NVRM: The NVIDIA GPU 0000:b3:00.0 (PCI ID: 10de:1db6)",
+        "[ 5.0] NVRM: installed in this system is not supported by open",
+        "[ 5.0] NVRM: nvidia.ko because it does not include the required GPU",
+        "[ 5.0] NVRM: System Processor (GSP).",
+    ]
     assert parse_saved_log(lines) == []
 
 

@@ -24,21 +24,40 @@ print(json.dumps({"first": [g.to_dict() for g in first], "gpus": [g.to_dict() fo
 """
 
 FULL = {
-    "index": 0, "util_pct": 90, "mem_util_pct": 41, "mem_used_mib": 1000, "mem_reserved_mib": 512,
-    "temp_c": 60, "mem_temp_c": 71, "power_w": 600, "power_limit_w": 650, "sm_clock_mhz": 1410,
-    "mem_clock_mhz": 2619, "pstate": 2, "energy_avg_w": 500, "pcie_replay": 7,
-    "remapped_rows_correctable": 3, "remapped_rows_uncorrectable": 1, "remap_pending": 0,
-    "remap_failure": 1, "enc_util_pct": 5, "dec_util_pct": 9,
-    "nvlink_rx_kib_s": 2_000_000, "nvlink_tx_kib_s": 1_000_000,
-}  # fmt: skip
+    "index": 0,
+    "util_pct": 90,
+    "mem_util_pct": 41,
+    "mem_used_mib": 1000,
+    "mem_reserved_mib": 512,
+    "temp_c": 60,
+    "mem_temp_c": 71,
+    "power_w": 600,
+    "power_limit_w": 650,
+    "sm_clock_mhz": 1410,
+    "mem_clock_mhz": 2619,
+    "pstate": 2,
+    "energy_avg_w": 500,
+    "pcie_replay": 7,
+    "remapped_rows_correctable": 3,
+    "remapped_rows_uncorrectable": 1,
+    "remap_pending": 0,
+    "remap_failure": 1,
+    "enc_util_pct": 5,
+    "dec_util_pct": 9,
+    "nvlink_rx_kib_s": 2_000_000,
+    "nvlink_tx_kib_s": 1_000_000,
+}
 LACKING = {
     "index": 1,
     "not_supported": [
-        "NVML_FI_DEV_MEMORY_TEMP", "nvmlDeviceGetRemappedRows", "nvmlDeviceGetPcieReplayCounter",
-        "nvmlDeviceGetTotalEnergyConsumption", "nvmlDeviceGetEncoderUtilization",
+        "NVML_FI_DEV_MEMORY_TEMP",
+        "nvmlDeviceGetRemappedRows",
+        "nvmlDeviceGetPcieReplayCounter",
+        "nvmlDeviceGetTotalEnergyConsumption",
+        "nvmlDeviceGetEncoderUtilization",
     ],
     "nvlink_links": 0,
-}  # fmt: skip
+}
 
 
 def _scenario(env: AgentEnv, devices: list[dict]) -> None:
@@ -72,7 +91,10 @@ def test_every_field_comes_from_its_nvml_call(agent_env: AgentEnv) -> None:
     full, lacking = got["gpus"]
     assert (full["sm_clock_mhz"], full["mem_clock_mhz"], full["pstate"]) == (1410.0, 2619.0, 2)
     assert (full["power_limit_w"], full["memory_temp_c"], full["mem_copy_util_pct"]) == (
-        650.0, 71.0, 41.0)  # fmt: skip
+        650.0,
+        71.0,
+        41.0,
+    )
     assert (full["pcie_replay_count"], full["memory_reserved_mib"]) == (7, 512.0)
     assert (full["remapped_rows_correctable"], full["remapped_rows_uncorrectable"]) == (3, 1)
     assert (full["remapped_rows_pending"], full["row_remap_failure"]) == (False, True)
@@ -83,9 +105,17 @@ def test_every_field_comes_from_its_nvml_call(agent_env: AgentEnv) -> None:
     assert got["first"][0]["nvlink_bandwidth_mib_s"] is None
     assert abs(full["nvlink_bandwidth_mib_s"] - 3000.0) < 60, full["nvlink_bandwidth_mib_s"]
     # what the board lacks is None (no series), never 0; what it has still reads
-    for key in ("memory_temp_c", "remapped_rows_correctable", "remapped_rows_uncorrectable",
-                "remapped_rows_pending", "row_remap_failure", "pcie_replay_count", "energy_mj",
-                "encoder_util_pct", "nvlink_bandwidth_mib_s"):  # fmt: skip
+    for key in (
+        "memory_temp_c",
+        "remapped_rows_correctable",
+        "remapped_rows_uncorrectable",
+        "remapped_rows_pending",
+        "row_remap_failure",
+        "pcie_replay_count",
+        "energy_mj",
+        "encoder_util_pct",
+        "nvlink_bandwidth_mib_s",
+    ):
         assert lacking[key] is None, (key, lacking[key])
     assert lacking["sm_clock_mhz"] == 1980.0 and lacking["decoder_util_pct"] == 0.0
     assert lacking["error"] is None
@@ -105,7 +135,10 @@ def test_nvidia_smi_gives_the_fields_its_query_has(agent_env: AgentEnv) -> None:
     assert got["status"]["source"] == "nvidia-smi" and got["status"]["ok"], got["status"]
     assert (full["sm_clock_mhz"], full["mem_clock_mhz"], full["pstate"]) == (1410.0, 2619.0, 2)
     assert (full["power_limit_w"], full["memory_temp_c"], full["memory_reserved_mib"]) == (
-        650.0, 71.0, 512.0)  # fmt: skip
+        650.0,
+        71.0,
+        512.0,
+    )
     assert (full["mem_copy_util_pct"], full["encoder_util_pct"]) == (41.0, 5.0)
     assert full["energy_mj"] is None and full["remapped_rows_correctable"] is None  # not in it
     assert lacking["memory_temp_c"] is None and lacking["sm_clock_mhz"] == 1980.0  # [N/A]

@@ -54,8 +54,13 @@ def inventory(info):
 
 
 def orch(info, *args: str, timeout_s: float = 120) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", "-c", str(info.config_path),
-                           *args], capture_output=True, text=True, timeout=timeout_s, cwd=ROOT)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", "-c", str(info.config_path), *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=ROOT,
+    )
 
 
 def observe(info, *names: str):
@@ -69,9 +74,22 @@ def launch(info, name: str, cmd: str = LOOP) -> str:
 
     inv = inventory(info)
     c = inv.container(name)
-    doc = Target(inv, name).agent(["launch", "--workdir", c.workdir, "--session", c.session,
-                                   "--cmd", cmd, "--no-recorder", "--force", "--grace", "2"],
-                                  timeout=60)  # fmt: skip
+    doc = Target(inv, name).agent(
+        [
+            "launch",
+            "--workdir",
+            c.workdir,
+            "--session",
+            c.session,
+            "--cmd",
+            cmd,
+            "--no-recorder",
+            "--force",
+            "--grace",
+            "2",
+        ],
+        timeout=60,
+    )
     assert doc.get("ok"), doc
     return str(doc["run_id"])
 
@@ -79,9 +97,13 @@ def launch(info, name: str, cmd: str = LOOP) -> str:
 def start_inside(info, name: str, *argv: str) -> tuple[subprocess.Popen[bytes], int, int]:
     """Run ``argv`` in container ``name`` through its pct; (the pct process, host PID, PID inside)."""
     env = {**os.environ, **info.env(), "PATH": f"{info.state_dir / 'bin'}:{os.environ['PATH']}"}
-    proc = subprocess.Popen([str(info.state_dir / "bin" / "pct"), "exec", name[2:], "--", *argv],
-                            env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)  # fmt: skip
+    proc = subprocess.Popen(
+        [str(info.state_dir / "bin" / "pct"), "exec", name[2:], "--", *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     want = [a.encode() for a in argv]
 
     def found() -> int | None:
@@ -112,8 +134,11 @@ def test_one_document_covers_every_container_as_it_sees_itself(ct) -> None:
     from orchestrator.remote.target import Target
 
     run_id = launch(ct, "ct200")
-    wait_for(lambda: "step=3" in (ct.workdir("ct200") / "runs" / run_id / "train.log").read_text(),
-             20, what="the loop's third step")  # fmt: skip
+    wait_for(
+        lambda: "step=3" in (ct.workdir("ct200") / "runs" / run_id / "train.log").read_text(),
+        20,
+        what="the loop's third step",
+    )
     doc = observe(ct)
     inside = Target(inventory(ct), "ct200").snapshot()
     mine, idle = doc.containers["ct200"], doc.containers["ct201"]
@@ -137,7 +162,12 @@ def test_gpu_processes_are_mapped_to_their_container_and_pid_inside(ct) -> None:
         doc = observe(ct)
         (p,) = doc.gpus[3].processes or ()
         assert (p.pid, p.vmid, p.container_pid, p.name, p.container) == (
-            host, 201, inner, "sleep", "ct201")  # fmt: skip
+            host,
+            201,
+            inner,
+            "sleep",
+            "ct201",
+        )
     finally:
         proc.kill()
         proc.wait(10)
@@ -147,14 +177,20 @@ def test_a_host_pid_colliding_inside_is_named_from_the_host(ct) -> None:
     """NVML inside gives host PIDs; one that is another process inside must not take its name."""
     from orchestrator.remote.target import Target
 
-    inner_pids = {Path(f"/proc/{h}/status").read_text().split("NSpid:")[1].split()[-1]: h
-                  for h in ct.container_pids("ct200")}  # fmt: skip
+    inner_pids = {
+        Path(f"/proc/{h}/status").read_text().split("NSpid:")[1].split()[-1]: h
+        for h in ct.container_pids("ct200")
+    }
     clash = next(
-        (int(pid) for pid, host in sorted(inner_pids.items(), key=lambda x: int(x[0]))
-         if int(pid) > 2 and Path(f"/proc/{pid}/comm").exists()
-         and Path(f"/proc/{pid}/comm").read_text() != Path(f"/proc/{host}/comm").read_text()),
+        (
+            int(pid)
+            for pid, host in sorted(inner_pids.items(), key=lambda x: int(x[0]))
+            if int(pid) > 2
+            and Path(f"/proc/{pid}/comm").exists()
+            and Path(f"/proc/{pid}/comm").read_text() != Path(f"/proc/{host}/comm").read_text()
+        ),
         None,
-    )  # fmt: skip
+    )
     if clash is None:
         pytest.skip("no PID of ct200 is also a host PID of another process right now")
     gpu3_held_by(ct, clash, used_mib=100.0)
@@ -172,8 +208,10 @@ def ghosts(info, db: Path) -> dict[str, list[dict]]:
 
     for _ in range(Limits().ghost_samples):
         doc = json.loads(orch(info, "check", "--json", "--db", str(db)).stdout)
-    return {t["name"]: [f for f in t["findings"] if f["kind"] == "ghost-utilization"]
-            for t in doc["targets"]}  # fmt: skip
+    return {
+        t["name"]: [f for f in t["findings"] if f["kind"] == "ghost-utilization"]
+        for t in doc["targets"]
+    }
 
 
 def test_seed_000_answered_from_the_host(ct, tmp_path) -> None:
@@ -208,14 +246,29 @@ def test_events_go_to_the_container_they_belong_to(ct, tmp_path) -> None:
     try:
         gpu3_held_by(ct, host, used_mib=2048.0)
         memcg = Path(f"/proc/{host}/cgroup").read_text().splitlines()[-1].split(":", 2)[2]
-        kernel.append_kernel_line(ct.state_dir, f"oom-kill:constraint=CONSTRAINT_MEMCG,"
-                                  f"task_memcg={memcg},task=sleep,pid={host},uid=0", level=6)  # fmt: skip
-        kernel.append_kernel_line(ct.state_dir, f"Memory cgroup out of memory: Killed process "
-                                  f"{host} (sleep) total-vm:1kB, anon-rss:1kB", level=3)  # fmt: skip
-        kernel.append_kernel_line(ct.state_dir, "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
-                                  "name=<unknown>, GPU has fallen off the bus.", level=3)  # fmt: skip
-        kernel.append_kernel_line(ct.state_dir, "NVRM: Xid (PCI:0000:bb:00): 79, pid='<unknown>', "
-                                  "name=<unknown>, GPU has fallen off the bus.", level=3)  # fmt: skip
+        kernel.append_kernel_line(
+            ct.state_dir,
+            f"oom-kill:constraint=CONSTRAINT_MEMCG,task_memcg={memcg},task=sleep,pid={host},uid=0",
+            level=6,
+        )
+        kernel.append_kernel_line(
+            ct.state_dir,
+            f"Memory cgroup out of memory: Killed process "
+            f"{host} (sleep) total-vm:1kB, anon-rss:1kB",
+            level=3,
+        )
+        kernel.append_kernel_line(
+            ct.state_dir,
+            "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
+            "name=<unknown>, GPU has fallen off the bus.",
+            level=3,
+        )
+        kernel.append_kernel_line(
+            ct.state_dir,
+            "NVRM: Xid (PCI:0000:bb:00): 79, pid='<unknown>', "
+            "name=<unknown>, GPU has fallen off the bus.",
+            level=3,
+        )
         doc = json.loads(orch(ct, "check", "--json", "--db", str(db)).stdout)
     finally:
         proc.kill()
@@ -307,8 +360,11 @@ def test_a_container_stopped_deleted_or_restarted_mid_stream(ct) -> None:
         if conf.with_suffix(".gone").exists():
             conf.with_suffix(".gone").rename(conf)
         th.join(10)
-    wait_for(lambda: manager.run_pct(ct.state_dir, "status", "201").stdout.strip() == "status: running",
-             10, what="ct201 back")  # fmt: skip
+    wait_for(
+        lambda: manager.run_pct(ct.state_dir, "status", "201").stdout.strip() == "status: running",
+        10,
+        what="ct201 back",
+    )
 
 
 def test_a_cold_observer_asks_lxc_not_pct(ct) -> None:
@@ -343,8 +399,9 @@ def test_the_journal_is_read_only_when_it_moved(ct, tmp_path, monkeypatch) -> No
     state = str(tmp_path / "containers.json")
 
     def check(cursor: str | None):
-        obs = HostObserver(specs, host="sandbox", cursor=cursor, since=None if cursor else 0.0,
-                           state_path=state)  # fmt: skip
+        obs = HostObserver(
+            specs, host="sandbox", cursor=cursor, since=None if cursor else 0.0, state_path=state
+        )
         try:
             return obs.observe()
         finally:
@@ -358,8 +415,12 @@ def test_the_journal_is_read_only_when_it_moved(ct, tmp_path, monkeypatch) -> No
     assert quiet.kernel_events == () and not quiet.errors, quiet.errors
     assert quiet.kernel_cursor == first.kernel_cursor
     monkeypatch.setenv("PATH", path)
-    kernel.append_kernel_line(ct.state_dir, "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
-                              "name=<unknown>, GPU has fallen off the bus.", level=3)  # fmt: skip
+    kernel.append_kernel_line(
+        ct.state_dir,
+        "NVRM: Xid (PCI:0000:5d:00): 79, pid='<unknown>', "
+        "name=<unknown>, GPU has fallen off the bus.",
+        level=3,
+    )
     moved = check(first.kernel_cursor)
     assert [e.xid for e in moved.kernel_events] == [79]
     assert moved.kernel_cursor != first.kernel_cursor

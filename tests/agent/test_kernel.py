@@ -97,10 +97,11 @@ def test_the_memory_cgroup_line_may_come_in_an_earlier_read() -> None:
 
 def test_an_xid_belongs_to_the_container_holding_its_gpu() -> None:
     gpus = [
-        GpuSample(index=3, pci_bus_id="00000000:5D:00.0",
-                  processes=(GpuProcess(pid=41234, vmid=201),)),
+        GpuSample(
+            index=3, pci_bus_id="00000000:5D:00.0", processes=(GpuProcess(pid=41234, vmid=201),)
+        ),
         GpuSample(index=4, pci_bus_id="00000000:5E:00.0", processes=()),
-    ]  # fmt: skip
+    ]
     xid = KernelEvent(kind="xid", line="x", at=1.0, xid=79, pci="0000:5d:00")
     assert owner_of_event(xid, gpus, {}, {}).vmid == 201
     free = KernelEvent(kind="xid", line="y", at=1.0, xid=79, pci="0000:5e:00")

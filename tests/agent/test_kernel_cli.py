@@ -13,8 +13,13 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _orch(*argv: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator.cli", *argv], capture_output=True,
-                          text=True, cwd=ROOT, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-m", "orchestrator.cli", *argv],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=120,
+    )
 
 
 def test_json_events_of_a_saved_journal(tmp_path: Path) -> None:
@@ -28,9 +33,10 @@ def test_json_events_of_a_saved_journal(tmp_path: Path) -> None:
     p = _orch("kernel", str(log), "--json")
     assert p.returncode == 0, p.stderr
     ev = json.loads(p.stdout)["events"]
-    assert [(e["kind"], e["xid"], e["gpu_instance"], e["compute_instance"], e["vmid"], e["device"])
-            for e in ev] == [("xid", 43, 2, 1, None, None),
-                             ("link-down", None, None, None, 202, "veth202i0")]  # fmt: skip
+    assert [
+        (e["kind"], e["xid"], e["gpu_instance"], e["compute_instance"], e["vmid"], e["device"])
+        for e in ev
+    ] == [("xid", 43, 2, 1, None, None), ("link-down", None, None, None, 202, "veth202i0")]
     text = _orch("kernel", str(log))
     assert "0000:3b:00 GPU-I:02 GPU-CI:01" in text.stdout and "guest 202" in text.stdout
 
@@ -40,8 +46,13 @@ def test_bad_input_is_bounded(tmp_path: Path) -> None:
     assert missing.returncode == 2 and "nope.log: cannot read" in missing.stderr
     assert "Traceback" not in missing.stderr
     big = tmp_path / "big.log"
-    big.write_bytes(b"[ 1.0] " + b"\xff\x00" * 600_000 + b"\n" + b"x" * 3_000_000
-                    + b"\n[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n")  # fmt: skip
+    big.write_bytes(
+        b"[ 1.0] "
+        + b"\xff\x00" * 600_000
+        + b"\n"
+        + b"x" * 3_000_000
+        + b"\n[ 2.0] NVRM: Xid (PCI:0000:3b:00): 79, pid=1, name=x, GPU has fallen off the bus.\n"
+    )
     t0 = time.monotonic()
     p = _orch("kernel", str(big), "--json")
     assert p.returncode == 0, p.stderr

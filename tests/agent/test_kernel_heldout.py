@@ -122,8 +122,10 @@ HELD_OUT: list[tuple[list[str], list[tuple[object, ...]], str]] = [
 
 
 def _events(lines: list[str]) -> list[tuple[object, ...]]:
-    return [(e.kind, e.xid, e.pci, e.gpu_instance, e.compute_instance, e.vmid, e.device)
-            for e in parse_saved_log(lines)]  # fmt: skip
+    return [
+        (e.kind, e.xid, e.pci, e.gpu_instance, e.compute_instance, e.vmid, e.device)
+        for e in parse_saved_log(lines)
+    ]
 
 
 @pytest.mark.parametrize(("lines", "want", "source"), HELD_OUT, ids=[r[2] for r in HELD_OUT])

@@ -50,9 +50,15 @@ def sleepers(ct) -> Iterator[dict[str, tuple[int, int]]]:  # type: ignore[no-unt
     procs, out = [], {}
     env = {**os.environ, **ct.env(), "PATH": f"{ct.state_dir / 'bin'}:{os.environ['PATH']}"}
     for name, argv in (("ct200", ["sleep", "700.25"]), ("ct201", ["sleep", "700.5"])):
-        procs.append(subprocess.Popen([str(ct.state_dir / "bin" / "pct"), "exec", name[2:], "--",
-                                       *argv], env=env, stdin=subprocess.DEVNULL,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [str(ct.state_dir / "bin" / "pct"), "exec", name[2:], "--", *argv],
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         want = [a.encode() for a in argv]
 
         def found(name: str = name, want: list[bytes] = want) -> int | None:
@@ -66,14 +72,28 @@ def sleepers(ct) -> Iterator[dict[str, tuple[int, int]]]:  # type: ignore[no-unt
 
         host = wait_for(found, 20, what=f"{argv} in {name}")
         status = Path(f"/proc/{host}/status").read_text()
-        out[name] = (host, int(next(x for x in status.splitlines()
-                                    if x.startswith("NSpid:")).split()[-1]))  # fmt: skip
+        out[name] = (
+            host,
+            int(next(x for x in status.splitlines() if x.startswith("NSpid:")).split()[-1]),
+        )
     try:
         yield out
     finally:
         for name in out:
-            subprocess.run([str(ct.state_dir / "bin" / "pct"), "exec", name[2:], "--", "pkill",
-                            "-f", "^sleep 700"], env=env, capture_output=True, timeout=30)  # fmt: skip
+            subprocess.run(
+                [
+                    str(ct.state_dir / "bin" / "pct"),
+                    "exec",
+                    name[2:],
+                    "--",
+                    "pkill",
+                    "-f",
+                    "^sleep 700",
+                ],
+                env=env,
+                capture_output=True,
+                timeout=30,
+            )
         for p in procs:
             p.kill()
             p.wait(10)
@@ -85,10 +105,13 @@ def _scenario(ct, sleepers, numbering: str, driver: str) -> None:  # type: ignor
 
     _name, doc = manager.load_scenario("ghost")
     doc["devices"][3]["processes"] = [{"pid": sleepers["ct200"][0], "used_mib": 0}]
-    doc["devices"][2].update(mem_used_mib=2000, util_pct=50,
-                             processes=[{"pid": sleepers["ct201"][0], "used_mib": 2000}])  # fmt: skip
-    manager.set_scenario(ct.state_dir, {**doc, "name": f"pids-{numbering}",
-                                        "pid_numbering": numbering, "driver_version": driver})  # fmt: skip
+    doc["devices"][2].update(
+        mem_used_mib=2000, util_pct=50, processes=[{"pid": sleepers["ct201"][0], "used_mib": 2000}]
+    )
+    manager.set_scenario(
+        ct.state_dir,
+        {**doc, "name": f"pids-{numbering}", "pid_numbering": numbering, "driver_version": driver},
+    )
 
 
 def _inventory(ct):  # type: ignore[no-untyped-def]
@@ -157,14 +180,23 @@ def test_the_fake_driver_answers_each_namespace_its_own(ct, sleepers) -> None:  
     from orchestrator.sandbox.manager import run_pct
 
     _scenario(ct, sleepers, "namespace", DRIVERS["namespace"])
-    code = ("import pynvml as n; n.nvmlInit()\n"
-            "print(*[len(n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))) "
-            "and n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))[0].pid "
-            "for i in (2, 3)])")  # fmt: skip
+    code = (
+        "import pynvml as n; n.nvmlInit()\n"
+        "print(*[len(n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))) "
+        "and n.nvmlDeviceGetComputeRunningProcesses(n.nvmlDeviceGetHandleByIndex(i))[0].pid "
+        "for i in (2, 3)])"
+    )
     for vmid, want in (("200", f"0 {sleepers['ct200'][1]}"), ("201", f"{sleepers['ct201'][1]} 0")):
         out = run_pct(ct.state_dir, "exec", vmid, "--", sys.executable, "-c", code)
         assert out.stdout.strip() == want, out.stderr
         # nvidia-smi asks the same NVML: the same PIDs (the stand-in follows the fake driver)
-        smi = run_pct(ct.state_dir, "exec", vmid, "--", "nvidia-smi",
-                      "--query-compute-apps=pid", "--format=csv,noheader")  # fmt: skip
+        smi = run_pct(
+            ct.state_dir,
+            "exec",
+            vmid,
+            "--",
+            "nvidia-smi",
+            "--query-compute-apps=pid",
+            "--format=csv,noheader",
+        )
         assert smi.stdout.split() == [w for w in want.split() if w != "0"], smi.stderr

@@ -25,16 +25,28 @@ from orchestrator.wire.text import MAX_COMMAND_CHARS
 PASSWD = "root:x:0:0:root:/root:/bin/bash\ntrainee:x:1234:1234::/home/trainee:/bin/sh\n"
 
 
-def fake_proc(tmp: Path, pid: int, *, uid: int, uid_map: str, cmdline: bytes, ticks: int = 500,
-              start: int = 10 * _CLK_TCK, uptime_s: float = 20.0, passwd: str | None = PASSWD) -> Path:  # fmt: skip
+def fake_proc(
+    tmp: Path,
+    pid: int,
+    *,
+    uid: int,
+    uid_map: str,
+    cmdline: bytes,
+    ticks: int = 500,
+    start: int = 10 * _CLK_TCK,
+    uptime_s: float = 20.0,
+    passwd: str | None = PASSWD,
+) -> Path:
     """``tmp/proc`` with process ``pid`` as the kernel writes its files (proc(5)); its ``root``
     a directory standing for the container's root file system."""
     proc = tmp / "proc"
     d = proc / str(pid)
     (d / "root" / "etc").mkdir(parents=True)
     utime, stime = ticks - ticks // 5, ticks // 5
-    (d / "stat").write_text(f"{pid} (python3) S 1 {pid} {pid} 0 -1 4194560 1 0 0 0 {utime} {stime} "
-                            f"0 0 20 0 7 0 {start} 1 2560 x\n")  # fmt: skip
+    (d / "stat").write_text(
+        f"{pid} (python3) S 1 {pid} {pid} 0 -1 4194560 1 0 0 0 {utime} {stime} "
+        f"0 0 20 0 7 0 {start} 1 2560 x\n"
+    )
     (d / "status").write_text(
         f"Name:\tpython3\nUid:\t{uid}\t{uid}\t{uid}\t{uid}\nNSpid:\t{pid}\t17\n"
     )
@@ -73,8 +85,9 @@ def test_the_user_is_the_containers_name_for_the_mapped_uid(tmp_path, uid, uid_m
 
 def test_a_planted_passwd_symlink_never_reads_a_host_file(tmp_path) -> None:
     """The container's root may make /etc/passwd point at the host's: it resolves inside."""
-    proc = fake_proc(tmp_path, 4242, uid=101234, uid_map="0 100000 65536\n", cmdline=b"x\0",
-                     passwd=None)  # fmt: skip
+    proc = fake_proc(
+        tmp_path, 4242, uid=101234, uid_map="0 100000 65536\n", cmdline=b"x\0", passwd=None
+    )
     host = tmp_path / "host-passwd"
     host.write_text("hostonly:x:1234:1234::/:/bin/sh\n")
     (proc / "4242" / "root" / "etc" / "passwd").symlink_to(host)
@@ -104,8 +117,10 @@ def test_a_gone_process_keeps_its_fields_empty_and_cpu_is_per_interval(tmp_path)
 def test_inside_a_container_the_agent_reads_its_own_processes() -> None:
     """The in-container path under namespace numbering (a driver since 535.113.01): the PID
     NVML gives is this namespace's; user from this /etc/passwd, no id map."""
-    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)", "--api-key", "k3y9"],
-                             stdin=subprocess.DEVNULL)  # fmt: skip
+    child = subprocess.Popen(
+        [sys.executable, "-c", "import time; time.sleep(600)", "--api-key", "k3y9"],
+        stdin=subprocess.DEVNULL,
+    )
     try:
         sample = GpuSample(0, processes=(GpuProcess(child.pid, used_memory_mib=10.0),))
         (g,), status = gpupids.in_container(

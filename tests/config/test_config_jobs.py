@@ -135,7 +135,7 @@ def test_every_field() -> None:
         "bad-backend",
         "bad-timeout",
         "bad-address",
-    ],  # fmt: skip
+    ],
 )
 def test_job_mistake_is_one_line_with_file_and_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], jobs: str, expected: str

@@ -102,11 +102,26 @@ def short_run(tmp_path_factory: pytest.TempPathFactory) -> TrainerRun:
     """``python -m trainer`` on tiny-cpu: 8 steps, a metrics line every step, tau measured at
     steps 4 and 8, a NaN gradient at step 6 (skipped)."""
     run_dir = tmp_path_factory.mktemp("contract-run") / "run"
-    argv = [sys.executable, "-m", "trainer", "--config", str(TINY), "--run-dir", str(run_dir),
-            "--steps", "8", "--set", "train.log_every=1", "--set", "train.eval_every=4",
-            "--fault", "nan@6"]  # fmt: skip
-    res = subprocess.run(argv, cwd=ROOT, env=_trainer_env(), capture_output=True, text=True,
-                         timeout=150, check=False)  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "trainer",
+        "--config",
+        str(TINY),
+        "--run-dir",
+        str(run_dir),
+        "--steps",
+        "8",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.eval_every=4",
+        "--fault",
+        "nan@6",
+    ]
+    res = subprocess.run(
+        argv, cwd=ROOT, env=_trainer_env(), capture_output=True, text=True, timeout=150, check=False
+    )
     assert res.returncode == 0, res.stderr[-2000:]
     return TrainerRun(res.stdout.splitlines(), res.stderr, res.returncode, run_dir)
 
@@ -156,8 +171,12 @@ def test_the_documented_example_line_parses() -> None:
     assert m is not None
     assert (m.step, m.loss, m.tau, m.tokens_per_s) == (120, 2.3104, 2.31, 21500.0)
     # the agent's newest-wins merge: the line after a banner still wins
-    assert MetricParser().parse(["trainer: warm-up cpu forward+backward 0.05s", example.group(0)],
-                                now=0.0).step == 120  # fmt: skip
+    assert (
+        MetricParser()
+        .parse(["trainer: warm-up cpu forward+backward 0.05s", example.group(0)], now=0.0)
+        .step
+        == 120
+    )
 
 
 def test_banner_lines_carry_no_metric(short_run: TrainerRun) -> None:
@@ -244,8 +263,12 @@ def orch(
         import io
 
         out, err = io.StringIO(), io.StringIO()
-        with lock, contextlib.redirect_stdout(out), contextlib.redirect_stderr(err), \
-                pytest.MonkeyPatch.context() as mp:  # fmt: skip
+        with (
+            lock,
+            contextlib.redirect_stdout(out),
+            contextlib.redirect_stderr(err),
+            pytest.MonkeyPatch.context() as mp,
+        ):
             mp.setenv("ORCH_DB", str(db))
             mp.setenv("XDG_STATE_HOME", str(state))
             code = orch_run(["-c", str(contract_config), *args])
@@ -269,10 +292,20 @@ def fault_command(inventory: Any, name: str, faults: list[str]) -> str:
 
     tgt = Target(inventory, name)
     c = tgt.container
-    bundle_dir = deploy.ensure_agent(tgt.transport, c.workdir, c.python,
-                                     bundle=bundle.trainer_bundle())  # fmt: skip
-    argv = [c.python, "-m", "trainer", "--config", f"{bundle_dir}/trainer/configs/tiny-cpu.yaml",
-            "--steps", str(FAULT_STEPS), "--set", "train.log_every=1"]  # fmt: skip
+    bundle_dir = deploy.ensure_agent(
+        tgt.transport, c.workdir, c.python, bundle=bundle.trainer_bundle()
+    )
+    argv = [
+        c.python,
+        "-m",
+        "trainer",
+        "--config",
+        f"{bundle_dir}/trainer/configs/tiny-cpu.yaml",
+        "--steps",
+        str(FAULT_STEPS),
+        "--set",
+        "train.log_every=1",
+    ]
     for f in faults:
         argv += ["--fault", f]
     # $ORCH_RUN_DIR is expanded by the wrapper's shell: the run directory orch made for this run
@@ -324,8 +357,9 @@ class FaultRuns:
 
 
 @pytest.fixture(scope="module")
-def fault_runs(contract_config: Path, orch: Callable[..., tuple[int, str]],
-               sandbox: Any) -> Iterator[FaultRuns]:  # fmt: skip
+def fault_runs(
+    contract_config: Path, orch: Callable[..., tuple[int, str]], sandbox: Any
+) -> Iterator[FaultRuns]:
     """Start every fault run at once (``--no-verify``), and watch the drift run's stream."""
     from orchestrator.remote.target import Target
 
@@ -401,12 +435,19 @@ def test_launch_default_bundled_trainer_is_verified_and_snapshot_reads_its_log(
         doc = json.loads(out)
         assert doc["verified"] is True
         assert [p["phase"] for p in doc["phases"] if p["status"] == "ok"] == [
-            "preflight", "deploy", "start", "verify",
-        ]  # fmt: skip
+            "preflight",
+            "deploy",
+            "start",
+            "verify",
+        ]
         # the default choice for a container without GPUs: the bundled tiny-cpu config
         assert "-m trainer --config " in doc["command"]
-        assert doc["command"].split("--config ")[1].split()[0].endswith(
-            "/trainer/configs/tiny-cpu.yaml")  # fmt: skip
+        assert (
+            doc["command"]
+            .split("--config ")[1]
+            .split()[0]
+            .endswith("/trainer/configs/tiny-cpu.yaml")
+        )
         assert f"--run-dir {doc['run_dir']}" in doc["command"]
         tgt = Target(_inventory(contract_config), "ct200")
 
@@ -421,8 +462,11 @@ def test_launch_default_bundled_trainer_is_verified_and_snapshot_reads_its_log(
         assert step is not None and step % 10 == 0, "tiny-cpu logs every 10 steps"
         assert tok_s is not None and tok_s > 0
         inv = _inventory(contract_config)
-        logged = [x for x in _host(sandbox, inv, "ct200", doc["log_path"]).read_text().splitlines()
-                  if x.startswith(f"step={step} ")]  # fmt: skip
+        logged = [
+            x
+            for x in _host(sandbox, inv, "ct200", doc["log_path"]).read_text().splitlines()
+            if x.startswith(f"step={step} ")
+        ]
         assert logged and f"tok/s={int(tok_s)} " in logged[0], (logged, tok_s)
         assert snap.metrics.loss is not None and 0 < snap.metrics.loss < 10
         # the trainer's heartbeat, in orch's run directory, beats every step
@@ -442,8 +486,9 @@ def test_crash_is_critical_crashed_and_postmortem_names_the_traceback(
     command = fault_runs.launched["crash"]["command"]
     assert command.split("--config ")[1].split()[0].endswith("/trainer/configs/tiny-cpu.yaml")
     run_dir = fault_runs.launched["crash"]["run_dir"]
-    assert command.endswith(f"--run-dir {run_dir} --steps {FAULT_STEPS} "
-                            "--set train.log_every=1 --fault crash@4"), command  # fmt: skip
+    assert command.endswith(
+        f"--run-dir {run_dir} --steps {FAULT_STEPS} --set train.log_every=1 --fault crash@4"
+    ), command
     code, doc = _check(orch, "f-crash")
     crashed = [f for f in _findings(doc) if f["kind"] == "crashed"]
     assert code == 2 and doc["status"] == "CRITICAL", doc

@@ -72,8 +72,14 @@ def _proc() -> dict:
 
 def _hung_evidence(**kw) -> Evidence:  # type: ignore[no-untyped-def]
     """A live run that logged step 47 at T0+60 and hung; the recorder sampled every 10 s."""
-    manifest = RunManifest(run_id="r1", command="python3 -m trainer", workdir="/w",
-                           session="train", started_at=T0, gpus=())  # fmt: skip
+    manifest = RunManifest(
+        run_id="r1",
+        command="python3 -m trainer",
+        workdir="/w",
+        session="train",
+        started_at=T0,
+        gpus=(),
+    )
     base = dict(
         target="ct200",
         collected_at=T0 + 200,
@@ -84,14 +90,21 @@ def _hung_evidence(**kw) -> Evidence:  # type: ignore[no-untyped-def]
         log_exists=True,
         log_mtime=T0 + 60,
         log_tail=("step=47 loss=2.3104 acc_len=3.21 tok/s=21500 lr=3.0e-04 gpu_mem=-",),
-        gpu_history=tuple({"t": T0 + t, "gpus": [_gpu()], "procs": [_proc()]}
-                          for t in range(10, 200, 10)),  # fmt: skip
+        gpu_history=tuple(
+            {"t": T0 + t, "gpus": [_gpu()], "procs": [_proc()]} for t in range(10, 200, 10)
+        ),
         metrics=({"time": T0 + 60, "step": 47, "tok_s": 21500.0},),
-        agent={"session": "train", "tmux_server_running": True,
-               "heartbeat": {"age_s": 140.0},
-               "state": {"state": "running", "command_pids": [4242],
-                         "tmux": {"exists": True, "pane_dead": False}}},
-    )  # fmt: skip
+        agent={
+            "session": "train",
+            "tmux_server_running": True,
+            "heartbeat": {"age_s": 140.0},
+            "state": {
+                "state": "running",
+                "command_pids": [4242],
+                "tmux": {"exists": True, "pane_dead": False},
+            },
+        },
+    )
     base.update(kw)
     return Evidence(**base)  # type: ignore[arg-type]
 
@@ -120,11 +133,11 @@ def test_a_log_written_after_the_last_sample_is_progress() -> None:
                 "ValueError: bad shape",
             ],
             [],
-        ),  # fmt: skip
+        ),
         (
             ["torch.OutOfMemoryError: CUDA out of memory. Tried to allocate 2.00 GiB. GPU 5"],
             ["cuda-oom"],
-        ),  # fmt: skip
+        ),
         (["[rank0]: torch.cuda.OutOfMemoryError: out of device memory"], ["cuda-oom"]),
     ],
 )

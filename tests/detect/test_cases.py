@@ -92,8 +92,10 @@ def test_unreachable_never_reported_as_death() -> None:
 
 
 def test_a_refused_host_key_is_in_the_unreachable_summary() -> None:
-    revoked = ("sb (127.0.0.1:22): HOST KEY REVOKED (SHA256:k is marked @revoked on line 2 of "
-               "/k). Refusing to connect: the host must get a new key; then run: orch trust sb")  # fmt: skip
+    revoked = (
+        "sb (127.0.0.1:22): HOST KEY REVOKED (SHA256:k is marked @revoked on line 2 of "
+        "/k). Refusing to connect: the host must get a new key; then run: orch trust sb"
+    )
     down = Snapshot.unreachable("ct200", 1.0e9, revoked)
     (found,) = run_detectors([down], limits=Limits())
     assert found.kind == "unreachable" and found.summary.endswith(f"not dead: {revoked}")

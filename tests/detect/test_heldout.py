@@ -91,8 +91,14 @@ def _diagnose_in_child(path: Path) -> tuple[list[str], int]:
         "hwm = [l for l in open('/proc/self/status') if l.startswith('VmHWM:')][0]\n"
         "print(json.dumps([rc, ids, int(hwm.split()[1])]))\n"
     )
-    out = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
-                         cwd=ROOT, check=True, env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"})  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code, str(path)],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        check=True,
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+    )
     rc, ids, rss = json.loads(out.stdout.splitlines()[-1])
     assert rc == 0 and "Traceback" not in out.stderr
     return ids, rss

@@ -74,8 +74,11 @@ def test_a_certain_line_is_the_evidence_even_after_a_probable_one(pbs) -> None:
 def test_stack_matches_frames_in_order_within_the_window(stack) -> None:
     (m,) = match_log(["x", "frame A", "y", "frame B", "z"], stack)
     assert (m.id, m.lineno, m.confidence, m.confirm) == (
-        "two-frames", 4, "probable", "read the exception below the frames",
-    )  # fmt: skip
+        "two-frames",
+        4,
+        "probable",
+        "read the exception below the frames",
+    )
     assert match_log(["frame B", "frame A"], stack) == []  # wrong order
     assert match_log(["frame A frame B"], stack) == []  # one line is not a stack
     assert match_log(["frame A", "1", "2", "3", "4", "frame B"], stack) == []  # 6 lines > 5
@@ -139,8 +142,13 @@ def test_trie_prefilter_accepts_exactly_the_needles() -> None:
 
     rx = re.compile(trie_regex(["kill", "killed", "nan", "a.b", "已杀死"]))
     assert [bool(rx.search(s)) for s in ("skill", "nano", "axb", "a.b", "已杀死", "kil")] == [
-        True, True, False, True, True, False,
-    ]  # fmt: skip
+        True,
+        True,
+        False,
+        True,
+        True,
+        False,
+    ]
 
 
 @pytest.mark.parametrize("chunk", [1, 7, 64, 1 << 20])
@@ -150,8 +158,13 @@ def test_iter_log_lines_is_exact_at_any_chunk_size(tmp_path: Path, chunk: int) -
     p.write_bytes(text.encode("utf-8"))
     got = list(iter_log_lines(p, max_chars=20, chunk_bytes=chunk))
     assert got == [
-        "first", "", "zweite Zeile: Getöte", "已杀死", "x" * 20, "last without newline"[:20],
-    ]  # fmt: skip
+        "first",
+        "",
+        "zweite Zeile: Getöte",
+        "已杀死",
+        "x" * 20,
+        "last without newline"[:20],
+    ]
 
 
 def test_iter_log_lines_skips_the_rest_of_a_huge_line_in_small_chunks(tmp_path: Path) -> None:

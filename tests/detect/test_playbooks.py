@@ -39,13 +39,33 @@ CORPUS = load_corpus()
 FAILURES = [c for c in CORPUS if c.expected is not None]
 HEALTHY_CASES = [c for c in CORPUS if c.expected is None]
 SIGNATURE_IDS = [
-    "fx-tracing-race", "cudagraph-trees-threads", "cuda-oom", "nccl-timeout", "missing-accelerate",
-    "nvml-driver-mismatch", "gpu-fallen-off-bus", "gpu-xid", "illegal-memory-access", "segfault",
-    "oom-killer", "dataloader-worker-killed", "nan-loss", "module-not-found", "disk-full",
-    "address-in-use", "tee-bypass", "ghost-utilization", "silent-death", "sigkill",
-    "compile-failure", "fp16-loss-scale", "gloo-timeout", "peer-connection-lost",
-    "rendezvous-lost", "torchrun-sigterm",
-]  # fmt: skip
+    "fx-tracing-race",
+    "cudagraph-trees-threads",
+    "cuda-oom",
+    "nccl-timeout",
+    "missing-accelerate",
+    "nvml-driver-mismatch",
+    "gpu-fallen-off-bus",
+    "gpu-xid",
+    "illegal-memory-access",
+    "segfault",
+    "oom-killer",
+    "dataloader-worker-killed",
+    "nan-loss",
+    "module-not-found",
+    "disk-full",
+    "address-in-use",
+    "tee-bypass",
+    "ghost-utilization",
+    "silent-death",
+    "sigkill",
+    "compile-failure",
+    "fp16-loss-scale",
+    "gloo-timeout",
+    "peer-connection-lost",
+    "rendezvous-lost",
+    "torchrun-sigterm",
+]
 
 
 @pytest.fixture(scope="module")
@@ -88,13 +108,19 @@ RESTART_BASE += "diagnosis: d\nremedy: [r]\nrestart:\n"
         ("  why: w\n", ":9: restart.retryable", "missing (required): true or false"),
         ("  retryable: sure\n  why: w\n", ":9: restart.retryable", "must be true or false"),
         ("  retryable: true\n", ":9: restart.why", "missing (required)"),
-        ("  retryable: true\n  why: w\n  procedur: x\n", ":11: restart.procedur",
-         "did you mean 'procedure'"),
-        ("  retryable: false\n  why: w\n  procedure: relaunch\n", ":11: restart.procedure",
-         "not retryable names no procedure"),
+        (
+            "  retryable: true\n  why: w\n  procedur: x\n",
+            ":11: restart.procedur",
+            "did you mean 'procedure'",
+        ),
+        (
+            "  retryable: false\n  why: w\n  procedure: relaunch\n",
+            ":11: restart.procedure",
+            "not retryable names no procedure",
+        ),
     ],
     ids=["no-retryable", "not-a-bool", "no-why", "typo", "procedure-for-a-permanent-failure"],
-)  # fmt: skip
+)
 def test_bad_restart_rule_names_file_line(
     tmp_path: Path, body: str, where: str, problem: str
 ) -> None:
@@ -176,7 +202,8 @@ def test_each_family_has_cases_from_two_projects(family: str) -> None:
 
 
 PREDATES_ISSUE_17 = {
-    ("cuda-oom", "CUBLAS_STATUS_ALLOC_FAILED"), ("cuda-oom", "CUDA error: out of memory"),
+    ("cuda-oom", "CUBLAS_STATUS_ALLOC_FAILED"),
+    ("cuda-oom", "CUDA error: out of memory"),
     ("cudagraph-trees-threads", 'cudagraph_trees\\.py", line \\d+, in get_obj'),
     ("dataloader-worker-killed", "DataLoader worker \\(pid\\(s\\)[^)]*\\) exited unexpectedly"),
     ("disk-full", "Disk quota exceeded"),
@@ -187,43 +214,72 @@ PREDATES_ISSUE_17 = {
     ("illegal-memory-access", "CUDA_ERROR_ILLEGAL_ADDRESS"),
     ("module-not-found", "ImportError: No module named"),
     ("module-not-found", "ImportError: cannot import name"),
-    ("oom-killer", "invoked oom-killer"), ("segfault", "received signal SIGSEGV"),
+    ("oom-killer", "invoked oom-killer"),
+    ("segfault", "received signal SIGSEGV"),
     ("silent-death", "can't find session:? \\S+"),
     ("silent-death", "error connecting to \\S*tmux\\S* \\(No such file or directory\\)"),
-}  # fmt: skip
+}
 """Patterns written before the corpus without an excerpt of their own in the corpus (they
 stand on the sources in their playbook's references); every later pattern needs one."""
 
 
 FROM_SOURCES = {
-    ('cuda-error', 'CUDA error: (?!out of memory|an illegal memory|device-side assert|unknown error|uncorrectable ECC)'),
-    ('cuda-unknown-error', 'CUDA error: unknown error'),
-    ('cuda-unknown-error', 'CUDA_ERROR_UNKNOWN'),
-    ('cuda-unknown-error', 'cudaErrorUnknown\\b'),
-    ('device-side-assert', 'Assertion `[^`]+` failed\\.'),
-    ('device-side-assert', 'cudaErrorAssert\\b'),
-    ('disk-full', ('(?:Input/output error|\\[Errno 5\\])', '(?:PytorchStreamWriter failed writing file|file write failed)')),
-    ('disk-full', ('(?:PytorchStreamWriter failed writing file|file write failed)', '(?:Input/output error|\\[Errno 5\\])')),
-    ('driver-too-old', 'CUDA driver version is insufficient for CUDA runtime version'),
-    ('extension-abi-mismatch', "version `GLIBCXX_[\\d.]+' not found"),
-    ('extension-abi-mismatch', 'The detected CUDA version \\([\\d.]+\\) mismatches the version that was used to compile'),
-    ('extension-abi-mismatch', 'no kernel image is available for execution on the device'),
-    ('gpu-ecc', 'CUDA_ERROR_ECC_UNCORRECTABLE'),
-    ('gpu-ecc', 'NVRM: Xid \\([^)]*\\): (?:48|95)\\b'),
-    ('nan-loss', '(?i)\\b(?:detected|encountered|found) (?:a )?(?:nan|non-finite) (?:loss|in loss)'),
-    ('nan-loss', '(?i)\\b(?:nan|non-finite) (?:loss|values?) (?:detected|encountered|found)'),
-    ('nan-loss', 'returned nan values in its \\d+(?:st|nd|rd|th) output'),
-    ('nan-loss', ('(?i)[\'"]?loss[\'"]?[=:] ?0\\.0\\b.*grad_norm[\'"]?[=:] ?(?:nan|inf)\\b', '(?i)[\'"]?loss[\'"]?[=:] ?0\\.0\\b.*grad_norm[\'"]?[=:] ?(?:nan|inf)\\b', '(?i)[\'"]?loss[\'"]?[=:] ?0\\.0\\b.*grad_norm[\'"]?[=:] ?(?:nan|inf)\\b')),
-    ('peer-connection-lost', 'DistNetworkError'),
-    ('rendezvous-lost', '(?i)failed to (?:recv|connect to|receive).{0,40}\\b(?:tcp)?store\\b'),
-    ('rendezvous-lost', 'DistStoreError'),
-    ('rendezvous-lost', 'The client socket has timed out after'),
-    ('shm-too-small', '/dev/shm.{0,60}No space left on device'),
-    ('shm-too-small', 'No space left on device.{0,60}/dev/shm'),
-    ('shm-too-small', '^[\\s*_>]*Bus error(?: \\(core dumped\\))?[\\s*_.]*$'),
-    ('shm-too-small', 'insufficient shared memory \\(shm\\)'),
-    ('shm-too-small', 'unable to write to file </torch_\\d+'),
-}  # fmt: skip
+    (
+        "cuda-error",
+        "CUDA error: (?!out of memory|an illegal memory|device-side assert|unknown error|uncorrectable ECC)",
+    ),
+    ("cuda-unknown-error", "CUDA error: unknown error"),
+    ("cuda-unknown-error", "CUDA_ERROR_UNKNOWN"),
+    ("cuda-unknown-error", "cudaErrorUnknown\\b"),
+    ("device-side-assert", "Assertion `[^`]+` failed\\."),
+    ("device-side-assert", "cudaErrorAssert\\b"),
+    (
+        "disk-full",
+        (
+            "(?:Input/output error|\\[Errno 5\\])",
+            "(?:PytorchStreamWriter failed writing file|file write failed)",
+        ),
+    ),
+    (
+        "disk-full",
+        (
+            "(?:PytorchStreamWriter failed writing file|file write failed)",
+            "(?:Input/output error|\\[Errno 5\\])",
+        ),
+    ),
+    ("driver-too-old", "CUDA driver version is insufficient for CUDA runtime version"),
+    ("extension-abi-mismatch", "version `GLIBCXX_[\\d.]+' not found"),
+    (
+        "extension-abi-mismatch",
+        "The detected CUDA version \\([\\d.]+\\) mismatches the version that was used to compile",
+    ),
+    ("extension-abi-mismatch", "no kernel image is available for execution on the device"),
+    ("gpu-ecc", "CUDA_ERROR_ECC_UNCORRECTABLE"),
+    ("gpu-ecc", "NVRM: Xid \\([^)]*\\): (?:48|95)\\b"),
+    (
+        "nan-loss",
+        "(?i)\\b(?:detected|encountered|found) (?:a )?(?:nan|non-finite) (?:loss|in loss)",
+    ),
+    ("nan-loss", "(?i)\\b(?:nan|non-finite) (?:loss|values?) (?:detected|encountered|found)"),
+    ("nan-loss", "returned nan values in its \\d+(?:st|nd|rd|th) output"),
+    (
+        "nan-loss",
+        (
+            "(?i)['\"]?loss['\"]?[=:] ?0\\.0\\b.*grad_norm['\"]?[=:] ?(?:nan|inf)\\b",
+            "(?i)['\"]?loss['\"]?[=:] ?0\\.0\\b.*grad_norm['\"]?[=:] ?(?:nan|inf)\\b",
+            "(?i)['\"]?loss['\"]?[=:] ?0\\.0\\b.*grad_norm['\"]?[=:] ?(?:nan|inf)\\b",
+        ),
+    ),
+    ("peer-connection-lost", "DistNetworkError"),
+    ("rendezvous-lost", "(?i)failed to (?:recv|connect to|receive).{0,40}\\b(?:tcp)?store\\b"),
+    ("rendezvous-lost", "DistStoreError"),
+    ("rendezvous-lost", "The client socket has timed out after"),
+    ("shm-too-small", "/dev/shm.{0,60}No space left on device"),
+    ("shm-too-small", "No space left on device.{0,60}/dev/shm"),
+    ("shm-too-small", "^[\\s*_>]*Bus error(?: \\(core dumped\\))?[\\s*_.]*$"),
+    ("shm-too-small", "insufficient shared memory \\(shm\\)"),
+    ("shm-too-small", "unable to write to file </torch_\\d+"),
+}
 """Patterns of the families added with the vocabularies (device-side assert, ECC, unknown
 error, /dev/shm, old driver, ABI mismatch, generic CUDA and NCCL errors, the two-fact rules),
 written from the sources their playbooks cite, that no excerpt in tests/data/logs shows yet
@@ -253,7 +309,7 @@ NO_SECOND_EXCERPT = {
 NO_SECOND_EXCERPT |= {
     p: "a family added from the sources with the vocabularies; no excerpt in tests/data/logs yet"
     for p in ("cuda-error",)
-}  # fmt: skip
+}
 """Signatures still short of a second real public excerpt (strict xfail: adding one turns
 this into a failure that asks for the entry to be removed). See docs/playbooks.md."""
 
@@ -276,20 +332,38 @@ def test_healthy_run_yields_no_critical_finding() -> None:
     """The healthy log, fed through snapshots the way the agent delivers it, 40 lines a poll."""
     lines = HEALTHY.read_text().splitlines()
     t0 = 1_764_410_400.0
-    manifest = RunManifest(run_id="r", command="python3 -m trainer", workdir="/w", session="train",
-                           started_at=t0, gpus=tuple(range(8)))  # fmt: skip
+    manifest = RunManifest(
+        run_id="r",
+        command="python3 -m trainer",
+        workdir="/w",
+        session="train",
+        started_at=t0,
+        gpus=tuple(range(8)),
+    )
     snaps = []
     for k in range(0, len(lines), 40):
         at = t0 + 30 + k
-        snaps.append(Snapshot(
-            target="lxc200", taken_at=at,
-            session=SessionState(name="train", exists=True),
-            processes=(ProcessInfo(pid=7, ppid=1, name="python3", state="R"),),
-            run=RunState(run_id="r", run_dir="/w/runs/r", manifest=manifest, log_exists=True,
-                         log_mtime=at, new_log_lines=tuple(lines[k:k + 40])),
-            gpus=tuple(GpuSample(index=i, utilization_pct=97.0, memory_used_mib=70000.0) for i in range(8)),
-            metrics=Metrics(step=k, tokens_per_s=21500.0, seen_at=at),
-        ))  # fmt: skip
+        snaps.append(
+            Snapshot(
+                target="lxc200",
+                taken_at=at,
+                session=SessionState(name="train", exists=True),
+                processes=(ProcessInfo(pid=7, ppid=1, name="python3", state="R"),),
+                run=RunState(
+                    run_id="r",
+                    run_dir="/w/runs/r",
+                    manifest=manifest,
+                    log_exists=True,
+                    log_mtime=at,
+                    new_log_lines=tuple(lines[k : k + 40]),
+                ),
+                gpus=tuple(
+                    GpuSample(index=i, utilization_pct=97.0, memory_used_mib=70000.0)
+                    for i in range(8)
+                ),
+                metrics=Metrics(step=k, tokens_per_s=21500.0, seen_at=at),
+            )
+        )
     found = run_detectors(snaps, limits=Limits())
     assert [f for f in found if f.severity == Severity.CRITICAL] == []
 
@@ -403,8 +477,15 @@ def test_duplicate_ids_are_refused(tmp_path: Path) -> None:
 
 
 def test_prewarm_plan_is_sequential_per_gpu_and_quoted(pbs) -> None:
-    ctx = {"python": "/opt/my venv/bin/python", "workdir": "/w", "session": "train", "target": "t",
-           "gpus": (5, 6, 7), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}  # fmt: skip
+    ctx = {
+        "python": "/opt/my venv/bin/python",
+        "workdir": "/w",
+        "session": "train",
+        "target": "t",
+        "gpus": (5, 6, 7),
+        "venv": "/w/.venv-orch",
+        "cache_dir": "/tmp/c",
+    }
     steps = plan_procedure(get_playbook(pbs, "prewarm-relaunch"), ctx)
     assert [s.action for s in steps] == ["stop", "settle", None, None, None, "launch", "verify"]
     assert [s.argv[-1] for s in steps[2:5]] == ["5", "6", "7"]  # type: ignore[index]
@@ -417,8 +498,15 @@ def test_prewarm_plan_is_sequential_per_gpu_and_quoted(pbs) -> None:
 
 
 def test_clean_env_stashes_and_archives_never_deletes(pbs) -> None:
-    ctx = {"python": "python3", "workdir": "/w", "session": "train", "target": "t",
-           "gpus": (0,), "venv": "/w/.venv-orch", "cache_dir": "/tmp/c"}  # fmt: skip
+    ctx = {
+        "python": "python3",
+        "workdir": "/w",
+        "session": "train",
+        "target": "t",
+        "gpus": (0,),
+        "venv": "/w/.venv-orch",
+        "cache_dir": "/tmp/c",
+    }
     steps = plan_procedure(get_playbook(pbs, "clean-env"), ctx)
     text = "\n".join(s.display for s in steps)
     assert "git -C /w stash push --include-untracked" in text
@@ -548,11 +636,22 @@ def test_torchrun_root_cause_section_names_the_first_failed_rank(pbs) -> None:
 @pytest.mark.parametrize(
     ("lines", "want"),
     [
-        ([f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.{i}}}" for i in range(3)], "nan-loss"),
-        (["RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file data/12: file write failed",
-          "OSError: [Errno 5] Input/output error"], "disk-full"),
+        (
+            [
+                f"{{'loss': 0.0, 'grad_norm': nan, 'learning_rate': 2e-05, 'epoch': 0.{i}}}"
+                for i in range(3)
+            ],
+            "nan-loss",
+        ),
+        (
+            [
+                "RuntimeError: [enforce fail at inline_container.cc:595] . PytorchStreamWriter failed writing file data/12: file write failed",
+                "OSError: [Errno 5] Input/output error",
+            ],
+            "disk-full",
+        ),
     ],
-)  # fmt: skip
+)
 def test_two_fact_rules_are_probable(pbs, lines: list[str], want: str) -> None:
     top = match_log(lines, pbs)[0]
     assert (top.id, top.confidence) == (want, "probable") and top.confirm

@@ -64,19 +64,43 @@ def test_errno_and_signals_are_the_platform_s() -> None:
     ("line", "want"),
     [
         ("RuntimeError: CUDA error: uncorrectable ECC error encountered", "gpu-ecc"),
-        ("THCudaCheck FAIL file=/pytorch/aten/src/THC/THCCachingHostAllocator.cpp line=265 error=59 : device-side assert triggered", "device-side-assert"),
+        (
+            "THCudaCheck FAIL file=/pytorch/aten/src/THC/THCCachingHostAllocator.cpp line=265 error=59 : device-side assert triggered",
+            "device-side-assert",
+        ),
         ("pynvml.NVMLError_GpuIsLost: GPU is lost", "gpu-fallen-off-bus"),
-        ("subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGSEGV: 11>.", "segfault"),
-        ("torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGBUS", "shm-too-small"),
+        (
+            "subprocess.CalledProcessError: Command '['python', 'train.py']' died with <Signals.SIGSEGV: 11>.",
+            "segfault",
+        ),
+        (
+            "torch.multiprocessing.spawn.ProcessExitedException: process 1 terminated with signal SIGBUS",
+            "shm-too-small",
+        ),
         ("Bus error (core dumped)", "shm-too-small"),
-        ("RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error, NCCL version 2.14.3", "nccl-error"),
-        ("jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.5GiB.", "cuda-oom"),
-        ("[ 1234.5] Out of memory: Kill process 4242 (python) score 901 or sacrifice child", "oom-killer"),
-        ("ImportError: /venv/lib/python3.10/site-packages/flash_attn_2_cuda.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi", "extension-abi-mismatch"),
-        ("RuntimeError: The NVIDIA driver on your system is too old (found version 11040).", "driver-too-old"),
+        (
+            "RuntimeError: NCCL error in: ../torch/csrc/distributed/c10d/ProcessGroupNCCL.cpp:1269, unhandled system error, NCCL version 2.14.3",
+            "nccl-error",
+        ),
+        (
+            "jaxlib.xla_extension.XlaRuntimeError: RESOURCE_EXHAUSTED: Out of memory while trying to allocate 1.5GiB.",
+            "cuda-oom",
+        ),
+        (
+            "[ 1234.5] Out of memory: Kill process 4242 (python) score 901 or sacrifice child",
+            "oom-killer",
+        ),
+        (
+            "ImportError: /venv/lib/python3.10/site-packages/flash_attn_2_cuda.cpython-310-x86_64-linux-gnu.so: undefined symbol: _ZN3c104cuda9SetDeviceEi",
+            "extension-abi-mismatch",
+        ),
+        (
+            "RuntimeError: The NVIDIA driver on your system is too old (found version 11040).",
+            "driver-too-old",
+        ),
         ("OSError: [Errno 104] Connection reset by peer", "peer-connection-lost"),
     ],
-)  # fmt: skip
+)
 def test_a_line_in_each_vocabulary_s_words(pbs, line: str, want: str) -> None:
     assert [m.id for m in match_log([line], pbs)][:1] == [want]
 

@@ -42,15 +42,21 @@ def demo_dir() -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix="odt-", dir="/tmp"))
     yield path / "sb"
     if processes_of(path):  # a failed test must not leave a sandbox running
-        subprocess.run(ORCH + ["sandbox", "down", "--dir", str(path / "sb")], timeout=60,
-                       check=False, capture_output=True)  # fmt: skip
+        subprocess.run(
+            ORCH + ["sandbox", "down", "--dir", str(path / "sb")],
+            timeout=60,
+            check=False,
+            capture_output=True,
+        )
 
 
 @pytest.fixture
 def cpu_hogs() -> Iterator[None]:
     """One busy loop per core for the test's duration: the demo must not need a quiet box."""
-    hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"])
-            for _ in range(os.cpu_count() or 2)]  # fmt: skip
+    hogs = [
+        subprocess.Popen([sys.executable, "-c", "while True: pass"])
+        for _ in range(os.cpu_count() or 2)
+    ]
     try:
         yield
     finally:
@@ -84,9 +90,17 @@ def assert_whole_loop(proc: subprocess.CompletedProcess[str], demo_dir: Path) ->
     assert doc["verdict"]["kind"] == "crashed"
     assert "exit status 137" in doc["verdict"]["summary"]
     assert [s["step"] for s in doc["steps"]] == [
-        "check", "sandbox", "launch", "watch", "fault", "detect", "fault", "detect",
-        "postmortem", "teardown",
-    ]  # fmt: skip
+        "check",
+        "sandbox",
+        "launch",
+        "watch",
+        "fault",
+        "detect",
+        "fault",
+        "detect",
+        "postmortem",
+        "teardown",
+    ]
     # a live run when the ghost appears: the screen never says the run finished
     assert " ct200 running run=" in out and " ct200 finished " not in out
     wait_for(lambda: not processes_of(demo_dir), timeout_s=15, what="demo processes to exit")
@@ -124,8 +138,13 @@ def test_demo_ghost_only_stops_its_run_at_the_end(demo_dir: Path) -> None:
 def _kill_script(run_dir: Path) -> subprocess.CompletedProcess[str]:
     from orchestrator.firstrun.demo import _KILL_RUN
 
-    return subprocess.run([sys.executable, "-c", _KILL_RUN, str(run_dir)], capture_output=True,
-                          text=True, timeout=30, check=False)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, "-c", _KILL_RUN, str(run_dir)],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
 
 
 def test_the_kill_step_says_when_the_run_already_ended(tmp_path: Path) -> None:
@@ -202,8 +221,14 @@ def test_demo_refuses_a_directory_where_a_sandbox_runs(demo_dir: Path) -> None:
     manager.up(demo_dir, containers=1, gpus=8, scenario="idle", isolation=SANDBOX_ISOLATION)
     try:
         before = manager.status(demo_dir)
-        proc = subprocess.run(ORCH + ["demo", "--dir", str(demo_dir)], stdin=subprocess.DEVNULL,
-                              capture_output=True, text=True, timeout=120, check=False)  # fmt: skip
+        proc = subprocess.run(
+            ORCH + ["demo", "--dir", str(demo_dir)],
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            text=True,
+            timeout=120,
+            check=False,
+        )
         after = manager.status(demo_dir)
     finally:
         manager.down(demo_dir)

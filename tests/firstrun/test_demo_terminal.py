@@ -22,9 +22,15 @@ def _ui() -> tuple[RichDemoUI, io.StringIO]:
     return RichDemoUI(console, interactive=True), buf
 
 
-@pytest.mark.parametrize(("typed", "default", "want"), [
-    ("", True, True), ("n", True, False), ("y", False, True), ("", False, False),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("typed", "default", "want"),
+    [
+        ("", True, True),
+        ("n", True, False),
+        ("y", False, True),
+        ("", False, False),
+    ],
+)
 def test_the_prompt_shows_its_choices_and_enter_takes_the_default(
     monkeypatch: pytest.MonkeyPatch, typed: str, default: bool, want: bool
 ) -> None:
@@ -40,11 +46,19 @@ def test_the_prompt_shows_its_choices_and_enter_takes_the_default(
 def test_the_demo_ends_with_the_report_path_and_three_next_commands(tmp_path: Path) -> None:
     ui, buf = _ui()
     report = tmp_path / "postmortem" / "report.html"
-    ui.done(DemoResult(state_dir=tmp_path, config_path=tmp_path / "hosts.yaml",
-                       report_html=report, elapsed_s=31.0))  # fmt: skip
+    ui.done(
+        DemoResult(
+            state_dir=tmp_path,
+            config_path=tmp_path / "hosts.yaml",
+            report_html=report,
+            elapsed_s=31.0,
+        )
+    )
     lines = buf.getvalue().rstrip("\n").splitlines()
     assert f"HTML report: {report}" in lines
     assert lines[-4] == "Next, try:"
     assert [line.split()[:2] for line in lines[-3:]] == [
-        ["orch", "demo"], ["orch", "init"], ["orch", "doctor"],
-    ]  # fmt: skip
+        ["orch", "demo"],
+        ["orch", "init"],
+        ["orch", "doctor"],
+    ]

@@ -29,15 +29,21 @@ def test_ci_runs_the_readme_test_command() -> None:
     [line] = [x for x in ci.splitlines() if x.startswith("test_cmd=$(sed")]
     sed = re.search(r"sed -n '([^']+)'", line)
     assert sed is not None, line
-    out = subprocess.run(["sed", "-n", sed.group(1), str(ROOT / "README.md")],
-                         capture_output=True, text=True, check=True, timeout=10)  # fmt: skip
+    out = subprocess.run(
+        ["sed", "-n", sed.group(1), str(ROOT / "README.md")],
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=10,
+    )
     assert out.stdout.splitlines()[0] == "./dev test"
     assert "./dev setup" in ci
 
 
 def test_dev_without_a_subcommand_says_how_to_use_it() -> None:
-    proc = subprocess.run([str(ROOT / "dev")], capture_output=True, text=True, timeout=10,
-                          check=False)  # fmt: skip
+    proc = subprocess.run(
+        [str(ROOT / "dev")], capture_output=True, text=True, timeout=10, check=False
+    )
     assert proc.returncode == 2 and "./dev demo" in proc.stderr and "./dev test" in proc.stderr
 
 
@@ -57,20 +63,30 @@ def test_not_root_and_a_package_missing_prints_the_sudo_line_and_exits_2() -> No
 def _sudo_line(bin_dir: Path, as_user: list[str]) -> None:
     bin_dir.mkdir()
     for tool in ("bash", "cat", "sort", "tr", "id", "dirname", "python3", "mkdir"):
-        real = subprocess.run(["bash", "-c", f"command -v {tool}"], capture_output=True,
-                              text=True, check=False).stdout.strip()  # fmt: skip
+        real = subprocess.run(
+            ["bash", "-c", f"command -v {tool}"], capture_output=True, text=True, check=False
+        ).stdout.strip()
         if real:
             (bin_dir / tool).symlink_to(real)
-    proc = subprocess.run([*as_user, str(ROOT / "dev"), "setup"], capture_output=True, text=True,
-                          timeout=30, check=False, env={"PATH": str(bin_dir)})  # fmt: skip
+    proc = subprocess.run(
+        [*as_user, str(ROOT / "dev"), "setup"],
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+        env={"PATH": str(bin_dir)},
+    )
     assert proc.returncode == 2, proc.stderr
-    assert proc.stdout.startswith("sudo apt-get update && sudo apt-get install -y "
-                                  "--no-install-recommends ")  # fmt: skip
+    assert proc.stdout.startswith(
+        "sudo apt-get update && sudo apt-get install -y --no-install-recommends "
+    )
     assert " tmux" in proc.stdout
 
 
 def test_pyproject_comments_name_files_that_exist() -> None:
     text = (ROOT / "pyproject.toml").read_text()
-    named = re.findall(r"\b([\w./-]+\.md)\b", " ".join(
-        line.split("#", 1)[1] for line in text.splitlines() if "#" in line))  # fmt: skip
+    named = re.findall(
+        r"\b([\w./-]+\.md)\b",
+        " ".join(line.split("#", 1)[1] for line in text.splitlines() if "#" in line),
+    )
     assert named and [n for n in named if not (ROOT / n).exists()] == []

@@ -384,9 +384,21 @@ def test_doctor_says_where_each_container_is_observed_from(
     assert observer["status"] == "warn" and "3.9" in observer["detail"], observer
     assert checks["ct200 observed from"]["detail"].startswith("container: the host cannot run")
     res = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "ct200", "--json",
-         "--db", str(tmp_path / "orch.db")],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "check",
+            "ct200",
+            "--json",
+            "--db",
+            str(tmp_path / "orch.db"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     (target,) = json.loads(res.stdout)["targets"]
     assert target["reachable"] and target["observed_from"] == "container", target

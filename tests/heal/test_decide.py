@@ -43,19 +43,26 @@ def _policy(spec: dict):  # type: ignore[no-untyped-def]
 def _decide(case: dict):  # type: ignore[no-untyped-def]
     nodes = [
         NodeView(
-            n["name"], n["state"], Snapshot.from_dict(n["snapshot"]),
+            n["name"],
+            n["state"],
+            Snapshot.from_dict(n["snapshot"]),
             tuple(Finding.from_dict(f) for f in n.get("findings", [])),
             gpus=tuple(n.get("gpus", (0, 1))),
         )
         for n in case["nodes"]
-    ]  # fmt: skip
+    ]
     diag = case.get("diagnosis")
     journal = [JournalEntry.from_dict(e) for e in case.get("journal", [])]
     d = decide(
-        "ct200", nodes, Diagnosis(**{**diag, "remedy": tuple(diag.get("remedy", ()))}) if diag else None,
-        _policy(case["policy"]), journal, case["now"], rules=RULES,
+        "ct200",
+        nodes,
+        Diagnosis(**{**diag, "remedy": tuple(diag.get("remedy", ()))}) if diag else None,
+        _policy(case["policy"]),
+        journal,
+        case["now"],
+        rules=RULES,
         claim_alive=case.get("claim_alive", False),
-    )  # fmt: skip
+    )
     return d, journal
 
 
@@ -89,8 +96,17 @@ def test_a_claim_whose_claimer_died_counts_and_the_next_waits_its_backoff() -> N
     """Killed mid-restart: the next supervisor records ``interrupted`` (the claim still counts:
     no extra restart is granted) and the second attempt waits backoff[1] from then."""
     case = json.loads((HERE / "restart" / "unknown_cause_retry_unknown.json").read_text())
-    claim = JournalEntry("ct200", case["now"], "restart", "r", run_id=case["nodes"][0]["snapshot"]["run"]["run_id"],
-                         note="restart", attempt=1, procedure="relaunch", by="orch supervise pid 1 on a")  # fmt: skip
+    claim = JournalEntry(
+        "ct200",
+        case["now"],
+        "restart",
+        "r",
+        run_id=case["nodes"][0]["snapshot"]["run"]["run_id"],
+        note="restart",
+        attempt=1,
+        procedure="relaunch",
+        by="orch supervise pid 1 on a",
+    )
     later = case["now"] + 5
     closing = close_orphan_claim(
         "ct200", [claim], claim.run_id, claim_alive=False, now=later, by="b"

@@ -28,13 +28,29 @@ def test_committed_tables_match_the_code() -> None:
 
 
 def test_a_page_carries_the_verdict_and_the_remedy_a_notice_does_not() -> None:
-    page = JournalEntry("ct201", 10.0, "give-up", "module-not-found: not retryable", run_id="r1",
-                        cause="module-not-found", evidence=("verdict: log-signature: run r1 died",
-                        "exit_status: 1"), remedy=("Install the module.",))  # fmt: skip
-    notice = JournalEntry("ct200", 10.0, "restarted", "relaunch: run r3 started", run_id="r2",
-                          new_run_id="r3", attempt=1, trigger="crashed")  # fmt: skip
-    body = payload([notification(page), notification(notice)], status="CRITICAL",
-                   source="orch supervise")  # fmt: skip
+    page = JournalEntry(
+        "ct201",
+        10.0,
+        "give-up",
+        "module-not-found: not retryable",
+        run_id="r1",
+        cause="module-not-found",
+        evidence=("verdict: log-signature: run r1 died", "exit_status: 1"),
+        remedy=("Install the module.",),
+    )
+    notice = JournalEntry(
+        "ct200",
+        10.0,
+        "restarted",
+        "relaunch: run r3 started",
+        run_id="r2",
+        new_run_id="r3",
+        attempt=1,
+        trigger="crashed",
+    )
+    body = payload(
+        [notification(page), notification(notice)], status="CRITICAL", source="orch supervise"
+    )
     assert body["text"].splitlines() == [
         "orch supervise: CRITICAL",
         "CRITICAL ct201 give-up (module-not-found): run r1 not restarted: module-not-found: not "
@@ -59,8 +75,11 @@ def test_the_supervise_unit_verifies(tmp_path: Path) -> None:
     (tmp_path / ".config" / "orch" / "check.env").write_text("ORCH_WEBHOOK=https://x.invalid/\n")
     proc = subprocess.run(
         ["systemd-analyze", "verify", "--man=no", str(tmp_path / "orch-supervise.service")],
-        capture_output=True, text=True, timeout=60, env={**os.environ, "HOME": str(tmp_path)},
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**os.environ, "HOME": str(tmp_path)},
+    )
     out = proc.stdout + proc.stderr
     assert proc.returncode == 0, out
     assert not re.search(r"Failed to parse|Unknown (key|section)|not executable|Invalid", out), out

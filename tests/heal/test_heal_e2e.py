@@ -28,14 +28,23 @@ ROOT = Path(__file__).resolve().parents[2]
 SESSION = "heal-e2e"
 POLICY = {"max": 2, "window": "1h", "backoff": [2], "retry_unknown": True, "settle_timeout": "60s"}
 # crashes at step 25 of its first run only; checkpoints every 10 steps: the relaunch resumes at 20
-CRASH_ONCE = ("--steps", "60", "--fault", "crash-once@25", "--set", "train.ckpt_every=10",
-              "--set", "train.log_every=1")  # fmt: skip
+CRASH_ONCE = (
+    "--steps",
+    "60",
+    "--fault",
+    "crash-once@25",
+    "--set",
+    "train.ckpt_every=10",
+    "--set",
+    "train.log_every=1",
+)
 
 
 @pytest.fixture(scope="module")
 def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
-    return sandbox_config(SESSION, trainer_config="tiny-cpu", gpus={"drafter": [6, 7]},
-                          restart=POLICY)  # fmt: skip
+    return sandbox_config(
+        SESSION, trainer_config="tiny-cpu", gpus={"drafter": [6, 7]}, restart=POLICY
+    )
 
 
 class Heal:
@@ -49,8 +58,14 @@ class Heal:
         self.hook = ["--notify-cmd", f"sh -c 'cat >> {self.notices}; echo >> {self.notices}'"]
 
     def orch(self, *args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
-        return subprocess.run([sys.executable, "-m", "orchestrator.cli", "-c", str(self.config), *args],
-                              capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=self.env)  # fmt: skip
+        return subprocess.run(
+            [sys.executable, "-m", "orchestrator.cli", "-c", str(self.config), *args],
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=ROOT,
+            env=self.env,
+        )
 
     def launch(self, ct: str, *extra: str) -> str:
         res = self.orch("launch", ct, "--no-verify", "--json", *extra)
@@ -59,10 +74,26 @@ class Heal:
 
     def supervise(self, *targets: str, interval: float = 0.5) -> subprocess.Popen[str]:
         p = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "-c", str(self.config), "supervise",
-             *targets, "--db", str(self.db), "--interval", str(interval), *self.hook],
-            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=self.env,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "-c",
+                str(self.config),
+                "supervise",
+                *targets,
+                "--db",
+                str(self.db),
+                "--interval",
+                str(interval),
+                *self.hook,
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=ROOT,
+            env=self.env,
+        )
         self.procs.append(p)
         return p
 
@@ -118,8 +149,12 @@ def _resumed_at(log: str) -> int:
 def test_supervise_relaunches_a_crash_with_resume_auto_once(heal: Heal) -> None:
     old = heal.launch("ct200", "--", *CRASH_ONCE)
     sup = heal.supervise("ct200")
-    wait_for(lambda: "restarted" in heal.actions("ct200") or "give-up" in heal.actions("ct200"),
-             120, 0.2, what="the supervisor's restart")  # fmt: skip
+    wait_for(
+        lambda: "restarted" in heal.actions("ct200") or "give-up" in heal.actions("ct200"),
+        120,
+        0.2,
+        what="the supervisor's restart",
+    )
     journal = heal.journal("ct200")
     assert [e.action for e in journal] == ["wait", "restart", "restarted"], [
         e.line() for e in journal
@@ -168,17 +203,36 @@ def _shown_everywhere(heal: Heal, ct: str, old: str, new: str) -> None:
     text = heal.orch("postmortem", ct, "--run", old, "--db", str(heal.db)).stdout
     assert "restart journal:" in text and f"restarted {old} -> {new}" in text
     watch = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(heal.config), "watch", "--plain",
-         "--interval", "1", ct, "--db", str(heal.db)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=heal.env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(heal.config),
+            "watch",
+            "--plain",
+            "--interval",
+            "1",
+            ct,
+            "--db",
+            str(heal.db),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=heal.env,
+    )
     heal.procs.append(watch)
     seen: list[str] = []
     reader = threading.Thread(target=lambda: seen.extend(watch.stdout or ()), daemon=True)
     reader.start()
     try:
-        wait_for(lambda: any(f"heal=restarted({new})" in x for x in seen), 30,
-                 what="orch watch's heal= word")  # fmt: skip
+        wait_for(
+            lambda: any(f"heal=restarted({new})" in x for x in seen),
+            30,
+            what="orch watch's heal= word",
+        )
     finally:
         watch.send_signal(signal.SIGINT)
         watch.wait(timeout=20)
@@ -236,8 +290,9 @@ def test_a_run_stopped_with_orch_stop_is_never_restarted(heal: Heal) -> None:
     old = heal.launch("ct200", "--", "--forever")
     wait_for(lambda: (heal.run_dir("ct200", old) / "train.log").exists(), 30, what="the log")
     assert heal.orch("stop", "ct200", "--grace", "10").returncode == 0
-    res = heal.orch("supervise", "ct200", "--db", str(heal.db), "--interval", "0.3",
-                    "--rounds", "6", *heal.hook)  # fmt: skip
+    res = heal.orch(
+        "supervise", "ct200", "--db", str(heal.db), "--interval", "0.3", "--rounds", "6", *heal.hook
+    )
     assert res.returncode == 0, res.stdout + res.stderr
     journal = heal.journal("ct200")
     assert [(e.action, e.note) for e in journal] == [("none", "operator-stop")], res.stdout
@@ -263,11 +318,25 @@ def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal) -> None:
     """The trainer dies of seed 002's race (its real message, from torch's own check); the
     verdict names fx-tracing-race, whose playbook restarts through prewarm-relaunch: the
     devices are warmed one at a time and the relaunch (``--warmup sequential``) runs to the end."""
-    old = heal.launch("ct202", "--", "--steps", "30", "--warmup", "none", "--fault", "fx-race@1",
-                      "--set", "train.log_every=1")  # fmt: skip
+    old = heal.launch(
+        "ct202",
+        "--",
+        "--steps",
+        "30",
+        "--warmup",
+        "none",
+        "--fault",
+        "fx-race@1",
+        "--set",
+        "train.log_every=1",
+    )
     sup = heal.supervise("ct202")
-    wait_for(lambda: {"restarted", "give-up", "restart-failed"} & set(heal.actions("ct202")),
-             240, 0.3, what="the prewarm relaunch")  # fmt: skip
+    wait_for(
+        lambda: {"restarted", "give-up", "restart-failed"} & set(heal.actions("ct202")),
+        240,
+        0.3,
+        what="the prewarm relaunch",
+    )
     journal = heal.journal("ct202")
     assert journal[-1].action == "restarted", [e.line() for e in journal]
     assert (journal[-1].cause, journal[-1].procedure) == ("fx-tracing-race", "prewarm-relaunch")
@@ -290,13 +359,32 @@ def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:
     exempt from the settle-first rule (its run holds its GPUs by definition): the procedure
     stops it (``stop_requested`` by orch's restart, so it never reads as an operator's stop),
     settles, and relaunches it resuming from its checkpoint of step 4."""
-    heal.config = sandbox_config(SESSION, trainer_config="tiny-cpu", gpus={"drafter": [6, 7]},
-                                 restart=POLICY, thresholds={"stall_timeout_s": 4})  # fmt: skip
-    old = heal.launch("ct201", "--", "--steps", "50", "--fault", "hang@5",
-                      "--set", "train.log_every=1", "--set", "train.ckpt_every=2")  # fmt: skip
+    heal.config = sandbox_config(
+        SESSION,
+        trainer_config="tiny-cpu",
+        gpus={"drafter": [6, 7]},
+        restart=POLICY,
+        thresholds={"stall_timeout_s": 4},
+    )
+    old = heal.launch(
+        "ct201",
+        "--",
+        "--steps",
+        "50",
+        "--fault",
+        "hang@5",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.ckpt_every=2",
+    )
     sup = heal.supervise("ct201")
-    wait_for(lambda: {"restarted", "restart-failed", "give-up"} & set(heal.actions("ct201")),
-             180, 0.3, what="the stalled run's restart")  # fmt: skip
+    wait_for(
+        lambda: {"restarted", "restart-failed", "give-up"} & set(heal.actions("ct201")),
+        180,
+        0.3,
+        what="the stalled run's restart",
+    )
     heal.stop(sup)
     journal = heal.journal("ct201")
     assert [(e.action, e.trigger) for e in journal[:3]] == [
@@ -309,6 +397,9 @@ def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:
     assert stop["by"].startswith("orch restart by orch supervise pid "), stop
     assert _exited(old_dir) in (130, 143)
     new_dir = heal.run_dir("ct201", journal[2].new_run_id)
-    wait_for(lambda: "trainer: resumed from " in (new_dir / "train.log").read_text(), 60,
-             what="the relaunch's resume line")  # fmt: skip
+    wait_for(
+        lambda: "trainer: resumed from " in (new_dir / "train.log").read_text(),
+        60,
+        what="the relaunch's resume line",
+    )
     assert _resumed_at((new_dir / "train.log").read_text()) == 4

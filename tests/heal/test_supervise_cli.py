@@ -42,11 +42,16 @@ def test_an_unusable_database_is_exit_3(tmp_path: Path, capsys) -> None:  # type
 
 def test_one_round_over_an_idle_target_journals_nothing(tmp_path: Path, capsys) -> None:  # type: ignore[no-untyped-def]
     """The built-in local target, no run: a round decides nothing and stops cleanly (exit 0)."""
-    cfg = _config(tmp_path, "defaults:\n  restart: {max: 1}\ncontainers:\n  a:\n    host: local\n"
-                  f"    workdir: {tmp_path / 'w'}\n")  # fmt: skip
+    cfg = _config(
+        tmp_path,
+        "defaults:\n  restart: {max: 1}\ncontainers:\n  a:\n    host: local\n"
+        f"    workdir: {tmp_path / 'w'}\n",
+    )
     db = tmp_path / "o.db"
-    assert run(["-c", str(cfg), "supervise", "a", "--db", str(db), "--rounds", "1",
-                "--json-lines"]) == 0  # fmt: skip
+    assert (
+        run(["-c", str(cfg), "supervise", "a", "--db", str(db), "--rounds", "1", "--json-lines"])
+        == 0
+    )
     out = capsys.readouterr().out.splitlines()
     assert '"event": "start"' in out[0] and '"event": "stopped"' in out[-1]
     assert not [x for x in out if '"event": "journal"' in x]

@@ -60,12 +60,19 @@ class Cluster:
         self, config: Path, *args: str, timeout_s: float = 400.0
     ) -> subprocess.CompletedProcess[str]:
         """``orch -c CONFIG ARGS`` as a real process, with a private history database."""
-        env = {**os.environ, "ORCH_DB": str(config.with_suffix(".db")),
-               "XDG_STATE_HOME": str(self.workdir / "state")}  # fmt: skip
+        env = {
+            **os.environ,
+            "ORCH_DB": str(config.with_suffix(".db")),
+            "XDG_STATE_HOME": str(self.workdir / "state"),
+        }
         return subprocess.run(
             [sys.executable, "-m", "orchestrator.cli", "-c", str(config), *args],
-            capture_output=True, text=True, timeout=timeout_s, cwd=ROOT, env=env,
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=timeout_s,
+            cwd=ROOT,
+            env=env,
+        )
 
     def launch(self, config: Path, job: str, *extra: str) -> dict[str, Any]:
         res = self.orch(config, "launch", job, "--json", *(extra or TRAINER_ARGS))

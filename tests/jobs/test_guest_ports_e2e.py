@@ -19,8 +19,15 @@ def test_a_guest_starting_beside_a_running_job_leaves_it_ok(job_cluster: Cluster
     from orchestrator.sandbox import kernel
 
     c = job_cluster
-    config = c.config({"pair": {"nodes": ["ct200", "ct201"], "trainer_config": "instant-cpu",
-                                "collective_timeout": 60}})  # fmt: skip
+    config = c.config(
+        {
+            "pair": {
+                "nodes": ["ct200", "ct201"],
+                "trainer_config": "instant-cpu",
+                "collective_timeout": 60,
+            }
+        }
+    )
     try:
         run_id = c.launch(config, "pair")["run_id"]
         for ct in ("ct200", "ct201"):

@@ -52,29 +52,52 @@ def _held_config(c: Cluster) -> tuple[Path, dict[str, Path]]:
         holds[ct] = c.info.workdir(ct) / "ctrlc"
         holds[ct].mkdir(exist_ok=True)
         script = holds[ct] / "python"
-        script.write_text(HOLD_PYTHON.replace("{dir}", inside).replace(
-            "{python}", doc["containers"][ct]["python"]))  # fmt: skip
+        script.write_text(
+            HOLD_PYTHON.replace("{dir}", inside).replace(
+                "{python}", doc["containers"][ct]["python"]
+            )
+        )
         script.chmod(0o755)
         over[ct] = {"python": f"{inside}/python"}
-    config = c.config({"pair": {"nodes": list(NODES), "trainer_config": "instant-cpu",
-                                "collective_timeout": 60}}, **over)  # fmt: skip
+    config = c.config(
+        {"pair": {"nodes": list(NODES), "trainer_config": "instant-cpu", "collective_timeout": 60}},
+        **over,
+    )
     return config, holds
 
 
 def _launch_process(c: Cluster, config: Path, name: str) -> subprocess.Popen[str]:
-    env = {**os.environ, "ORCH_DB": str(config.with_suffix(".db")),
-           "XDG_STATE_HOME": str(c.workdir / "state")}  # fmt: skip
+    env = {
+        **os.environ,
+        "ORCH_DB": str(config.with_suffix(".db")),
+        "XDG_STATE_HOME": str(c.workdir / "state"),
+    }
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "launch", "pair",
-         "--name", name, *TRAINER_ARGS],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT, env=env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "launch",
+            "pair",
+            "--name",
+            name,
+            *TRAINER_ARGS,
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
 
 
 def _runs_of(c: Cluster, name: str) -> dict[str, list[str]]:
     """Per node, the run directories of the runs named ``name`` (``--name``)."""
-    return {ct: sorted(p.name for p in (c.info.workdir(ct) / "runs").glob(f"*-{name}"))
-            for ct in NODES}  # fmt: skip
+    return {
+        ct: sorted(p.name for p in (c.info.workdir(ct) / "runs").glob(f"*-{name}")) for ct in NODES
+    }
 
 
 @pytest.mark.parametrize("step", ["preflight", "deploy", "start", "verify"])
@@ -100,8 +123,11 @@ def test_ctrl_c_in_a_job_launch_says_what_it_left_and_how_to_undo_it(
         assert proc.stdout is not None
         seen: list[str] = []
         if held:
-            wait_for(lambda: all((holds[ct] / f"reached-{step}").exists() for ct in NODES),
-                     240, what=f"both nodes held at the {step} step")  # fmt: skip
+            wait_for(
+                lambda: all((holds[ct] / f"reached-{step}").exists() for ct in NODES),
+                240,
+                what=f"both nodes held at the {step} step",
+            )
         else:
             for line in proc.stdout:  # the start step's line comes when every node started
                 seen.append(line)

@@ -28,7 +28,7 @@ def _judge(jobs_yaml: str, metrics: dict[str, Metrics], gpus: int = 0) -> JobJud
             "running",
             (),
             host=inv.container(name).host,
-        )  # fmt: skip
+        )
         for name, m in metrics.items()
     }
     return judge_job(job, {n: inv.container(n) for n in job.containers}, judgements)

@@ -35,8 +35,14 @@ def test_shortest_job_is_the_bundled_trainer_under_torchrun(job_cluster: Cluster
     config = job_cluster.config({"pair": {"nodes": ["ct200", "ct201"]}})
     inv = load_inventory(config)
     job = inv.job("pair")
-    cmd = node_command(job, job.nodes[1], node_container(inv, job, job.nodes[1]), run_id="R",
-                       run_dir="/root/dflash/runs/R", bundle_dir="/b")  # fmt: skip
+    cmd = node_command(
+        job,
+        job.nodes[1],
+        node_container(inv, job, job.nodes[1]),
+        run_id="R",
+        run_dir="/root/dflash/runs/R",
+        bundle_dir="/b",
+    )
     assert job.rdzv_endpoint == f"{job_cluster.info.address('ct200')}:29400"
     assert " -m torch.distributed.run --nnodes 2 --nproc-per-node 1 --node-rank 1 " in cmd
     assert "--rdzv-backend c10d --rdzv-endpoint 10.99.0.10:29400 --rdzv-id R" in cmd
@@ -45,18 +51,29 @@ def test_shortest_job_is_the_bundled_trainer_under_torchrun(job_cluster: Cluster
 
 def test_two_nodes_launch_watch_check_and_stop(job_cluster: Cluster) -> None:
     c = job_cluster
-    config = c.config({"pair": {"nodes": ["ct200", "ct201"], "trainer_config": "instant-cpu",
-                                "collective_timeout": 60}})  # fmt: skip
+    config = c.config(
+        {
+            "pair": {
+                "nodes": ["ct200", "ct201"],
+                "trainer_config": "instant-cpu",
+                "collective_timeout": 60,
+            }
+        }
+    )
     try:
         t0 = time.monotonic()
         doc = c.launch(config, "pair")
         launched = time.monotonic() - t0
         run_id = doc["run_id"]
         assert [(n["node"], n["rank"], n["group_rank"]) for n in doc["nodes"]] == [
-            ("ct200", 0, 0), ("ct201", 1, 1)]  # fmt: skip
+            ("ct200", 0, 0),
+            ("ct201", 1, 1),
+        ]
         verify = next(p for p in doc["phases"] if p["phase"] == "verify" and p["status"] == "ok")
-        print(f"2-node launch verified in {launched:.1f} s (verify done at {verify['at_s']} s)",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"2-node launch verified in {launched:.1f} s (verify done at {verify['at_s']} s)",
+            file=sys.stderr,
+        )
         for ct in ("ct200", "ct201"):  # every node's own log shows training steps
             wait_for(lambda ct=ct: "step=" in c.log(ct, run_id), 60, what=f"steps in {ct}'s log")
             assert "rank=" in c.log(ct, run_id)
@@ -66,11 +83,25 @@ def test_two_nodes_launch_watch_check_and_stop(job_cluster: Cluster) -> None:
             :2000
         ]
         assert [(n["name"], n["rank"], n["state"]) for n in job["nodes"]] == [
-            ("ct200", 0, "running"), ("ct201", 1, "running")]  # fmt: skip
+            ("ct200", 0, "running"),
+            ("ct201", 1, "running"),
+        ]
         watch = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "watch", "pair", "--plain"],
-            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "-c",
+                str(config),
+                "watch",
+                "pair",
+                "--plain",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            text=True,
+            cwd=ROOT,
+        )
         try:
             seen: list[str] = []
             deadline = time.monotonic() + 60
@@ -97,8 +128,15 @@ def test_two_nodes_launch_watch_check_and_stop(job_cluster: Cluster) -> None:
 
 def test_four_nodes_over_two_hosts(job_cluster: Cluster) -> None:
     c = job_cluster
-    config = c.config({"quad": {"nodes": ["ct200", "ct201", "ct202", "ct203"],
-                                "trainer_config": "instant-cpu", "collective_timeout": 60}})  # fmt: skip
+    config = c.config(
+        {
+            "quad": {
+                "nodes": ["ct200", "ct201", "ct202", "ct203"],
+                "trainer_config": "instant-cpu",
+                "collective_timeout": 60,
+            }
+        }
+    )
     try:
         t0 = time.monotonic()
         doc = c.launch(config, "quad")
@@ -124,8 +162,10 @@ def test_four_nodes_over_two_hosts(job_cluster: Cluster) -> None:
 
 def test_a_node_failing_preflight_starts_nothing(job_cluster: Cluster) -> None:
     c = job_cluster
-    config = c.config({"pair": {"nodes": ["ct200", "ct201"], "trainer_config": "instant-cpu"}},
-                      ct201={"requires": ["no_such_module_i18"]})  # fmt: skip
+    config = c.config(
+        {"pair": {"nodes": ["ct200", "ct201"], "trainer_config": "instant-cpu"}},
+        ct201={"requires": ["no_such_module_i18"]},
+    )
     before = {ct: c.orch(config, "runs", ct, "--json").stdout for ct in ("ct200", "ct201")}
     res = c.orch(config, "launch", "pair", "--json")
     assert res.returncode == 4, res.stdout + res.stderr
@@ -139,19 +179,36 @@ def test_a_node_dying_before_the_rendezvous_stops_the_others(job_cluster: Cluste
     """ct200 hosts the rendezvous store; its port is taken in ct200, so torchrun dies there at
     once; ct201 would wait for the rendezvous (15 min by default): orch stops it and says which."""
     c = job_cluster
-    config = c.config({"pair": {"nodes": ["ct200", "ct201"], "trainer_config": "instant-cpu",
-                                "rendezvous": {"port": 29555}}})  # fmt: skip
+    config = c.config(
+        {
+            "pair": {
+                "nodes": ["ct200", "ct201"],
+                "trainer_config": "instant-cpu",
+                "rendezvous": {"port": 29555},
+            }
+        }
+    )
     holder = subprocess.Popen(
-        [str(c.state_dir / "bin" / "pct"), "exec", "200", "--", sys.executable, "-c",
-         "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', 29555))\ns.listen()\n"
-         "print('listening', flush=True)\ntime.sleep(300)"],
+        [
+            str(c.state_dir / "bin" / "pct"),
+            "exec",
+            "200",
+            "--",
+            sys.executable,
+            "-c",
+            "import socket, time\ns = socket.socket()\ns.bind(('0.0.0.0', 29555))\ns.listen()\n"
+            "print('listening', flush=True)\ntime.sleep(300)",
+        ],
         env={**c.info.env(), "PATH": f"{c.state_dir / 'bin'}:/usr/bin:/bin"},
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert holder.stdout is not None and "listening" in holder.stdout.readline()
-        res = c.orch(config, "launch", "pair", "--json", "--", "--forever", "--set",
-                     "train.batch_size=8")  # fmt: skip
+        res = c.orch(
+            config, "launch", "pair", "--json", "--", "--forever", "--set", "train.batch_size=8"
+        )
         doc = json.loads(res.stdout)
         assert res.returncode == 1 and doc["error"] == "node-failed", res.stdout[-3000:]
         assert (doc["node"], doc["rank"]) == ("ct200", 0), doc["message"]

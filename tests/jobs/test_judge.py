@@ -59,18 +59,38 @@ def _manifest(name: str) -> RunManifest:
     return RunManifest("R", "torchrun ...", "/w", "train", T0, target=name)
 
 
-def _snap(name: str, at: float, *, exit_status: int | None = None, lines: tuple[str, ...] = (),
-          pane: tuple[str, ...] = (), container: str = "running", tps: float | None = None) -> Snapshot:  # fmt: skip
+def _snap(
+    name: str,
+    at: float,
+    *,
+    exit_status: int | None = None,
+    lines: tuple[str, ...] = (),
+    pane: tuple[str, ...] = (),
+    container: str = "running",
+    tps: float | None = None,
+) -> Snapshot:
     if container != "running":
         return Snapshot(
             name, at, container_status=container, errors=(f"pve: container {name} stopped",)
         )
-    run = RunState("R", "/w/runs/R", manifest=_manifest(name), new_log_lines=lines,
-                   exit_status=exit_status, exit_status_at=at - 1 if exit_status is not None else None,
-                   heartbeat_age_s=0.5)  # fmt: skip
+    run = RunState(
+        "R",
+        "/w/runs/R",
+        manifest=_manifest(name),
+        new_log_lines=lines,
+        exit_status=exit_status,
+        exit_status_at=at - 1 if exit_status is not None else None,
+        heartbeat_age_s=0.5,
+    )
     sess = SessionState("train", True, pane_dead=exit_status is not None, pane_tail=pane)
-    return Snapshot(name, at, session=sess, run=run, container_status="running",
-                    metrics=Metrics(step=50, tokens_per_s=tps) if tps else None)  # fmt: skip
+    return Snapshot(
+        name,
+        at,
+        session=sess,
+        run=run,
+        container_status="running",
+        metrics=Metrics(step=50, tokens_per_s=tps) if tps else None,
+    )
 
 
 def _judged(name: str, snap: Snapshot, state: str, *findings: Finding) -> Judgement:
@@ -139,17 +159,27 @@ def test_container_stopped_and_partition_and_a_requested_stop() -> None:
         )
     }
     assert judge_job(JOB, CTS, running, probes=old).findings == ()  # before the launch: not ours
-    asked = RunState("R", "/w/runs/R", manifest=_manifest("ct201"), exit_status=130,
-                     exit_status_at=T0 + 50, stop_requested_at=T0 + 49)  # fmt: skip
+    asked = RunState(
+        "R",
+        "/w/runs/R",
+        manifest=_manifest("ct201"),
+        exit_status=130,
+        exit_status_at=T0 + 50,
+        stop_requested_at=T0 + 49,
+    )
     calm = {**running, "ct201": _judged("ct201", Snapshot("ct201", T0 + 60, run=asked), "stopped")}
     assert judge_job(JOB, CTS, calm).findings == ()
 
 
 @pytest.mark.parametrize(
     ("states", "worst"),
-    [(["running", "running"], "running"), (["running", "stalled"], "stalled"),
-     (["unreachable", "crashed"], "crashed"), (["finished", "idle"], "idle")],
-)  # fmt: skip
+    [
+        (["running", "running"], "running"),
+        (["running", "stalled"], "stalled"),
+        (["unreachable", "crashed"], "crashed"),
+        (["finished", "idle"], "idle"),
+    ],
+)
 def test_a_job_is_in_its_worst_node_state(states: list[str], worst: str) -> None:
     assert worst_state(states) == worst
 
@@ -169,11 +199,26 @@ def _report(name: str, rank: int, *, offset: float = 0.0, **ev: object) -> NodeR
 def test_postmortem_orders_the_nodes_on_orchs_clock() -> None:
     """ct201's host runs 30 s ahead: its death at host time T0+100 is T0+70 on orch's clock,
     before ct200's timeout at T0+90, and it is the cause anyway."""
-    r0 = _report("ct200", 0, exit_status=1, exit_status_at=T0 + 90, run_state="exited",
-                 log_tail=("[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
-                           "unbound_buffer.cc:81] Timed out waiting 20000ms for recv operation to complete",))  # fmt: skip
-    r1 = _report("ct201", 1, offset=30.0, exit_status=1, exit_status_at=T0 + 100, run_state="exited",
-                 pane=KILLED_PANE)  # fmt: skip
+    r0 = _report(
+        "ct200",
+        0,
+        exit_status=1,
+        exit_status_at=T0 + 90,
+        run_state="exited",
+        log_tail=(
+            "[rank0]: RuntimeError: [../third_party/gloo/gloo/transport/tcp/"
+            "unbound_buffer.cc:81] Timed out waiting 20000ms for recv operation to complete",
+        ),
+    )
+    r1 = _report(
+        "ct201",
+        1,
+        offset=30.0,
+        exit_status=1,
+        exit_status_at=T0 + 100,
+        run_state="exited",
+        pane=KILLED_PANE,
+    )
     v = decide(JOB, [r0, r1], default_playbooks())
     assert v.first is not None and (v.first.node, v.first.rank, v.first.at) == ("ct201", 1, T0 + 70)
     assert v.kind == "log-signature" and v.playbook == "sigkill"
@@ -208,10 +253,18 @@ def test_the_job_report_draws_its_markers_apart_and_explains_them() -> None:
     from orchestrator.views.scales import overlaps
 
     r0 = _report("ct200", 0, exit_status=1, exit_status_at=T0 + 90, run_state="exited")
-    r1 = _report("ct201", 1, offset=30.0, exit_status=1, exit_status_at=T0 + 100,
-                 run_state="exited", pane=KILLED_PANE)  # fmt: skip
-    pm = JobPostmortem("pair", "R", (r0, r1), decide(JOB, [r0, r1], default_playbooks()),
-                       tuple(timeline([r0, r1])))  # fmt: skip
+    r1 = _report(
+        "ct201",
+        1,
+        offset=30.0,
+        exit_status=1,
+        exit_status_at=T0 + 100,
+        run_state="exited",
+        pane=KILLED_PANE,
+    )
+    pm = JobPostmortem(
+        "pair", "R", (r0, r1), decide(JOB, [r0, r1], default_playbooks()), tuple(timeline([r0, r1]))
+    )
     page = html(pm)
     for svg in re.findall(r"<svg [^>]*class=\"chart\".*?</svg>", page):
         assert 'width="100%"' in svg and 'viewBox="0 0 1000 ' in svg

@@ -28,8 +28,18 @@ PROBE = (
 
 def _probe(c: Cluster, ct: str, host: str, address: str, timeout: float) -> str:
     vmid = ct.removeprefix("ct")
-    res = run_pct(c.state_dir, "exec", vmid, "--", sys.executable, "-c", PROBE, address, str(timeout),
-                  host=host)  # fmt: skip
+    res = run_pct(
+        c.state_dir,
+        "exec",
+        vmid,
+        "--",
+        sys.executable,
+        "-c",
+        PROBE,
+        address,
+        str(timeout),
+        host=host,
+    )
     return res.stdout.strip() or res.stderr.strip()
 
 

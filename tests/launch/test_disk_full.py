@@ -47,9 +47,17 @@ def test_full_disk_keeps_tee_error_and_exit_status(
 ) -> None:
     # ~390 KB of output into a 256 KiB file system, then a failure exit.
     rc, doc = local_agent(
-        "launch", "--workdir", str(local_agent.workdir), "--cmd", "seq 1 60000; exit 3",
-        "--run-id", "full1", "--no-recorder", "--settle", "0",
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(local_agent.workdir),
+        "--cmd",
+        "seq 1 60000; exit 3",
+        "--run-id",
+        "full1",
+        "--no-recorder",
+        "--settle",
+        "0",
+    )
     assert rc == 0, doc
     run_dir = tiny_runs / "full1"
     # exit_status is a new file on a full disk: it lands in the space reserved at launch.
@@ -86,9 +94,17 @@ def test_full_disk_keeps_tee_error_and_exit_status(
 
 def test_healthy_run_has_no_tee_error(local_agent: LocalAgent) -> None:
     rc, doc = local_agent(
-        "launch", "--workdir", str(local_agent.workdir), "--cmd", "echo hello",
-        "--run-id", "ok1", "--no-recorder", "--settle", "3",
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(local_agent.workdir),
+        "--cmd",
+        "echo hello",
+        "--run-id",
+        "ok1",
+        "--no-recorder",
+        "--settle",
+        "3",
+    )
     assert rc == 0 and doc["state"]["exit_status"] == 0, doc
     run_dir = local_agent.workdir / "runs" / "ok1"
     assert doc["state"]["tee_error"] is None and doc["state"]["tee_status"] is None

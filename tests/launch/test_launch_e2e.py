@@ -28,10 +28,13 @@ TICKER = (
 @pytest.fixture(scope="module")
 def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
     """The sandbox's hosts.yaml with our session, a trainer config and a broken ``requires``."""
-    return sandbox_config(SESSION, containers={
-        "ct200": {"trainer_config": "tiny-cpu"},
-        "ct201": {"requires": ["yaml", "no_such_module_xyz"]},
-    })  # fmt: skip
+    return sandbox_config(
+        SESSION,
+        containers={
+            "ct200": {"trainer_config": "tiny-cpu"},
+            "ct201": {"requires": ["yaml", "no_such_module_xyz"]},
+        },
+    )
 
 
 @pytest.fixture
@@ -66,8 +69,11 @@ def test_bundled_trainer_happy_path_logs_and_stop(orch, idle, sandbox) -> None: 
     doc = json.loads(out)
     assert doc["verified"] is True and doc["run_id"].endswith("-happy")
     assert [p["phase"] for p in doc["phases"] if p["status"] == "ok"] == [
-        "preflight", "deploy", "start", "verify",
-    ]  # fmt: skip
+        "preflight",
+        "deploy",
+        "start",
+        "verify",
+    ]
     log = sandbox.host_path("ct200", doc["log_path"])
     assert log.read_text().startswith("trainer: version="), "first line of the program in the log"
     manifest = json.loads((log.parent / "manifest.json").read_text())
@@ -115,8 +121,9 @@ def test_live_session_refused_then_force_keeps_old_run(orch, idle, sandbox) -> N
     assert f"tmux session '{SESSION}' is live" in err and "--force" in err
     assert _runs(workdir) == before, "a refused launch must not create a run"
 
-    code, out, err = orch("launch", "ct202", "--cmd", TICKER, "--name", "second", "--force",
-                          "--grace", "10", "--json")  # fmt: skip
+    code, out, err = orch(
+        "launch", "ct202", "--cmd", TICKER, "--name", "second", "--force", "--grace", "10", "--json"
+    )
     assert code == 0, err
     second = json.loads(out)
     old = sandbox.host_path("ct202", first["run_dir"])
@@ -188,9 +195,11 @@ def test_python_39_in_the_container_is_refused_saying_what_to_do(
     code = run(["-c", str(config), "launch", "ct202", "--cmd", "sleep 30"])
     err = capsys.readouterr().err
     assert code == 1, err
-    assert (f"error: ct202: {old} is Python 3.9.2; orch's agent needs Python >= 3.10 (Debian 11, "
-            "Ubuntu 20.04 and Proxmox VE 7 ship 3.9); install Python >= 3.10 in ct202 and point "
-            "python: of ct202 in hosts.yaml at it") in err, err  # fmt: skip
+    assert (
+        f"error: ct202: {old} is Python 3.9.2; orch's agent needs Python >= 3.10 (Debian 11, "
+        "Ubuntu 20.04 and Proxmox VE 7 ship 3.9); install Python >= 3.10 in ct202 and point "
+        "python: of ct202 in hosts.yaml at it"
+    ) in err, err
     assert "Traceback" not in err and _runs(sandbox.workdir("ct202")) == before
 
 

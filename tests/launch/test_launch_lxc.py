@@ -30,8 +30,11 @@ def lxc_sandbox(sandbox):  # type: ignore[no-untyped-def]
     return sandbox
 
 
-DIRTY = {"SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22", "XDG_SESSION_ID": "42",
-         "OPERATOR_ONLY": "from-the-operators-shell"}  # fmt: skip
+DIRTY = {
+    "SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22",
+    "XDG_SESSION_ID": "42",
+    "OPERATOR_ONLY": "from-the-operators-shell",
+}
 """What an operator's shell had when it started (or last fed) the container's tmux server."""
 
 
@@ -42,8 +45,21 @@ def _dirty_tmux_server(sb) -> Callable[[], None]:  # type: ignore[no-untyped-def
     vmid = str(vmid_of("ct200"))
     sets = [a for k, v in DIRTY.items() for a in (";", "set-environment", "-g", k, v)]
     shell = ["env", *(f"{k}={v}" for k, v in DIRTY.items())]
-    res = control.run_pct(sb.state_dir, "exec", vmid, "--", *shell, "tmux", "new-session", "-A",
-                          "-d", "-s", "operator", "sleep 600", *sets)  # fmt: skip
+    res = control.run_pct(
+        sb.state_dir,
+        "exec",
+        vmid,
+        "--",
+        *shell,
+        "tmux",
+        "new-session",
+        "-A",
+        "-d",
+        "-s",
+        "operator",
+        "sleep 600",
+        *sets,
+    )
     assert res.returncode == 0, res.stderr
 
     def undo() -> None:
@@ -70,13 +86,28 @@ def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     tool.chmod(0o755)
     undo = _dirty_tmux_server(sb)
     try:
-        code = run(["-c", config, "launch", "ct200", "--cmd", CMD, "--name", "lxc",
-                    "--no-verify", "--json"])  # fmt: skip
+        code = run(
+            [
+                "-c",
+                config,
+                "launch",
+                "ct200",
+                "--cmd",
+                CMD,
+                "--name",
+                "lxc",
+                "--no-verify",
+                "--json",
+            ]
+        )
         out, err = capsys.readouterr()
         assert code == 0, err + out
         log = sb.host_path("ct200", json.loads(out)["log_path"])
-        text = wait_for(lambda: "env:PATH=" in log.read_text() and log.read_text(), 30,
-                        what="the run's output in its log")  # fmt: skip
+        text = wait_for(
+            lambda: "env:PATH=" in log.read_text() and log.read_text(),
+            30,
+            what="the run's output in its log",
+        )
         pid = int(next(x for x in text.splitlines() if x.startswith("pid="))[4:])
         host = sb.host_pid("ct200", pid)  # the same shell, as the host numbers it
     finally:
@@ -89,8 +120,11 @@ def test_a_run_sees_its_own_pids_usr_local_bin_and_no_operator_env(
     assert "tool-ran" in lines, lines  # found by name on the PATH orch gave it
     assert env["PATH"] == BASE_ENV["PATH"] and env["HOME"] == "/root", env
     assert env["PATH"].startswith("/usr/local/sbin:/usr/local/bin:") and env["LANG"] == "C.UTF-8"
-    leaked = sorted(k for k in env if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB"))
-                    or k in DIRTY or k == "TMUX")  # fmt: skip
+    leaked = sorted(
+        k
+        for k in env
+        if k.startswith(("SSH_", "XDG_", "ORCH_SANDBOX", "LD_LIB")) or k in DIRTY or k == "TMUX"
+    )
     assert not leaked, leaked
     # its PID is the container's own, not the one the host knows it by (host_pid maps it
     # through NSpid; comparing sizes would race a fresh host, whose PIDs are small too)

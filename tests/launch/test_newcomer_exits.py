@@ -62,10 +62,21 @@ def test_ctrl_c_after_the_start_step_says_what_is_left_and_how_to_undo_it(  # ty
     container and ``orch stop``; the run is indeed still there to stop."""
     sandbox_scenario("idle")
     proc = subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "launch", "ct202",
-         "--cmd", "python3 -c 'import time\nwhile True: print(1, flush=True); time.sleep(0.2)'"],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "launch",
+            "ct202",
+            "--cmd",
+            "python3 -c 'import time\nwhile True: print(1, flush=True); time.sleep(0.2)'",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
     try:
         assert proc.stdout is not None
         seen = []

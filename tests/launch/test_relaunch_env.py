@@ -29,10 +29,17 @@ def test_a_secret_survives_two_relaunches_and_is_never_on_a_command_line(
 ) -> None:
     out = tmp_path / "argv.json"
     watch = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.argv_watch", str(out), "--mark",
-         "launch=--env-from"],
-        stdin=subprocess.PIPE, cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.argv_watch",
+            str(out),
+            "--mark",
+            "launch=--env-from",
+        ],
+        stdin=subprocess.PIPE,
+        cwd=Path(__file__).resolve().parents[2],
+    )
     assert watch.stdin is not None
     watch.stdin.write(SECRET.encode() + b"\n")
     watch.stdin.close()
@@ -44,9 +51,19 @@ def test_a_secret_survives_two_relaunches_and_is_never_on_a_command_line(
         wait_for(lambda: exit_status(local_agent, "a1") is not None, 10, what="a1 exit")
         previous = "a1"
         for run_id in ("a2", "a3"):  # two relaunches, each from the one before
-            rc, ans = launch(local_agent, PRINT, "--run-id", run_id, "--force", "--env-stdin",
-                             "--env-from", previous, "--gpus", "1",
-                             stdin=json.dumps({"env": {"ORCH_RESUME": "auto"}}))  # fmt: skip
+            rc, ans = launch(
+                local_agent,
+                PRINT,
+                "--run-id",
+                run_id,
+                "--force",
+                "--env-stdin",
+                "--env-from",
+                previous,
+                "--gpus",
+                "1",
+                stdin=json.dumps({"env": {"ORCH_RESUME": "auto"}}),
+            )
             assert rc == 0, ans
             wait_for(lambda r=run_id: exit_status(local_agent, r) is not None, 10, what=run_id)
             previous = run_id

@@ -20,9 +20,17 @@ def launch(
     agent: LocalAgent, cmd: str, *extra: str, session: str = "train", stdin: str | None = None
 ) -> tuple[int, dict]:
     return agent(
-        "launch", "--workdir", str(agent.workdir), "--session", session, "--cmd", cmd,
-        "--no-recorder", *extra, stdin=stdin,
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(agent.workdir),
+        "--session",
+        session,
+        "--cmd",
+        cmd,
+        "--no-recorder",
+        *extra,
+        stdin=stdin,
+    )
 
 
 def state(agent: LocalAgent, run_id: str, session: str = "train") -> dict:
@@ -122,8 +130,9 @@ def test_env_arrives_literally_and_runs_nothing(local_agent: LocalAgent, tmp_pat
         f" open('{out}', 'w'))\""
     )
     env = json.dumps({"env": {"NASTY": nasty, "HF_TOKEN": "hf_secret"}})
-    rc, doc = launch(local_agent, cmd, "--run-id", "e1", "--env-stdin", "--gpus", "0-2,5",
-                     stdin=env)  # fmt: skip
+    rc, doc = launch(
+        local_agent, cmd, "--run-id", "e1", "--env-stdin", "--gpus", "0-2,5", stdin=env
+    )
     assert rc == 0, doc
     assert wait_for(lambda: exit_status(local_agent, "e1") is not None, 10) is True
     assert exit_status(local_agent, "e1") == 0
@@ -148,18 +157,35 @@ def test_the_run_gets_its_own_environment_not_the_tmux_servers(
     """Whoever started the tmux server (an operator's shell, with SSH_* and XDG_*) does not
     hand its environment to the run: the run gets the agent's (the transport set it
     explicitly) and the variables it was given, nothing else."""
-    agent_env = {"PATH": os.environ["PATH"], "HOME": str(tmp_path), "LANG": "C.UTF-8",
-                 "TMUX_TMPDIR": local_agent.env["TMUX_TMPDIR"],
-                 "PYTHONPATH": local_agent.env["PYTHONPATH"]}  # fmt: skip
-    dirty = {"SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22", "XDG_RUNTIME_DIR": "/run/user/1000",
-             "OPERATOR_ONLY": "from-the-operators-shell"}  # fmt: skip
-    started = subprocess.run(["tmux", "new-session", "-d", "-s", "operator", "sleep 600"],
-                             env={**agent_env, **dirty}, capture_output=True, text=True)  # fmt: skip
+    agent_env = {
+        "PATH": os.environ["PATH"],
+        "HOME": str(tmp_path),
+        "LANG": "C.UTF-8",
+        "TMUX_TMPDIR": local_agent.env["TMUX_TMPDIR"],
+        "PYTHONPATH": local_agent.env["PYTHONPATH"],
+    }
+    dirty = {
+        "SSH_CONNECTION": "10.9.9.9 50000 10.9.9.1 22",
+        "XDG_RUNTIME_DIR": "/run/user/1000",
+        "OPERATOR_ONLY": "from-the-operators-shell",
+    }
+    started = subprocess.run(
+        ["tmux", "new-session", "-d", "-s", "operator", "sleep 600"],
+        env={**agent_env, **dirty},
+        capture_output=True,
+        text=True,
+    )
     assert started.returncode == 0, started.stderr
     agent = LocalAgent(env=agent_env, workdir=local_agent.workdir)
     out = tmp_path / "seen.env"
-    rc, doc = launch(agent, f"env -0 > {out}", "--run-id", "clean", "--env-stdin",
-                     stdin=json.dumps({"env": {"HF_TOKEN": "hf_given"}}))  # fmt: skip
+    rc, doc = launch(
+        agent,
+        f"env -0 > {out}",
+        "--run-id",
+        "clean",
+        "--env-stdin",
+        stdin=json.dumps({"env": {"HF_TOKEN": "hf_given"}}),
+    )
     assert rc == 0, doc
     assert wait_for(lambda: exit_status(agent, "clean") is not None, 10, what="the run's end")
     seen = dict(x.split("=", 1) for x in out.read_text().split("\0") if x)
@@ -179,16 +205,30 @@ def test_the_env_file_is_private_and_a_forced_replacement_keeps_the_old_one(
     """The values live in one 0600 file per run; ``launch --force`` stops the old run but
     neither rewrites, removes nor copies its file, and no other file holds a value."""
     runs = local_agent.workdir / "runs"
-    rc, doc = launch(local_agent, "echo old; sleep 60", "--run-id", "o1", "--env-stdin",
-                     stdin=json.dumps({"env": {"HF_TOKEN": "hf_old_value"}}))  # fmt: skip
+    rc, doc = launch(
+        local_agent,
+        "echo old; sleep 60",
+        "--run-id",
+        "o1",
+        "--env-stdin",
+        stdin=json.dumps({"env": {"HF_TOKEN": "hf_old_value"}}),
+    )
     assert rc == 0, doc
     old = runs / "o1" / rundir.ENV
     before = old.read_bytes()
     assert b"HF_TOKEN=hf_old_value\0" in before and stat.S_IMODE(old.stat().st_mode) == 0o600
     wait_for(lambda: "old" in (runs / "o1" / "train.log").read_text(), 10, what="old's output")
-    rc, doc = launch(local_agent, "sleep 60", "--run-id", "n1", "--env-stdin", "--force",
-                     "--grace", "2",
-                     stdin=json.dumps({"env": {"WANDB_API_KEY": "wb_new_value"}}))  # fmt: skip
+    rc, doc = launch(
+        local_agent,
+        "sleep 60",
+        "--run-id",
+        "n1",
+        "--env-stdin",
+        "--force",
+        "--grace",
+        "2",
+        stdin=json.dumps({"env": {"WANDB_API_KEY": "wb_new_value"}}),
+    )
     assert rc == 0 and doc["replaced"]["run_id"] == "o1", doc
     assert (runs / "o1" / "pane.txt").exists(), "the old pane was not archived"
     assert old.read_bytes() == before and stat.S_IMODE(old.stat().st_mode) == 0o600
@@ -196,8 +236,11 @@ def test_the_env_file_is_private_and_a_forced_replacement_keeps_the_old_one(
     assert b"WANDB_API_KEY=wb_new_value\0" in new and b"hf_old_value" not in new
     assert stat.S_IMODE((runs / "n1" / rundir.ENV).stat().st_mode) == 0o600
     values = (b"hf_old_value", b"wb_new_value")
-    holders = sorted(str(f.relative_to(runs)) for f in runs.rglob("*")
-                     if f.is_file() and any(v in f.read_bytes() for v in values))  # fmt: skip
+    holders = sorted(
+        str(f.relative_to(runs))
+        for f in runs.rglob("*")
+        if f.is_file() and any(v in f.read_bytes() for v in values)
+    )
     assert holders == ["n1/env", "o1/env"], holders
     assert "_value" not in json.dumps(doc)
     local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "2")
@@ -218,8 +261,15 @@ def test_stop_sigint_checkpoints_and_is_idempotent(local_agent: LocalAgent) -> N
     assert rc == 0, doc
     run_dir = local_agent.workdir / "runs" / "s1"
     wait_for(lambda: "training" in (run_dir / "train.log").read_text(), 10, what="training")
-    rc, doc = local_agent("stop", "--workdir", str(local_agent.workdir), "--grace", "20",
-                          "--by", "orch stop by alice@laptop")  # fmt: skip
+    rc, doc = local_agent(
+        "stop",
+        "--workdir",
+        str(local_agent.workdir),
+        "--grace",
+        "20",
+        "--by",
+        "orch stop by alice@laptop",
+    )
     assert rc == 0, doc
     assert doc["stopped"] is True and doc["signals"] == ["SIGINT"], doc
     assert doc["state"] == "exited" and doc["exit_status"] == 0
@@ -301,16 +351,31 @@ def test_logs_follow_ends_after_exit(local_agent: LocalAgent) -> None:
     """Lines arrive while the run writes them: the run prints tick-2.. only once follow has
     delivered tick-1 (a file the test makes then), so no machine is too slow for this."""
     go = local_agent.workdir / "go-on"
-    cmd = (f"echo tick-1; while [ ! -e {go} ]; do sleep 0.05; done; "
-           "for i in 2 3 4; do echo tick-$i; sleep 0.2; done")  # fmt: skip
+    cmd = (
+        f"echo tick-1; while [ ! -e {go} ]; do sleep 0.05; done; "
+        "for i in 2 3 4; do echo tick-$i; sleep 0.2; done"
+    )
     launch(local_agent, cmd, "--run-id", "f1", "--settle", "0")
     from tests.launch.conftest import _DISPATCH
 
     follow = subprocess.Popen(
-        [sys.executable, "-c", _DISPATCH, "logs", "--workdir", str(local_agent.workdir), "-f",
-         "--offset", "0", "--interval", "0.1"],
-        stdout=subprocess.PIPE, text=True, env=local_agent.env,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            _DISPATCH,
+            "logs",
+            "--workdir",
+            str(local_agent.workdir),
+            "-f",
+            "--offset",
+            "0",
+            "--interval",
+            "0.1",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+        env=local_agent.env,
+    )
     try:
         assert follow.stdout is not None
         docs = []
@@ -353,9 +418,19 @@ def test_answers_stay_bounded_after_a_huge_first_line(local_agent: LocalAgent) -
     huge = 16_000_000
     cmd = f"head -c {huge} /dev/zero | tr '\\0' x; echo; echo after-huge"
     res = local_agent.raw(
-        "launch", "--workdir", str(local_agent.workdir), "--session", "train", "--cmd", cmd,
-        "--no-recorder", "--run-id", "huge", "--settle", "20",
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(local_agent.workdir),
+        "--session",
+        "train",
+        "--cmd",
+        cmd,
+        "--no-recorder",
+        "--run-id",
+        "huge",
+        "--settle",
+        "20",
+    )
     log = local_agent.workdir / "runs" / "huge" / "train.log"
     assert log.stat().st_size > huge, "the huge line never reached the log"
     wd = ["--workdir", str(local_agent.workdir)]

@@ -32,8 +32,14 @@ def test_a_locked_container_reads_locked(sandbox) -> None:  # type: ignore[no-un
     conf.write_text(before + "lock: backup\n")
     try:
         env = {**os.environ, "ORCH_SANDBOX_STATE": str(sandbox.state_dir)}
-        listed = subprocess.run([str(BIN / "pct"), "list"], capture_output=True, text=True,
-                                env=env, timeout=60, check=True).stdout  # fmt: skip
+        listed = subprocess.run(
+            [str(BIN / "pct"), "list"],
+            capture_output=True,
+            text=True,
+            env=env,
+            timeout=60,
+            check=True,
+        ).stdout
         row_202 = next(x for x in listed.splitlines() if x.startswith("202 "))
         assert row_202[22:34].strip() == "backup", listed  # the Lock column, as pct.pm prints it
         row = status_one(load_inventory(sandbox.config_path), "ct202")

@@ -23,19 +23,42 @@ from tests.launch.conftest import LocalAgent
 def agent_snapshot(agent: LocalAgent) -> Snapshot:
     """A real agent ``snapshot`` of the workdir (same tmux server as the run)."""
     res = subprocess.run(
-        [sys.executable, "-m", "orchestrator.agent", "snapshot", "--workdir",
-         str(agent.workdir), "--session", "train", "--target", "local", "--gpu-deadline", "1"],
-        capture_output=True, text=True, env=agent.env, timeout=60, check=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.agent",
+            "snapshot",
+            "--workdir",
+            str(agent.workdir),
+            "--session",
+            "train",
+            "--target",
+            "local",
+            "--gpu-deadline",
+            "1",
+        ],
+        capture_output=True,
+        text=True,
+        env=agent.env,
+        timeout=60,
+        check=True,
+    )
     return Snapshot.from_dict(json.loads(res.stdout))
 
 
 def test_run_stopped_by_orch_stop_reads_stopped(local_agent: LocalAgent) -> None:
     wd = ["--workdir", str(local_agent.workdir)]
     rc, doc = local_agent(
-        "launch", *wd, "--session", "train", "--cmd", "echo started; sleep 60",
-        "--no-recorder", "--run-id", "s1",
-    )  # fmt: skip
+        "launch",
+        *wd,
+        "--session",
+        "train",
+        "--cmd",
+        "echo started; sleep 60",
+        "--no-recorder",
+        "--run-id",
+        "s1",
+    )
     assert rc == 0 and doc["state"]["state"] == "running", doc
     rc, stop = local_agent("stop", *wd, "--grace", "4", "--by", "orch stop by test")
     assert rc == 0 and stop["exit_status"] == 130, stop
@@ -56,9 +79,19 @@ def test_run_stopped_by_orch_stop_reads_stopped(local_agent: LocalAgent) -> None
 
 def test_run_that_crashed_on_its_own_reads_crashed(local_agent: LocalAgent) -> None:
     rc, doc = local_agent(
-        "launch", "--workdir", str(local_agent.workdir), "--session", "train",
-        "--cmd", "exit 130", "--no-recorder", "--run-id", "c1", "--settle", "5",
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(local_agent.workdir),
+        "--session",
+        "train",
+        "--cmd",
+        "exit 130",
+        "--no-recorder",
+        "--run-id",
+        "c1",
+        "--settle",
+        "5",
+    )
     assert rc == 0 and doc["state"]["exit_status"] == 130, doc
     snap = agent_snapshot(local_agent)
     assert snap.run is not None and snap.run.stop_requested_at is None

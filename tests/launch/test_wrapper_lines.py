@@ -18,9 +18,17 @@ def test_a_killed_group_leaves_no_job_report_of_the_wrapper_on_the_pane(
     for that job, would print "wrapper.sh: line N: PID Killed ( trap ... )", which the
     ``sigkill`` playbook matches as if the command had said it."""
     rc, doc = local_agent(
-        "launch", "--workdir", str(local_agent.workdir), "--session", "train",
-        "--cmd", "echo ready; sleep 60", "--no-recorder", "--run-id", "g1",
-    )  # fmt: skip
+        "launch",
+        "--workdir",
+        str(local_agent.workdir),
+        "--session",
+        "train",
+        "--cmd",
+        "echo ready; sleep 60",
+        "--no-recorder",
+        "--run-id",
+        "g1",
+    )
     assert rc == 0, doc
     run_dir = local_agent.workdir / "runs" / "g1"
     wait_for(lambda: "ready" in (run_dir / "train.log").read_text(), 10, what="ready line")

@@ -31,15 +31,20 @@ class Link:
         events = (STRAY,) if self.cursor == "c0" else ()
         self.cursor = f"c{len(self.read_from)}"  # what HostLink.remember does
         at = 10.0 + len(self.read_from)
-        return HostDocument("pve1", at, kernel_cursor=self.cursor,
-                            containers={"ct": Snapshot("ct", at, source="host")},
-                            kernel_events=events)  # fmt: skip
+        return HostDocument(
+            "pve1",
+            at,
+            kernel_cursor=self.cursor,
+            containers={"ct": Snapshot("ct", at, source="host")},
+            kernel_events=events,
+        )
 
 
 def _inventory() -> Inventory:
     cfg = ContainerConfig(name="ct", host="pve1", vmid=200)
-    return Inventory(path=None, hosts={"pve1": HostConfig("pve1", "127.0.0.1")},
-                     containers={"ct": cfg})  # fmt: skip
+    return Inventory(
+        path=None, hosts={"pve1": HostConfig("pve1", "127.0.0.1")}, containers={"ct": cfg}
+    )
 
 
 def _observer(link: Link) -> Observer:

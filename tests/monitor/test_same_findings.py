@@ -138,14 +138,23 @@ def _host_setup(path: Path) -> tuple[Inventory, str, list[Snapshot], list[HostDo
     inventory = Inventory(path=None, hosts=hosts, containers={name: cfg})
     docs = []
     for s in snaps:
-        gpus = tuple(replace(g, index=g.index if g.host_index is None else g.host_index)
-                     for g in s.gpus)  # fmt: skip
+        gpus = tuple(
+            replace(g, index=g.index if g.host_index is None else g.host_index) for g in s.gpus
+        )
         session = s.session and replace(s.session, pane_tail=())  # the host reads no pane
         inner = replace(s, gpus=(), nvml=None, kernel_events=(), source="host", session=session)
         events = tuple(replace(e, vmid=VMID if e.vmid is None else e.vmid) for e in s.kernel_events)
-        docs.append(HostDocument(HOST, s.taken_at, gpus=gpus, nvml=s.nvml, containers={name: inner},
-                                 visible_gpus={name: tuple(g.index for g in gpus)},
-                                 kernel_events=events))  # fmt: skip
+        docs.append(
+            HostDocument(
+                HOST,
+                s.taken_at,
+                gpus=gpus,
+                nvml=s.nvml,
+                containers={name: inner},
+                visible_gpus={name: tuple(g.index for g in gpus)},
+                kernel_events=events,
+            )
+        )
     return inventory, name, snaps, docs
 
 

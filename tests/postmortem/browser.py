@@ -20,9 +20,16 @@ from typing import Any
 
 import pytest
 
-FLAGS = ("--headless", "--no-sandbox", "--disable-gpu", "--no-first-run",
-         "--disable-background-networking", "--disable-component-update", "--disable-sync",
-         "--hide-scrollbars")  # fmt: skip
+FLAGS = (
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+)
 
 _MEASURE = """<script>
 (function () {
@@ -52,14 +59,18 @@ def browser() -> str:
 def _run(args: list[str], profile: Path) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
         [browser(), *FLAGS, f"--user-data-dir={profile}", *args],
-        capture_output=True, text=True, timeout=90, check=False,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=90,
+        check=False,
+    )
 
 
 def screenshot(page: Path, png: Path, width: int, height: int, profile: Path) -> bytes:
     """A ``width`` x ``height`` screenshot of ``page``: the PNG's bytes."""
-    res = _run([f"--screenshot={png}", f"--window-size={width},{height}", page.resolve().as_uri()],
-               profile)  # fmt: skip
+    res = _run(
+        [f"--screenshot={png}", f"--window-size={width},{height}", page.resolve().as_uri()], profile
+    )
     assert png.exists(), f"chromium wrote no screenshot: {res.stderr[-2000:]}"
     return png.read_bytes()
 

@@ -21,24 +21,35 @@ DEATH = 90.0
 
 
 def _gpu(index: int, util: float, mem: float) -> dict:  # type: ignore[type-arg]
-    return GpuSample(index=index, utilization_pct=util, memory_used_mib=mem, power_w=110.0,
-                     processes=()).to_dict()  # fmt: skip
+    return GpuSample(
+        index=index, utilization_pct=util, memory_used_mib=mem, power_w=110.0, processes=()
+    ).to_dict()
 
 
 def _sample(t: float) -> dict:  # type: ignore[type-arg]
     ghost = GHOST[0] <= t <= GHOST[1]
     return {
         "t": T0 + t,
-        "gpus": [_gpu(0, 92 + t % 7, 61_000 + 10 * t), _gpu(1, 88 + t % 5, 60_500 + 9 * t),
-                 _gpu(2, 0, 0), _gpu(3, 100 if ghost else 0, 0)],
+        "gpus": [
+            _gpu(0, 92 + t % 7, 61_000 + 10 * t),
+            _gpu(1, 88 + t % 5, 60_500 + 9 * t),
+            _gpu(2, 0, 0),
+            _gpu(3, 100 if ghost else 0, 0),
+        ],
         "procs": [ProcessInfo(pid=4242, ppid=1, name="python3", state="S").to_dict()],
-    }  # fmt: skip
+    }
 
 
 def evidence() -> Evidence:
     times = [t for t in range(2, int(DEATH) + 1, 2) if not PAUSE[0] < t < PAUSE[1]]
-    manifest = RunManifest(run_id="r1", command="python3 train.py", workdir="/w", session="train",
-                           started_at=T0, gpus=(0, 1))  # fmt: skip
+    manifest = RunManifest(
+        run_id="r1",
+        command="python3 train.py",
+        workdir="/w",
+        session="train",
+        started_at=T0,
+        gpus=(0, 1),
+    )
     metrics = tuple({"time": T0 + t, "step": t, "tok_s": 21_000.0 + 40 * (t % 9)} for t in times)
     return Evidence(
         target="ct200",
@@ -54,11 +65,17 @@ def evidence() -> Evidence:
         log_tail=("step=88 loss=2.0 tok/s=21500", "RuntimeError: boom"),
         gpu_history=tuple(_sample(float(t)) for t in times),
         metrics=metrics,
-        final=Snapshot(target="ct200", taken_at=T0 + 200, gpus=tuple(
-            GpuSample.from_dict(_gpu(i, 0, 0)) for i in range(4))),  # fmt: skip
-        agent={"session": "train", "tmux_server_running": True,
-               "state": {"state": "exited", "tmux": {"exists": True, "pane_dead": True}}},
-    )  # fmt: skip
+        final=Snapshot(
+            target="ct200",
+            taken_at=T0 + 200,
+            gpus=tuple(GpuSample.from_dict(_gpu(i, 0, 0)) for i in range(4)),
+        ),
+        agent={
+            "session": "train",
+            "tmux_server_running": True,
+            "state": {"state": "exited", "tmux": {"exists": True, "pane_dead": True}},
+        },
+    )
 
 
 def postmortem(finding_before_death_s: float = 0.0) -> Postmortem:

@@ -69,16 +69,38 @@ def orch(config: Path, capsys: pytest.CaptureFixture[str], tmp_path: Path, monke
 
 
 def _launch(orch, sandbox, name: str, cmd: str, run_name: str) -> Path:  # type: ignore[no-untyped-def]
-    code, out, err = orch("launch", name, "--cmd", cmd, "--name", run_name, "--force",
-                          "--grace", "3", "--no-verify", "--json")  # fmt: skip
+    code, out, err = orch(
+        "launch",
+        name,
+        "--cmd",
+        cmd,
+        "--name",
+        run_name,
+        "--force",
+        "--grace",
+        "3",
+        "--no-verify",
+        "--json",
+    )
     assert code == 0, err + out
     return sandbox.host_path(name, json.loads(out)["run_dir"])  # the container's path, from here
 
 
 def _launch_trainer(orch, sandbox, name: str, run_name: str, *trainer_args: str) -> Path:  # type: ignore[no-untyped-def]
     """``orch launch NAME -- TRAINER_ARGS``: the bundled trainer, deployed by orch."""
-    code, out, err = orch("launch", name, "--name", run_name, "--force", "--grace", "3",
-                          "--no-verify", "--json", "--", *trainer_args)  # fmt: skip
+    code, out, err = orch(
+        "launch",
+        name,
+        "--name",
+        run_name,
+        "--force",
+        "--grace",
+        "3",
+        "--no-verify",
+        "--json",
+        "--",
+        *trainer_args,
+    )
     assert code == 0, err + out
     return sandbox.host_path(name, json.loads(out)["run_dir"])  # the container's path, from here
 
@@ -123,9 +145,18 @@ def _postmortem(orch, name: str, out: Path) -> dict:  # type: ignore[no-untyped-
 def _check_bundle(out: Path) -> None:
     assert stat.S_IMODE(out.stat().st_mode) == 0o700
     names = {p.name for p in out.iterdir()}
-    assert {"manifest.json", "exit_status", "log-tail.txt", "pane.txt", "gpu.jsonl",
-            "kernel.log", "pct-status.txt", "findings.json", "report.md",
-            "report.html"} <= names, names  # fmt: skip
+    assert {
+        "manifest.json",
+        "exit_status",
+        "log-tail.txt",
+        "pane.txt",
+        "gpu.jsonl",
+        "kernel.log",
+        "pct-status.txt",
+        "findings.json",
+        "report.md",
+        "report.html",
+    } <= names, names
     for p in out.iterdir():
         assert stat.S_IMODE(p.stat().st_mode) == 0o600, p
         assert SECRET not in p.read_text(errors="replace"), f"secret leaked into {p.name}"

@@ -117,9 +117,16 @@ def test_marker_labels_do_not_overlap(before_s: float) -> None:
 def test_the_key_explains_every_mark() -> None:
     page = html(report_case.postmortem())
     key = page[page.index("<ul class='key'>") : page.index("</ul>", page.index("<ul class='key'>"))]
-    for meaning in ("a series", "a sample alone between two gaps", "no samples for over 3 times",
-                    "ghost-utilization episode", "launch:", "first finding:", "death:",
-                    "GPU n*: a GPU of this run"):  # fmt: skip
+    for meaning in (
+        "a series",
+        "a sample alone between two gaps",
+        "no samples for over 3 times",
+        "ghost-utilization episode",
+        "launch:",
+        "first finding:",
+        "death:",
+        "GPU n*: a GPU of this run",
+    ):
         assert meaning in key, meaning
     assert "nvml-error episode" not in key, "only what the charts show"
     assert "GPU 0*" in page and "* this run&#x27;s GPU" in page
@@ -141,8 +148,13 @@ def test_a_ghost_episode_that_cleared_is_listed_in_findings() -> None:
     assert "Episodes in the GPU history (1)" in findings
     row = re.search(r"<tr class='episode'>.*?</tr>", findings)
     assert row is not None
-    for cell in ("ghost-utilization", "<td>3</td>", "2023-11-14T22:13:50Z", "2023-11-14T22:14:10Z",
-                 "cleared by 2023-11-14T22:14:12Z"):  # fmt: skip
+    for cell in (
+        "ghost-utilization",
+        "<td>3</td>",
+        "2023-11-14T22:13:50Z",
+        "2023-11-14T22:14:10Z",
+        "cleared by 2023-11-14T22:14:12Z",
+    ):
         assert cell in row.group(0), cell
     md = markdown(pm)
     assert "### Episodes in the GPU history" in md and "cleared by 2023-11-14T22:14:12Z" in md
@@ -152,9 +164,14 @@ def test_a_ghost_episode_that_cleared_is_listed_in_findings() -> None:
 
 def test_an_episode_on_at_the_end_is_the_findings() -> None:
     ev = report_case.evidence()
-    ghost = Snapshot(target="ct200", taken_at=T0 + 200, gpus=tuple(
-        GpuSample(index=i, utilization_pct=100.0 if i == 2 else 0.0, memory_used_mib=0.0)
-        for i in range(4)))  # fmt: skip
+    ghost = Snapshot(
+        target="ct200",
+        taken_at=T0 + 200,
+        gpus=tuple(
+            GpuSample(index=i, utilization_pct=100.0 if i == 2 else 0.0, memory_used_mib=0.0)
+            for i in range(4)
+        ),
+    )
     last = dict(ev.gpu_history[-1], t=T0 + 198)
     last["gpus"] = [dict(g, utilization_pct=100.0) if g["index"] == 2 else g for g in last["gpus"]]
     pm = judge(replace(ev, final=ghost, gpu_history=(*ev.gpu_history, last)))

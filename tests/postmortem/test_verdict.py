@@ -27,13 +27,20 @@ def _proc(pid: int, name: str = "python3") -> dict:
 
 
 def _gpu(index: int, util: float, mem: float) -> dict:
-    return GpuSample(index=index, utilization_pct=util, memory_used_mib=mem, power_w=110.0,
-                     processes=()).to_dict()  # fmt: skip
+    return GpuSample(
+        index=index, utilization_pct=util, memory_used_mib=mem, power_w=110.0, processes=()
+    ).to_dict()
 
 
 def _evidence(**kw) -> Evidence:  # type: ignore[no-untyped-def]
-    manifest = RunManifest(run_id="r1", command="python3 train.py", workdir="/w", session="train",
-                           started_at=T0, gpus=(0, 1))  # fmt: skip
+    manifest = RunManifest(
+        run_id="r1",
+        command="python3 train.py",
+        workdir="/w",
+        session="train",
+        started_at=T0,
+        gpus=(0, 1),
+    )
     base = dict(
         target="ct200",
         collected_at=T0 + 100,
@@ -47,9 +54,12 @@ def _evidence(**kw) -> Evidence:  # type: ignore[no-untyped-def]
             {"t": T0 + 10, "gpus": [_gpu(0, 50, 9000)], "procs": [_proc(4242)]},
             {"t": T0 + 20, "gpus": [_gpu(0, 50, 9000)], "procs": [_proc(4242)]},
         ),
-        agent={"session": "train", "tmux_server_running": True,
-               "state": {"state": "exited", "tmux": {"exists": True, "pane_dead": True}}},
-    )  # fmt: skip
+        agent={
+            "session": "train",
+            "tmux_server_running": True,
+            "state": {"state": "exited", "tmux": {"exists": True, "pane_dead": True}},
+        },
+    )
     base.update(kw)
     return Evidence(**base)  # type: ignore[arg-type]
 
@@ -61,18 +71,37 @@ def _oom(pid: int, at: float) -> HostProbe:
 
 
 def test_oom_line_for_the_pid_beats_a_log_signature() -> None:
-    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                   log_tail=(FX,), probe=_oom(4242, T0 + 29))  # fmt: skip
+    ev = _evidence(
+        exit_status=137,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        log_tail=(FX,),
+        probe=_oom(4242, T0 + 29),
+    )
     v = judge(ev).verdict
     assert (v.kind, v.playbook) == ("oom-killer", "oom-killer")
     assert v.died_at == T0 + 29
 
 
 def test_oom_line_for_another_process_does_not_count() -> None:
-    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                   probe=HostProbe(host="pve1", taken_at=T0, kernel_events=(KernelEvent(
-                       kind="oom-killer", line="Out of memory: Killed process 9 (postgres)",
-                       at=T0 + 29, pid=9, process="postgres"),)))  # fmt: skip
+    ev = _evidence(
+        exit_status=137,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        probe=HostProbe(
+            host="pve1",
+            taken_at=T0,
+            kernel_events=(
+                KernelEvent(
+                    kind="oom-killer",
+                    line="Out of memory: Killed process 9 (postgres)",
+                    at=T0 + 29,
+                    pid=9,
+                    process="postgres",
+                ),
+            ),
+        ),
+    )
     v = judge(ev).verdict
     assert v.kind == "crashed" and v.playbook is None
     assert "no OOM-killer line" in v.summary
@@ -86,14 +115,19 @@ def test_log_signature_beats_the_exit_code() -> None:
 
 
 def test_container_stopped_beats_everything() -> None:
-    ev = _evidence(container_status="stopped", exit_status=None, log_tail=(FX,),
-                   probe=_oom(4242, T0 + 29))  # fmt: skip
+    ev = _evidence(
+        container_status="stopped", exit_status=None, log_tail=(FX,), probe=_oom(4242, T0 + 29)
+    )
     assert judge(ev).verdict.kind == "container-stopped"
 
 
 def test_vanished_run_is_silent_death() -> None:
-    ev = _evidence(run_state="vanished", log_exists=False, log_tail=(),
-                   agent={"session": "train", "tmux_server_running": False, "state": {}})  # fmt: skip
+    ev = _evidence(
+        run_state="vanished",
+        log_exists=False,
+        log_tail=(),
+        agent={"session": "train", "tmux_server_running": False, "state": {}},
+    )
     v = judge(ev).verdict
     assert (v.kind, v.playbook) == ("silent-death", "silent-death")
     assert v.died_at == T0 + 100, "no recorder sample after the last live one: the final state"
@@ -120,8 +154,12 @@ def test_alive_or_finished_without_problems(code: int | None) -> None:
     from orchestrator.wire.model import Snapshot
 
     final = Snapshot(target="ct200", taken_at=T0 + 100, processes=(alive,))
-    ev = _evidence(exit_status=code, run_state="running" if code is None else "exited",
-                   final=final, agent={"session": "train", "state": {"tmux": {"exists": True}}})  # fmt: skip
+    ev = _evidence(
+        exit_status=code,
+        run_state="running" if code is None else "exited",
+        final=final,
+        agent={"session": "train", "state": {"tmux": {"exists": True}}},
+    )
     v = judge(ev).verdict
     assert v.kind == ("finished" if code == 0 else HEALTHY)
     assert v.reached is (code == 0)
@@ -129,14 +167,22 @@ def test_alive_or_finished_without_problems(code: int | None) -> None:
 
 # --- a stop an operator asked for -----------------------------------------------------------
 
-STOP = {"stop_requested_at": T0 + 28, "stop_requested_by": "orch stop by alice@laptop",
-        "stop_signal": "SIGINT"}  # fmt: skip
+STOP = {
+    "stop_requested_at": T0 + 28,
+    "stop_requested_by": "orch stop by alice@laptop",
+    "stop_signal": "SIGINT",
+}
 
 
 @pytest.mark.parametrize("code", [130, 137, 0])
 def test_requested_stop_is_stopped_not_crashed(code: int) -> None:
-    ev = _evidence(exit_status=code, exit_status_at=T0 + 30, run_state="exited",
-                   log_tail=("KeyboardInterrupt",), **STOP)  # fmt: skip
+    ev = _evidence(
+        exit_status=code,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        log_tail=("KeyboardInterrupt",),
+        **STOP,
+    )
     pm = judge(ev)
     v = pm.verdict
     assert v.kind == STOPPED and v.severity == Severity.INFO and v.reached, v
@@ -155,8 +201,13 @@ def test_a_crash_before_the_stop_request_is_still_a_crash() -> None:
 
 
 def test_an_oom_kill_during_the_grace_is_still_the_oom_killer() -> None:
-    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                   probe=_oom(4242, T0 + 29), **STOP)  # fmt: skip
+    ev = _evidence(
+        exit_status=137,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        probe=_oom(4242, T0 + 29),
+        **STOP,
+    )
     assert judge(ev).verdict.kind == "oom-killer"
 
 
@@ -172,21 +223,29 @@ def test_postmortem_reexports_the_pure_names() -> None:
 
 
 def test_a_log_signature_verdict_carries_the_match_confidence_and_confirm() -> None:
-    ev = _evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited",
-                   log_tail=("[E ProcessGroupNCCL.cpp:341] Some NCCL operations have failed "
-                             "or timed out.",))  # fmt: skip
+    ev = _evidence(
+        exit_status=1,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        log_tail=("[E ProcessGroupNCCL.cpp:341] Some NCCL operations have failed or timed out.",),
+    )
     v = judge(ev).verdict
     assert (v.kind, v.playbook, v.confidence) == ("log-signature", "nccl-timeout", "probable")
     assert "Watchdog caught collective operation timeout" in v.confirm
     assert v.to_dict()["confidence"] == "probable" and v.to_dict()["confirm"] == v.confirm
-    certain = judge(_evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited",
-                              log_tail=(FX,))).verdict  # fmt: skip
+    certain = judge(
+        _evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited", log_tail=(FX,))
+    ).verdict
     assert certain.confidence == "certain"
 
 
 def test_a_bare_killed_without_a_kernel_log_is_probable_and_names_the_kernel_log() -> None:
-    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                   log_tail=("step=40 loss=2.1", "Killed"))  # fmt: skip
+    ev = _evidence(
+        exit_status=137,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        log_tail=("step=40 loss=2.1", "Killed"),
+    )
     v = judge(ev).verdict
     assert (v.kind, v.playbook, v.confidence) == ("crashed", None, "probable")
     assert "could not be read" in v.summary and "kernel OOM killer" in v.summary
@@ -194,9 +253,14 @@ def test_a_bare_killed_without_a_kernel_log_is_probable_and_names_the_kernel_log
 
 
 def test_a_sigkill_the_read_kernel_log_does_not_explain_asks_who_sent_it() -> None:
-    ev = _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                   log_tail=("Killed",), kernel_log_source="journalctl",
-                   kernel_log=("[1.0] usb 1-1: new device",))  # fmt: skip
+    ev = _evidence(
+        exit_status=137,
+        exit_status_at=T0 + 30,
+        run_state="exited",
+        log_tail=("Killed",),
+        kernel_log_source="journalctl",
+        kernel_log=("[1.0] usb 1-1: new device",),
+    )
     v = judge(ev).verdict
     assert (v.kind, v.confidence) == ("crashed", "probable")
     assert "no OOM-killer line" in v.summary and "who sent SIGKILL" in v.confirm
@@ -205,13 +269,17 @@ def test_a_sigkill_the_read_kernel_log_does_not_explain_asks_who_sent_it() -> No
 def test_the_reports_show_confidence_and_confirm() -> None:
     from orchestrator.views.postmortem import html, markdown
 
-    pm = judge(_evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                         log_tail=("Killed",)))  # fmt: skip
+    pm = judge(
+        _evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited", log_tail=("Killed",))
+    )
     md, page = markdown(pm), html(pm)
     assert "Confidence: **probable**" in md and "To confirm: the host kernel log" in md
     assert "confidence: <b>probable</b>; to confirm: the host kernel log" in page
-    oom = judge(_evidence(exit_status=137, exit_status_at=T0 + 30, run_state="exited",
-                          probe=_oom(4242, T0 + 29))).verdict  # fmt: skip
+    oom = judge(
+        _evidence(
+            exit_status=137, exit_status_at=T0 + 30, run_state="exited", probe=_oom(4242, T0 + 29)
+        )
+    ).verdict
     assert (oom.confidence, oom.confirm) == ("certain", "")
 
 
@@ -221,7 +289,13 @@ def test_the_terminal_verdict_shows_confidence_and_confirm() -> None:
     from orchestrator.views.postmortem import print_verdict
 
     console = Console(record=True, width=200, color_system=None)
-    print_verdict(console, judge(_evidence(exit_status=137, exit_status_at=T0 + 30,
-                                           run_state="exited", log_tail=("Killed",))))  # fmt: skip
+    print_verdict(
+        console,
+        judge(
+            _evidence(
+                exit_status=137, exit_status_at=T0 + 30, run_state="exited", log_tail=("Killed",)
+            )
+        ),
+    )
     text = console.export_text()
     assert "\nconfidence: probable\n" in text and "\nconfirm: the host kernel log" in text

@@ -25,8 +25,11 @@ class _Local:
     """Runs the host's commands here, against the sandbox's stand-ins (a host's PATH)."""
 
     def __init__(self, state: Path) -> None:
-        self.env = {**os.environ, "ORCH_SANDBOX_STATE": str(state),
-                    "PATH": f"{BIN}:{os.environ['PATH']}"}  # fmt: skip
+        self.env = {
+            **os.environ,
+            "ORCH_SANDBOX_STATE": str(state),
+            "PATH": f"{BIN}:{os.environ['PATH']}",
+        }
 
     def run(self, argv: list[str], timeout: float = 30.0) -> _Result:
         p = subprocess.run(argv, capture_output=True, text=True, env=self.env, timeout=timeout)
@@ -73,10 +76,30 @@ def test_the_report_carries_the_note() -> None:
     from orchestrator.agent.kernel import VOLATILE_NOTE
     from orchestrator.views.postmortem import markdown
 
-    v = SimpleNamespace(kind="silent-death", playbook=None, summary="s", died_at=None, cause="c",
-                        confidence="probable", confirm="", evidence=(), remedy=())  # fmt: skip
-    ev = SimpleNamespace(target="ct200", run_id="R", exit_status=None, container_status="running",
-                         collected_at=None, tee_error=None, manifest=None, log_tail=(), pane=(),
-                         probe=None, errors=(), kernel_log_note=VOLATILE_NOTE)  # fmt: skip
+    v = SimpleNamespace(
+        kind="silent-death",
+        playbook=None,
+        summary="s",
+        died_at=None,
+        cause="c",
+        confidence="probable",
+        confirm="",
+        evidence=(),
+        remedy=(),
+    )
+    ev = SimpleNamespace(
+        target="ct200",
+        run_id="R",
+        exit_status=None,
+        container_status="running",
+        collected_at=None,
+        tee_error=None,
+        manifest=None,
+        log_tail=(),
+        pane=(),
+        probe=None,
+        errors=(),
+        kernel_log_note=VOLATILE_NOTE,
+    )
     text = markdown(SimpleNamespace(verdict=v, evidence=ev, findings=(), restarts=()))
     assert "Note: the previous boot's kernel log is not kept on this host" in text

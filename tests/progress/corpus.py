@@ -141,7 +141,10 @@ def _diagnose(case: Case, tmp: Path, python: str) -> dict[str, object]:
     log.write_text("\n".join(case.lines) + "\n", encoding="utf-8")
     out = subprocess.run(
         [python, "-m", "orchestrator.cli", "diagnose", "--json", str(log)],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     progress: dict[str, object] = json.loads(out)["progress"]
     return progress

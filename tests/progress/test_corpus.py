@@ -56,8 +56,11 @@ def test_diagnose_json_reports_the_progress_object() -> None:
     log = next(c.path for c in CASES if c.name == "megatron/mixtral-tflops")
     out = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "diagnose", "--json", str(log)],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     got = json.loads(out)["progress"]
     assert got == {
         "framework": "megatron",
@@ -69,8 +72,11 @@ def test_diagnose_json_reports_the_progress_object() -> None:
     }
     text = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "diagnose", str(log)],
-        capture_output=True, text=True, timeout=120, check=True,
-    ).stdout  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+    ).stdout
     assert "progress (megatron): step 73/100, loss 1.799, 224 TFLOP/s/device" in text
 
 

@@ -41,7 +41,7 @@ def _snaps(chunks: list[list[str]], every_s: float = 10.0) -> list[Snapshot]:
                     manifest=MANIFEST,
                     new_log_lines=tuple(lines),
                     log_mtime=at if lines else T0 + 60,
-                ),  # fmt: skip
+                ),
                 processes=(ProcessInfo(pid=100, ppid=1, name="python3", state="S"),),
                 gpus=(
                     GpuSample(
@@ -52,7 +52,7 @@ def _snaps(chunks: list[list[str]], every_s: float = 10.0) -> list[Snapshot]:
                         memory_used_mib=70000.0,
                         memory_total_mib=143771.0,
                     ),
-                ),  # fmt: skip
+                ),
                 metrics=last if lines else None,
             )
         )
@@ -67,14 +67,18 @@ def _hf_bar(step: int, rate: float, total: int = 1000) -> str:
 
 def _titan(step: int, tps: int) -> str:
     """torchtitan components/metrics.py MetricsProcessor.log (colours stripped by the reader)."""
-    return (f"[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - \x1b[31mstep: {step:2}  "
-            f"\x1b[32mloss:  6.1384  \x1b[33mmemory: 49.66GiB(52.28%)  \x1b[34mtps: {tps:,}  "
-            f"\x1b[36mtflops: 339.16  \x1b[35mmfu: 34.29%\x1b[39m")  # fmt: skip
+    return (
+        f"[rank0]:[titan] 2025-06-16 22:30:50,322 - root - INFO - \x1b[31mstep: {step:2}  "
+        f"\x1b[32mloss:  6.1384  \x1b[33mmemory: 49.66GiB(52.28%)  \x1b[34mtps: {tps:,}  "
+        f"\x1b[36mtflops: 339.16  \x1b[35mmfu: 34.29%\x1b[39m"
+    )
 
 
 def test_hf_trainer_it_per_s_drop_fires_in_its_unit() -> None:
-    chunks = [[_hf_bar(10 * i, 2.5), "{'loss': '2.1', 'learning_rate': '5e-05', 'epoch': 0.1}"]
-              for i in range(1, 8)]  # fmt: skip
+    chunks = [
+        [_hf_bar(10 * i, 2.5), "{'loss': '2.1', 'learning_rate': '5e-05', 'epoch': 0.1}"]
+        for i in range(1, 8)
+    ]
     chunks += [[_hf_bar(70 + i, 0.5)] for i in range(1, 4)]
     [f] = throughput_drop(_snaps(chunks), Limits())
     assert f.summary.startswith("it/s fell to 0.50 from a baseline of 2.50"), f.summary
@@ -104,7 +108,7 @@ def test_a_unit_change_never_reads_as_a_drop() -> None:
                 throughput_unit="s/step",
                 seen_at=snaps[-1].taken_at + 10 * i,
             ),
-        )  # fmt: skip
+        )
         for i in range(1, 4)
     ]
     assert throughput_drop([*snaps, *later], Limits()) == []

@@ -28,8 +28,13 @@ from tests.helpers import wait_for
 
 pytestmark = pytest.mark.e2e
 
-THRESHOLDS = {"stall_timeout_s": 8, "throughput_samples": 3, "throughput_drop_ratio": 0.5,
-              "throughput_baseline_samples": 10, "startup_grace_s": 3600}  # fmt: skip
+THRESHOLDS = {
+    "stall_timeout_s": 8,
+    "throughput_samples": 3,
+    "throughput_drop_ratio": 0.5,
+    "throughput_baseline_samples": 10,
+    "startup_grace_s": 3600,
+}
 
 HF_SCRIPT = r"""
 import sys, time
@@ -93,8 +98,9 @@ class Watch:
 
         for snap in observe.stream(self.target, 1.0):
             self.history.append(snap)
-            self.found += run_detectors(self.history, limits=self.target.container.limits,
-                                        now=snap.taken_at)  # fmt: skip
+            self.found += run_detectors(
+                self.history, limits=self.target.container.limits, now=snap.taken_at
+            )
             if self.stop.is_set():
                 return
 
@@ -137,9 +143,14 @@ def _both(watch: Watch, unit: str) -> tuple[Finding, Finding, Metrics]:
 
 RUNS = {
     "hf-trainer": ("ct200", HF_SCRIPT, "it/s", "fell to 1.00 from a baseline of 10.00", 400),
-    "torchtitan": ("ct201", TITAN_SCRIPT, "tokens/s/device", "fell to 1,204 from a baseline of 5,862",
-                   None),
-}  # fmt: skip
+    "torchtitan": (
+        "ct201",
+        TITAN_SCRIPT,
+        "tokens/s/device",
+        "fell to 1,204 from a baseline of 5,862",
+        None,
+    ),
+}
 
 
 @pytest.mark.parametrize("framework", list(RUNS))

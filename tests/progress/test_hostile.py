@@ -17,10 +17,42 @@ from orchestrator.wire.progress_readers import BY_NAME
 
 READERS = tuple(BY_NAME.values())
 FRAGMENTS = st.sampled_from(
-    ["step", "step=", "loss", "loss: ", "'loss': '", "tps: ", "it/s", "s/it", "%|", "|", "/",
-     " [", "<", ", ", "]", "Epoch ", "Epoch(train) [", "][", "iteration ", "ms", "num_updates=",
-     "nan", "inf", "-0", "1e309", "9" * 400, "1,234", ",", ":", "=", " ", "\r", "\x1b[31m"]
-)  # fmt: skip
+    [
+        "step",
+        "step=",
+        "loss",
+        "loss: ",
+        "'loss': '",
+        "tps: ",
+        "it/s",
+        "s/it",
+        "%|",
+        "|",
+        "/",
+        " [",
+        "<",
+        ", ",
+        "]",
+        "Epoch ",
+        "Epoch(train) [",
+        "][",
+        "iteration ",
+        "ms",
+        "num_updates=",
+        "nan",
+        "inf",
+        "-0",
+        "1e309",
+        "9" * 400,
+        "1,234",
+        ",",
+        ":",
+        "=",
+        " ",
+        "\r",
+        "\x1b[31m",
+    ]
+)
 LINES = st.one_of(
     st.text(max_size=300),
     st.lists(st.one_of(FRAGMENTS, st.integers(-(10**30), 10**30).map(str)), max_size=40).map(
@@ -87,8 +119,10 @@ def test_a_ten_megabyte_line_costs_no_more_than_its_tail() -> None:
 
 
 def test_a_carriage_return_only_tqdm_stream_reads_its_newest_bar() -> None:
-    bars = "".join(f"\r {i // 10}%|#| {i}/1000 [00:{i % 60:02d}<00:10, 3.{i % 10}0it/s]"
-                   for i in range(1, 1000))  # fmt: skip
+    bars = "".join(
+        f"\r {i // 10}%|#| {i}/1000 [00:{i % 60:02d}<00:10, 3.{i % 10}0it/s]"
+        for i in range(1, 1000)
+    )
     p = ProgressParser()
     p.feed(bars)
     assert (p.reading.step, p.reading.total_steps, p.reading.rate) == (999, 1000, 3.9)

@@ -45,9 +45,14 @@ def main() -> int:
     secrets = [line.encode() for line in sys.stdin.read().splitlines() if line]
     marks = dict(m.split("=", 1) for m in args.mark)
     out, stop = Path(args.out), Path(args.out + ".stop")
-    report: dict = {"scans": 0, "ps_host": 0, "ps_container": 0, "hits": [],
-                    "marks": dict.fromkeys(marks, 0),
-                    "container_marks": dict.fromkeys(marks, 0)}  # fmt: skip
+    report: dict = {
+        "scans": 0,
+        "ps_host": 0,
+        "ps_container": 0,
+        "hits": [],
+        "marks": dict.fromkeys(marks, 0),
+        "container_marks": dict.fromkeys(marks, 0),
+    }
     lock = threading.Lock()
     me = str(os.getpid())
     done = threading.Event()
@@ -95,8 +100,9 @@ def main() -> int:
                 report["marks"][name] += was
         if time.monotonic() >= next_ps:
             next_ps = time.monotonic() + 0.2
-            res = subprocess.run(["ps", "-eww", "-o", "pid=,args="], capture_output=True,
-                                 timeout=30, check=False)  # fmt: skip
+            res = subprocess.run(
+                ["ps", "-eww", "-o", "pid=,args="], capture_output=True, timeout=30, check=False
+            )
             report["ps_host"] += res.returncode == 0
             for line in res.stdout.splitlines():
                 if any(s in line for s in secrets):

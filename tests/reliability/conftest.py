@@ -174,10 +174,21 @@ class Fleet:
         inv = self.inventory()
         c = inv.container(container)
         doc = Target(inv, container).agent(
-            ["launch", "--workdir", c.workdir, "--session", c.session, "--cmd", cmd,
-             "--no-recorder", "--force", "--grace", "2"],
+            [
+                "launch",
+                "--workdir",
+                c.workdir,
+                "--session",
+                c.session,
+                "--cmd",
+                cmd,
+                "--no-recorder",
+                "--force",
+                "--grace",
+                "2",
+            ],
             timeout=60,
-        )  # fmt: skip
+        )
         assert doc.get("ok"), doc
         return str(doc["run_id"])
 
@@ -258,10 +269,16 @@ def proxied(fleet: Fleet, dest: Path, *, delay_ms: float, **host: Any) -> Iterat
 
     port = free_port()
     proxy = subprocess.Popen(
-        [sys.executable, str(ROOT / "bench" / "delay_proxy.py"), "--delay-ms", str(delay_ms),
-         f"127.0.0.1:{port}=127.0.0.1:{fleet.info.port}"],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            str(ROOT / "bench" / "delay_proxy.py"),
+            "--delay-ms",
+            str(delay_ms),
+            f"127.0.0.1:{port}=127.0.0.1:{fleet.info.port}",
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     PROXIES[dest] = proxy
     try:
         assert proxy.stdout is not None and proxy.stdout.readline().strip() == "ready"
@@ -316,14 +333,24 @@ class WatchProc:
     def __init__(self, fleet: Fleet, targets: list[str], interval_s: float) -> None:
         self.interval_s = interval_s
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "-c", str(fleet.config), "watch",
-             "--plain", "--interval", str(interval_s), *targets],
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "-c",
+                str(fleet.config),
+                "watch",
+                "--plain",
+                "--interval",
+                str(interval_s),
+                *targets,
+            ],
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             text=True,
             cwd=ROOT,
             start_new_session=True,
-        )  # fmt: skip
+        )
         self.lines: list[tuple[float, str]] = []
         self._q: queue.Queue[tuple[float, str]] = queue.Queue()
         self._reader = threading.Thread(target=self._read, daemon=True)

@@ -122,8 +122,17 @@ def listed_tests(text: str) -> set[str]:
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the suite and write the table; extra arguments go to pytest."""
     args = list(sys.argv[1:] if argv is None else argv)
-    cmd = [sys.executable, "-m", "pytest", "tests/reliability", "-p", "no:cacheprovider",
-           "--reliability-table", str(DEFAULT_DOC), *args]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "pytest",
+        "tests/reliability",
+        "-p",
+        "no:cacheprovider",
+        "--reliability-table",
+        str(DEFAULT_DOC),
+        *args,
+    ]
     return subprocess.call(cmd, cwd=ROOT)
 
 

@@ -92,8 +92,10 @@ def test_a_missing_container_is_state_missing(fleet, observe, tmp_path):  # type
     row = json.loads(snap.stdout)
     t = target(report, "ct299")
     found = [f for f in t["findings"] if f["kind"] == "container-stopped"]
-    observe(f"orch snapshot: container_status {row['container_status']!r}; orch check exit {rc}, state "
-            f"{t['state']!r}, findings {kinds(t)}: {found[0]['summary'][:70] if found else None!r}")  # fmt: skip
+    observe(
+        f"orch snapshot: container_status {row['container_status']!r}; orch check exit {rc}, state "
+        f"{t['state']!r}, findings {kinds(t)}: {found[0]['summary'][:70] if found else None!r}"
+    )
     assert row["container_status"] == "missing" and row["reachable"], row
     assert t["reachable"] and t["state"] != "unreachable", t
     assert found and "does not exist" in found[0]["summary"], t

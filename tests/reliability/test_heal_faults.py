@@ -25,8 +25,10 @@ from tests.helpers import wait_for
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 ROOT = Path(__file__).resolve().parents[2]
-CMD = ('i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0 tok/s=21500"; sleep 0.5; '
-       '[ -z "$ORCH_RESUME" ] && [ "$i" -ge 4 ] && exit 3; done')  # fmt: skip
+CMD = (
+    'i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0 tok/s=21500"; sleep 0.5; '
+    '[ -z "$ORCH_RESUME" ] && [ "$i" -ge 4 ] && exit 3; done'
+)
 BACKOFF_S = 6.0
 INTERVAL_S = 0.5
 
@@ -36,8 +38,13 @@ def heal_config(fleet) -> Path:  # type: ignore[no-untyped-def]
     doc = yaml.safe_load(fleet.config.read_text())
     # the tuned 3 s startup timeout is shorter than launch's 5 s proof of life (VERIFY_MIN_ALIVE_S)
     doc["defaults"]["thresholds"]["startup_timeout_s"] = 30
-    doc["defaults"]["restart"] = {"max": 3, "window": "1h", "backoff": [BACKOFF_S],
-                                  "retry_unknown": True, "settle_timeout": "60s"}  # fmt: skip
+    doc["defaults"]["restart"] = {
+        "max": 3,
+        "window": "1h",
+        "backoff": [BACKOFF_S],
+        "retry_unknown": True,
+        "settle_timeout": "60s",
+    }
     path = fleet.state_dir / "heal.yaml"
     path.write_text(yaml.safe_dump(doc, sort_keys=False))
     return path
@@ -45,10 +52,24 @@ def heal_config(fleet) -> Path:  # type: ignore[no-untyped-def]
 
 def _supervise(config: Path, db: Path) -> subprocess.Popen[str]:
     return subprocess.Popen(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "supervise", "ct200",
-         "--db", str(db), "--interval", str(INTERVAL_S)],
-        stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "supervise",
+            "ct200",
+            "--db",
+            str(db),
+            "--interval",
+            str(INTERVAL_S),
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=ROOT,
+    )
 
 
 def _journal(db: Path, config: Path) -> list:  # type: ignore[type-arg]
@@ -64,8 +85,11 @@ def _first_run(fleet) -> str:  # type: ignore[no-untyped-def]
     fleet.start_container("ct200")
     fleet.scenario("idle")
     run_id = fleet.agent_launch("ct200", cmd=CMD)
-    wait_for(lambda: (fleet.run_dir("ct200") / "exit_status").exists(), 30,
-             what="the first run to exit 3")  # fmt: skip
+    wait_for(
+        lambda: (fleet.run_dir("ct200") / "exit_status").exists(),
+        30,
+        what="the first run to exit 3",
+    )
     return run_id
 
 
@@ -101,18 +125,27 @@ def test_supervisor_killed_mid_backoff_restarts_once(fleet, heal_config, observe
     killed_at = time.time()
     b = _supervise(heal_config, db)
     try:
-        wait_for(lambda: {"restarted", "restart-failed", "give-up"} & {e.action for e in _journal(db, heal_config)},
-                 90, 0.1, what="B's restart")  # fmt: skip
+        wait_for(
+            lambda: (
+                {"restarted", "restart-failed", "give-up"}
+                & {e.action for e in _journal(db, heal_config)}
+            ),
+            90,
+            0.1,
+            what="B's restart",
+        )
         time.sleep(3 * INTERVAL_S)
     finally:
         out_b = _stop(b)
     journal = _journal(db, heal_config)
     restarts = [e for e in journal if e.action == "restart"]
     new = [r for r in _runs(fleet) if r > old]
-    observe(f"A killed {killed_at - wait.at:.1f} s into a {BACKOFF_S:g} s backoff (due "
-            f"{wait.due_at - wait.at:.1f} s after first sight); B claimed the restart "
-            f"{restarts[0].at - wait.due_at:+.1f} s from that due time; journal "
-            f"{[e.action for e in journal]}; new runs {len(new)}")  # fmt: skip
+    observe(
+        f"A killed {killed_at - wait.at:.1f} s into a {BACKOFF_S:g} s backoff (due "
+        f"{wait.due_at - wait.at:.1f} s after first sight); B claimed the restart "
+        f"{restarts[0].at - wait.due_at:+.1f} s from that due time; journal "
+        f"{[e.action for e in journal]}; new runs {len(new)}"
+    )
     assert len(restarts) == 1 and restarts[0].by != wait.by, out_b
     assert restarts[0].at >= wait.due_at, "never before the backoff"
     assert restarts[0].at - wait.due_at < 10.0, "B took the due time over, not a fresh backoff"
@@ -131,8 +164,12 @@ def test_two_supervisors_restart_once(fleet, heal_config, observe, tmp_path):
     old = _first_run(fleet)
     procs = [_supervise(heal_config, db), _supervise(heal_config, db)]
     try:
-        wait_for(lambda: "restarted" in [e.action for e in _journal(db, heal_config)], 90, 0.1,
-                 what="a restart")  # fmt: skip
+        wait_for(
+            lambda: "restarted" in [e.action for e in _journal(db, heal_config)],
+            90,
+            0.1,
+            what="a restart",
+        )
         time.sleep(6 * INTERVAL_S)  # both go on looking at the new run
     finally:
         outs = [_stop(p) for p in procs]
@@ -141,8 +178,10 @@ def test_two_supervisors_restart_once(fleet, heal_config, observe, tmp_path):
     pids = [p.pid for p in procs]
     who = [next((i for i, pid in enumerate(pids) if f"pid {pid} " in e.by), -1) for e in journal]
     new = [r for r in _runs(fleet) if r > old]
-    observe(f"journal {[f'{e.action}@{chr(65 + w)}' for e, w in zip(journal, who, strict=True)]}; "
-            f"restart claims {len(claims)}; new runs {len(new)}")  # fmt: skip
+    observe(
+        f"journal {[f'{e.action}@{chr(65 + w)}' for e, w in zip(journal, who, strict=True)]}; "
+        f"restart claims {len(claims)}; new runs {len(new)}"
+    )
     assert len(claims) == 1 and len(new) == 1, (outs, [e.line() for e in journal])
     assert journal[-1].action == "restarted" and journal[-1].new_run_id == new[0]
     claimed = [sum(line.startswith("ct200 restart ") for line in o.splitlines()) for o in outs]

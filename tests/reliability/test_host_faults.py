@@ -45,8 +45,10 @@ def test_postmortem_after_a_host_reboot_reads_the_previous_boot(fleet, observe, 
     assert "Traceback" not in res.stderr, res.stderr
     doc = json.loads(res.stdout)
     v = doc["verdict"]
-    observe(f"postmortem exit {res.returncode}: verdict {v['kind']!r} ({v['playbook']}): "
-            f"{v['summary'][:120]}; boots read: {doc['kernel_log_boots']}")  # fmt: skip
+    observe(
+        f"postmortem exit {res.returncode}: verdict {v['kind']!r} ({v['playbook']}): "
+        f"{v['summary'][:120]}; boots read: {doc['kernel_log_boots']}"
+    )
     assert doc["kernel_log_boots"] == ["previous", "current"]
     assert v["playbook"] == "gpu-fallen-off-bus", v
     assert "previous boot" in v["summary"], v

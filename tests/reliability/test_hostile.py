@@ -133,23 +133,47 @@ def test_hostile_agent_answer(hostile, mode, observe, tmp_path):
     mode_file.write_text(mode)
     try:
         res = subprocess.run(
-            [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "ct200",
-             "--json", "--db", str(tmp_path / "orch.db"), "--timeout", "60"],
-            capture_output=True, text=True, timeout=180, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "-c",
+                str(config),
+                "check",
+                "ct200",
+                "--json",
+                "--db",
+                str(tmp_path / "orch.db"),
+                "--timeout",
+                "60",
+            ],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
         assert "Traceback" not in res.stderr, res.stderr[-3000:]
         doc = json.loads(res.stdout)
         t = doc["targets"][0]
         proto = [f for f in t["findings"] if f["kind"] == "agent-protocol-error"]
-        observe(f"observed from the {path}: check exit {res.returncode}, state {t['state']!r}: "
-                f"{proto[0]['summary'][:110] if proto else [f['kind'] for f in t['findings']]}")  # fmt: skip
+        observe(
+            f"observed from the {path}: check exit {res.returncode}, state {t['state']!r}: "
+            f"{proto[0]['summary'][:110] if proto else [f['kind'] for f in t['findings']]}"
+        )
         assert res.returncode in (1, 2, 3) and proto, doc
         if mode == "huge":
-            m = subprocess.run([sys.executable, "-c", _MEASURE, str(config), path],
-                               capture_output=True, text=True, timeout=180, cwd=ROOT)  # fmt: skip
+            m = subprocess.run(
+                [sys.executable, "-c", _MEASURE, str(config), path],
+                capture_output=True,
+                text=True,
+                timeout=180,
+                cwd=ROOT,
+            )
             got = json.loads(m.stdout.strip().splitlines()[-1])
-            observe(f"orch's peak RSS grew {got['peak_growth_mib']:.0f} MiB reading the answer "
-                    f"({got['took_s']:.1f} s): {str(got['error'])[:90]}")  # fmt: skip
+            observe(
+                f"orch's peak RSS grew {got['peak_growth_mib']:.0f} MiB reading the answer "
+                f"({got['took_s']:.1f} s): {str(got['error'])[:90]}"
+            )
             assert got["peak_growth_mib"] < 64, got
     finally:
         mode_file.write_text("")
@@ -175,14 +199,22 @@ def test_binary_log_and_huge_pane_line(fleet, observe, tmp_path):
     paths = ["host", "container"] if fleet.info.isolation == "lxc" else ["container"]
     got = {}
     for path in paths:  # each way of reading the container: from its host, from inside
-        m = subprocess.run([sys.executable, "-c", _MEASURE, str(fleet.config), path],
-                           capture_output=True, text=True, timeout=180, cwd=ROOT)  # fmt: skip
+        m = subprocess.run(
+            [sys.executable, "-c", _MEASURE, str(fleet.config), path],
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+        )
         assert "Traceback" not in m.stderr, m.stderr[-3000:]
         got[path] = json.loads(m.stdout.strip().splitlines()[-1])
     res = fleet.orch("check", "ct200", "--json", "--db", str(tmp_path / "orch.db"))
     t = json.loads(res.stdout)["targets"][0]
-    seen = "; ".join(f"from the {p}: error {g['error']!r}, orch peak RSS "
-                     f"+{g['peak_growth_mib']:.0f} MiB ({g['took_s']:.1f} s)" for p, g in got.items())  # fmt: skip
+    seen = "; ".join(
+        f"from the {p}: error {g['error']!r}, orch peak RSS "
+        f"+{g['peak_growth_mib']:.0f} MiB ({g['took_s']:.1f} s)"
+        for p, g in got.items()
+    )
     observe(f"{seen}; check: state {t['state']!r}, findings {[f['kind'] for f in t['findings']]}")
     for g in got.values():
         assert g["error"] is None, got
@@ -224,8 +256,11 @@ def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
     log.write_text("hello\n")
     res = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "diagnose", str(log), "--playbooks", str(d)],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     shown = msg.replace(str(tmp_path), "TMP")
     err_line = res.stderr.strip().replace(str(tmp_path), "TMP")
     observe(f"load: {shown[:110]!r}; orch diagnose exit {res.returncode}: {err_line[:90]!r}")
@@ -242,8 +277,11 @@ def test_bad_playbook_regex_names_file_and_line(observe, tmp_path):
 def test_unknown_cli_option_is_a_usage_error(observe):
     res = subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "check", "--no-such-flag"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     last = res.stderr.strip().splitlines()[-1] if res.stderr.strip() else ""
     observe(f"exit {res.returncode}; last stderr line {last[:100]!r}")
     assert res.returncode == 2 and "Traceback" not in res.stderr, res.stderr[-1500:]

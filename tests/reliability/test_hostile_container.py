@@ -67,8 +67,10 @@ def test_a_400_digit_step_changes_no_verdict(fleet, path, observe, tmp_path):  #
     fleet.agent_launch("ct200", cmd=f"echo '{STEP_400}'; sleep 1; exit 1")
     wait_for(lambda: (fleet.run_dir("ct200") / "exit_status").exists(), 20, what="exit 1")
     rc2, dead, _ = _check(fleet, tmp_path / "x")
-    observe(f"{path} path: live -> exit {rc}, state {live['state']!r}, {_kinds(live)}; "
-            f"exited 1 -> exit {rc2}, state {dead['state']!r}")  # fmt: skip
+    observe(
+        f"{path} path: live -> exit {rc}, state {live['state']!r}, {_kinds(live)}; "
+        f"exited 1 -> exit {rc2}, state {dead['state']!r}"
+    )
     assert live["reachable"] and live["state"] in ("running", "starting"), live
     assert "bad-metrics" in _kinds(live) and rc != 0, live
     assert dead["state"] == "crashed" and rc2 == 2, dead
@@ -103,9 +105,11 @@ def test_a_fake_tmux_server_does_not_hide_a_silent_death(fleet, path, observe, t
 def test_escapes_from_the_container_never_reach_the_terminal(fleet, path, observe, tmp_path):  # type: ignore[no-untyped-def]
     fleet.scenario("idle")
     name = "\x1b[2Jpy\u202e"
-    cmd = (f"printf '%s\\n' '{ESC} step=1 loss=2.0'; printf '%s' '{ESC}' > \"$ORCH_RUN_DIR/tee.err\"; "
-           f"exec -a x python3 -c \"import ctypes, time; ctypes.CDLL(None).prctl(15, {name.encode()!r}); "
-           "time.sleep(600)\"")  # fmt: skip
+    cmd = (
+        f"printf '%s\\n' '{ESC} step=1 loss=2.0'; printf '%s' '{ESC}' > \"$ORCH_RUN_DIR/tee.err\"; "
+        f'exec -a x python3 -c "import ctypes, time; ctypes.CDLL(None).prctl(15, {name.encode()!r}); '
+        'time.sleep(600)"'
+    )
     fleet.agent_launch("ct200", cmd=cmd)
     wait_for(lambda: "step=1" in (fleet.run_dir("ct200") / "train.log").read_text(), 20)
     outs = {"check": _check(fleet, tmp_path)[2]}
@@ -123,8 +127,10 @@ def test_escapes_from_the_container_never_reach_the_terminal(fleet, path, observ
     res = fleet.orch("postmortem", "ct200", "--out", str(tmp_path / "pm"))
     outs["postmortem"] = res.stdout
     bad = {k: [c for c in ("\x1b", "\x07", "\x9b", "\u202e") if c in v] for k, v in outs.items()}
-    observe(f"{path} path: control bytes on stdout {bad}; logs shows "
-            f"{outs['logs'].strip().splitlines()[-1][:60]!r}")  # fmt: skip
+    observe(
+        f"{path} path: control bytes on stdout {bad}; logs shows "
+        f"{outs['logs'].strip().splitlines()[-1][:60]!r}"
+    )
     assert not any(bad.values()), bad
     # C0 was already replaced where the log is read (U+FFFD); C1 and bidi are shown escaped
     assert "\\x9b31m" in outs["logs"] and "\\u202e" in outs["logs"], outs["logs"][-300:]
@@ -138,20 +144,26 @@ def test_escapes_from_the_container_never_reach_the_terminal(fleet, path, observ
 )
 def test_a_ms_timestamp_in_metrics_jsonl_is_dropped_not_drawn(fleet, path, observe, tmp_path):  # type: ignore[no-untyped-def]
     fleet.scenario("idle")
-    recs = [{"time": time.time(), "step": 1, "tok_s": 100.0},
-            {"time": time.time() * 1000, "step": 2, "tok_s": 100.0},
-            {"time": time.time() * 1e9, "step": 3, "tok_s": 100.0}]  # fmt: skip
+    recs = [
+        {"time": time.time(), "step": 1, "tok_s": 100.0},
+        {"time": time.time() * 1000, "step": 2, "tok_s": 100.0},
+        {"time": time.time() * 1e9, "step": 3, "tok_s": 100.0},
+    ]
     lines = "\\n".join(json.dumps(r) for r in recs)
-    fleet.agent_launch("ct200", cmd=f"printf '{lines}\\n' > \"$ORCH_RUN_DIR/metrics.jsonl\"; "
-                       "echo step=1 loss=2.0; exit 1")  # fmt: skip
+    fleet.agent_launch(
+        "ct200",
+        cmd=f"printf '{lines}\\n' > \"$ORCH_RUN_DIR/metrics.jsonl\"; echo step=1 loss=2.0; exit 1",
+    )
     wait_for(lambda: (fleet.run_dir("ct200") / "exit_status").exists(), 20)
     t0 = time.monotonic()
     res = fleet.orch("postmortem", "ct200", "--out", str(tmp_path / "pm"), timeout_s=120)
     took = time.monotonic() - t0
     report = next((tmp_path / "pm").rglob("report.md")).read_text()
     html = next((tmp_path / "pm").rglob("report.html")).stat().st_size
-    observe(f"{path} path: exit {res.returncode} in {took:.1f} s, report.html {html} bytes, "
-            f"{'bad data' in report and 'said' or 'not said'}")  # fmt: skip
+    observe(
+        f"{path} path: exit {res.returncode} in {took:.1f} s, report.html {html} bytes, "
+        f"{'bad data' in report and 'said' or 'not said'}"
+    )
     assert "Traceback" not in res.stderr and res.returncode != 70, res.stderr[-2000:]
     assert took < 60 and html < 2_000_000, (took, html)
     assert "metrics.jsonl: 2 of 3 records dropped" in report

@@ -80,9 +80,11 @@ def _strict(text: str) -> object:
 )
 def test_deep_json_in_manifest_and_metrics_changes_no_verdict(fleet, path, observe, tmp_path):  # type: ignore[no-untyped-def]  # noqa: F811
     fleet.scenario("idle")
-    plant = ("python3 -c \"import os; d = os.environ['ORCH_RUN_DIR']; "
-             "open(d + '/manifest.json', 'w').write('[' * 5000); "
-             "open(d + '/metrics.jsonl', 'w').write('[' * 5000 + chr(10))\"; ")  # fmt: skip
+    plant = (
+        "python3 -c \"import os; d = os.environ['ORCH_RUN_DIR']; "
+        "open(d + '/manifest.json', 'w').write('[' * 5000); "
+        "open(d + '/metrics.jsonl', 'w').write('[' * 5000 + chr(10))\"; "
+    )
     fleet.agent_launch("ct200", cmd=plant + TRAINER)
     wait_for(lambda: "step=3 " in (fleet.run_dir("ct200") / "train.log").read_text(), 30)
     assert (fleet.run_dir("ct200") / "manifest.json").read_text().startswith("[" * 100)
@@ -92,8 +94,10 @@ def test_deep_json_in_manifest_and_metrics_changes_no_verdict(fleet, path, obser
     fleet.kill_trainer("ct200")
     wait_for(lambda: (fleet.run_dir("ct200") / "exit_status").exists(), 20)
     pm = fleet.orch("postmortem", "ct200", "--out", str(tmp_path / "pm"))
-    observe(f"{path} path: check exit {rc}, state {t['state']!r}, reachable {t['reachable']}, "
-            f"{_kinds(t)}; runs exit {runs.returncode}; postmortem exit {pm.returncode}")  # fmt: skip
+    observe(
+        f"{path} path: check exit {rc}, state {t['state']!r}, reachable {t['reachable']}, "
+        f"{_kinds(t)}; runs exit {runs.returncode}; postmortem exit {pm.returncode}"
+    )
     _ok(pm)
     assert t["reachable"] and t["state"] in ("running", "starting"), t
     assert runs.returncode == 0 and pm.returncode in (0, 1, 2), (runs.stderr, pm.stderr)
@@ -113,9 +117,11 @@ def test_c1_and_bidi_never_reach_the_terminal_or_the_report(fleet, path, observe
     fleet.scenario("idle")
     evil_id = "r" + C1_BIDI
     name = "py" + C1_BIDI
-    cmd = (f"printf '%s\\n' 'step=1 loss=2.0 {C1_BIDI}' '```' 'after the fence'; "
-           f"exec -a x python3 -c \"import ctypes, time; ctypes.CDLL(None).prctl(15, {name.encode()[:15]!r}); "
-           "time.sleep(600)\"")  # fmt: skip
+    cmd = (
+        f"printf '%s\\n' 'step=1 loss=2.0 {C1_BIDI}' '```' 'after the fence'; "
+        f'exec -a x python3 -c "import ctypes, time; ctypes.CDLL(None).prctl(15, {name.encode()[:15]!r}); '
+        'time.sleep(600)"'
+    )
     fleet.agent_launch("ct200", cmd=cmd)
     run = fleet.run_dir("ct200")
     wait_for(lambda: "after the fence" in (run / "train.log").read_text(), 20)
@@ -156,12 +162,15 @@ def test_c1_and_bidi_never_reach_the_terminal_or_the_report(fleet, path, observe
     bad = _raw(outs)
     # the log's fence: the line of three backticks sits inside a longer fence
     tick = next((i for i, line in enumerate(md.splitlines()) if line == "```"), None)
-    opener = next((line for line in md.splitlines()[: tick or 0][::-1]
-                   if re.fullmatch(r"`{3,}\w*", line)), "")  # fmt: skip
+    opener = next(
+        (line for line in md.splitlines()[: tick or 0][::-1] if re.fullmatch(r"`{3,}\w*", line)), ""
+    )
     shown = [k for k in ("status", "runs", "check", "snapshot") if "evil" in outs[k]]
-    observe(f"{path} path: raw C1/bidi on {sorted(bad) or 'no output'}; the hostile run id or "
-            f"GPU process name shown (escaped) by {shown}; the ``` log line "
-            f"{'inside a ' + str(len(opener.rstrip('abcdefghijklmnopqrstuvwxyz'))) + '-tick fence' if tick is not None else 'not in report.md'}")  # fmt: skip
+    observe(
+        f"{path} path: raw C1/bidi on {sorted(bad) or 'no output'}; the hostile run id or "
+        f"GPU process name shown (escaped) by {shown}; the ``` log line "
+        f"{'inside a ' + str(len(opener.rstrip('abcdefghijklmnopqrstuvwxyz'))) + '-tick fence' if tick is not None else 'not in report.md'}"
+    )
     assert not bad, bad
     assert "\\u202e" in md or "\\u202E" in md, md[-1500:]
     assert tick is not None and len(re.match(r"`*", opener).group()) > 3, md[-1500:]  # type: ignore[union-attr]
@@ -179,8 +188,10 @@ def test_a_hydra_list_in_a_command_is_printed_not_parsed(fleet, observe):  # typ
     )
     res = fleet.orch("runs", "ct200")
     json_res = fleet.orch("runs", "ct200", "--json")
-    observe(f"runs exit {res.returncode}, shows [a,b]: {'[a,b]' in res.stdout}, "
-            f"[bold] kept: {'[bold]' in res.stdout}; --json exit {json_res.returncode}")  # fmt: skip
+    observe(
+        f"runs exit {res.returncode}, shows [a,b]: {'[a,b]' in res.stdout}, "
+        f"[bold] kept: {'[bold]' in res.stdout}; --json exit {json_res.returncode}"
+    )
     _ok(res)
     assert res.returncode == 0 and "[a,b]" in res.stdout, res.stdout[-1500:]
     assert json_res.returncode == 0 and "[a,b]" in json_res.stdout
@@ -197,12 +208,17 @@ def test_non_finite_values_still_make_valid_json(fleet, observe, tmp_path):  # t
     fleet.scenario("healthy")
     now = time.time()
     recs = f'{{"time": {now}, "step": 1, "loss": NaN, "tok_s": Infinity}}\\n{{"time": {now}, "step": 2, "loss": -Infinity}}'
-    fleet.agent_launch("ct200", cmd=f"printf '{recs}\\n' > \"$ORCH_RUN_DIR/metrics.jsonl\"; "
-                       "echo step=1 loss=nan tok/s=inf; echo step=2 loss=inf; sleep 600")  # fmt: skip
+    fleet.agent_launch(
+        "ct200",
+        cmd=f"printf '{recs}\\n' > \"$ORCH_RUN_DIR/metrics.jsonl\"; "
+        "echo step=1 loss=nan tok/s=inf; echo step=2 loss=inf; sleep 600",
+    )
     wait_for(lambda: "step=2" in (fleet.run_dir("ct200") / "train.log").read_text(), 20)
     got = {}
-    for args in (("snapshot", "ct200", "--json"),
-                 ("check", "ct200", "--json", "--db", str(tmp_path / "orch.db"))):  # fmt: skip
+    for args in (
+        ("snapshot", "ct200", "--json"),
+        ("check", "ct200", "--json", "--db", str(tmp_path / "orch.db")),
+    ):
         res = fleet.orch(*args)
         _ok(res)
         try:
@@ -245,8 +261,10 @@ def test_a_broken_history_database_is_unknown_naming_the_file(fleet, observe, tm
         lines = [ln for ln in (r.stdout + r.stderr).splitlines() if ".db" in ln]
         return lines[-1].replace(str(tmp_path), "TMP")[:110] if lines else ""
 
-    observe(f"corrupt: exit {bad.returncode} in {took_bad:.1f} s, {said(bad)!r}; "
-            f"locked: exit {res.returncode} in {took:.1f} s, {said(res)!r}")  # fmt: skip
+    observe(
+        f"corrupt: exit {bad.returncode} in {took_bad:.1f} s, {said(bad)!r}; "
+        f"locked: exit {res.returncode} in {took:.1f} s, {said(res)!r}"
+    )
     for r, db in ((bad, corrupt), (res, locked)):
         assert "Traceback" not in r.stderr, r.stderr[-2000:]
         assert r.returncode == 3 and str(db) in r.stderr + r.stdout, (r.returncode, r.stderr)
@@ -288,10 +306,18 @@ def test_orch_db_holds_no_secret_the_log_printed(fleet, observe, tmp_path):  # t
     with _edited(
         fleet, tmp_path, lambda d: d["containers"]["ct201"].update(env={"HF_TOKEN": secret})
     ):
-        launched = fleet.orch("launch", "ct201", "--cmd", 'i=0; while true; do i=$((i+1)); echo '
-                              '"step=$i loss=2.0 token=$HF_TOKEN"; echo "RuntimeError: auth '
-                              'failed for $HF_TOKEN"; sleep 0.5; done', "--force", "--grace", "2",
-                              "--no-verify")  # fmt: skip
+        launched = fleet.orch(
+            "launch",
+            "ct201",
+            "--cmd",
+            "i=0; while true; do i=$((i+1)); echo "
+            '"step=$i loss=2.0 token=$HF_TOKEN"; echo "RuntimeError: auth '
+            'failed for $HF_TOKEN"; sleep 0.5; done',
+            "--force",
+            "--grace",
+            "2",
+            "--no-verify",
+        )
         assert launched.returncode == 0, launched.stderr[-2000:]
         run = fleet.run_dir("ct201")
         wait_for(lambda: secret in (run / "train.log").read_text(), 20, what="the printed secret")
@@ -304,15 +330,19 @@ def test_orch_db_holds_no_secret_the_log_printed(fleet, observe, tmp_path):  # t
     leaks = [p.name for p in files if secret.encode() in p.read_bytes()]
     with sqlite3.connect(str(db)) as con:
         dump = "\n".join(con.iterdump())
-    observe(f"orch.db ({sum(p.stat().st_size for p in files)} bytes, {len(dump)} chars dumped): "
-            f"value found in {leaks or 'none'}; redaction mark present: {'***' in dump or 'REDACTED' in dump}")  # fmt: skip
+    observe(
+        f"orch.db ({sum(p.stat().st_size for p in files)} bytes, {len(dump)} chars dumped): "
+        f"value found in {leaks or 'none'}; redaction mark present: {'***' in dump or 'REDACTED' in dump}"
+    )
     assert not leaks and secret not in dump, leaks
 
 
 HEAL_SECRET = CANARY + "-heal"
-HEAL_CMD = ('echo "tok=$(printf %s "$SECRET_TOKEN" | sha256sum | cut -c1-16) lr=$LR '
-            'resume=$ORCH_RESUME"; i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0"; '
-            'sleep 0.5; [ -z "$ORCH_RESUME" ] && [ "$i" -ge 4 ] && exit 3; done')  # fmt: skip
+HEAL_CMD = (
+    'echo "tok=$(printf %s "$SECRET_TOKEN" | sha256sum | cut -c1-16) lr=$LR '
+    'resume=$ORCH_RESUME"; i=0; while true; do i=$((i+1)); echo "step=$i loss=2.0"; '
+    'sleep 0.5; [ -z "$ORCH_RESUME" ] && [ "$i" -ge 4 ] && exit 3; done'
+)
 
 
 @pytest.mark.fault(
@@ -325,14 +355,31 @@ HEAL_CMD = ('echo "tok=$(printf %s "$SECRET_TOKEN" | sha256sum | cut -c1-16) lr=
 def test_a_heal_relaunch_keeps_the_runs_variables(fleet, observe, tmp_path):  # type: ignore[no-untyped-def]
     def heal(doc: dict) -> None:  # type: ignore[type-arg]
         doc["defaults"]["thresholds"]["startup_timeout_s"] = 30
-        doc["defaults"]["restart"] = {"max": 3, "window": "1h", "backoff": [1],
-                                      "retry_unknown": True, "settle_timeout": "60s"}  # fmt: skip
+        doc["defaults"]["restart"] = {
+            "max": 3,
+            "window": "1h",
+            "backoff": [1],
+            "retry_unknown": True,
+            "settle_timeout": "60s",
+        }
 
     fleet.scenario("idle")
     db = tmp_path / "orch.db"
     with _edited(fleet, tmp_path, heal):
-        res = fleet.orch("launch", "ct200", "--cmd", HEAL_CMD, "--env", f"SECRET_TOKEN={HEAL_SECRET}",
-                         "--env", "LR=3e-4", "--force", "--grace", "2", "--no-verify")  # fmt: skip
+        res = fleet.orch(
+            "launch",
+            "ct200",
+            "--cmd",
+            HEAL_CMD,
+            "--env",
+            f"SECRET_TOKEN={HEAL_SECRET}",
+            "--env",
+            "LR=3e-4",
+            "--force",
+            "--grace",
+            "2",
+            "--no-verify",
+        )
         assert res.returncode == 0, res.stderr[-2000:]
         first = fleet.run_dir("ct200")
         wait_for(lambda: (first / "exit_status").exists(), 30, what="the first run to exit 3")
@@ -346,8 +393,10 @@ def test_a_heal_relaunch_keeps_the_runs_variables(fleet, observe, tmp_path):  # 
         wait_for(lambda: "resume=" in (second / "train.log").read_text(), 30, what="the relaunch")
     want = hashlib.sha256(HEAL_SECRET.encode()).hexdigest()[:16]
     line = next(ln for ln in (second / "train.log").read_text().splitlines() if "resume=" in ln)
-    observe(f"relaunched as {second.name} after {heals[-1][:80] if heals else 'no HEAL line'!r}; "
-            f"it printed {line.replace(want, '<hash of the secret>')!r}")  # fmt: skip
+    observe(
+        f"relaunched as {second.name} after {heals[-1][:80] if heals else 'no HEAL line'!r}; "
+        f"it printed {line.replace(want, '<hash of the secret>')!r}"
+    )
     assert f"tok={want} lr=3e-4 resume=" in line and not line.endswith("resume="), line
 
 
@@ -364,14 +413,32 @@ def test_a_cut_after_the_start_says_the_run_may_have_started(fleet, observe, tmp
     with proxied(fleet, tmp_path / "cut.yaml", delay_ms=1) as config:
         fleet.scenario("idle")
         # the run's first act: stop the agent that launched it (before its answer), say its PID
-        stop = ('p=$(pgrep -f -- "--env-stdin" | head -n 1); kill -STOP $p; '
-                'echo $p > "$ORCH_RUN_DIR/agent.pid.tmp"; mv "$ORCH_RUN_DIR/agent.pid.tmp" '
-                '"$ORCH_RUN_DIR/agent.pid"; ')  # fmt: skip
+        stop = (
+            'p=$(pgrep -f -- "--env-stdin" | head -n 1); kill -STOP $p; '
+            'echo $p > "$ORCH_RUN_DIR/agent.pid.tmp"; mv "$ORCH_RUN_DIR/agent.pid.tmp" '
+            '"$ORCH_RUN_DIR/agent.pid"; '
+        )
         launch = subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "launch", "ct200",
-             "--cmd", stop + TRAINER, "--force", "--grace", "2", "--no-verify"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
-        )  # fmt: skip
+            [
+                sys.executable,
+                "-m",
+                "orchestrator.cli",
+                "-c",
+                str(config),
+                "launch",
+                "ct200",
+                "--cmd",
+                stop + TRAINER,
+                "--force",
+                "--grace",
+                "2",
+                "--no-verify",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
+        )
         runs = fleet.info.workdir("ct200") / "runs"
 
         def stopped() -> bool:
@@ -392,8 +459,10 @@ def test_a_cut_after_the_start_says_the_run_may_have_started(fleet, observe, tmp
     run = fleet.run_dir("ct200")
     wait_for(lambda: "step=3 " in (run / "train.log").read_text(), 30, what="the run's steps")
     said = [ln for ln in err.splitlines() if "may have started" in ln]
-    observe(f"launch exit {launch.returncode}: {said[0][:150] if said else err.strip()[-150:]!r}; "
-            f"the run {run.name} goes on (step=3 logged)")  # fmt: skip
+    observe(
+        f"launch exit {launch.returncode}: {said[0][:150] if said else err.strip()[-150:]!r}; "
+        f"the run {run.name} goes on (step=3 logged)"
+    )
     assert launch.returncode == 3 and said, (launch.returncode, out[-1000:], err[-2000:])
     assert "orch status ct200" in said[0] and "unreachable" not in err, err[-2000:]
     assert "import " not in err and "Traceback" not in err, err[-2000:]

@@ -31,10 +31,12 @@ from orchestrator.wire.text import BAD_DATA_PREFIX, MAX_STEP, BadDocument, loads
 SETTINGS = settings(max_examples=150, deadline=None, suppress_health_check=list(HealthCheck))
 
 scalars = st.one_of(
-    st.none(), st.booleans(), st.text(max_size=20),
+    st.none(),
+    st.booleans(),
+    st.text(max_size=20),
     st.integers(min_value=-(10**400), max_value=10**400),
     st.floats(allow_nan=True, allow_infinity=True),
-)  # fmt: skip
+)
 documents = st.recursive(
     scalars,
     lambda kids: (
@@ -79,8 +81,15 @@ def test_the_run_reader_never_raises_and_says_what_it_dropped(
 ) -> None:  # type: ignore[no-untyped-def]
     with tempfile.TemporaryDirectory() as d:
         root = Path(d)
-        _run_dir(root, {"manifest.json": manifest, "train.log": log + b"\n",
-                        "exit_status": exit_status, "stop_requested": stop})  # fmt: skip
+        _run_dir(
+            root,
+            {
+                "manifest.json": manifest,
+                "train.log": log + b"\n",
+                "exit_status": exit_status,
+                "stop_requested": stop,
+            },
+        )
         reader = RunReader(str(root), LocalFiles())
         errors: list[str] = []
         run, _ = reader.read(1.7e9, errors)
@@ -144,9 +153,21 @@ def test_a_deep_document_is_a_bad_document_not_a_recursion_error() -> None:
 def test_a_400_digit_step_is_dropped_with_a_finding_and_the_run_stays_running(
     tmp_path: Path,
 ) -> None:
-    _run_dir(tmp_path, {"manifest.json": json.dumps({"run_id": "20260101-000000-x",
-             "command": "x", "workdir": str(tmp_path), "session": "train",
-             "started_at": 1.7e9}).encode(), "train.log": f"step={'9' * 400} loss=2\n".encode()})  # fmt: skip
+    _run_dir(
+        tmp_path,
+        {
+            "manifest.json": json.dumps(
+                {
+                    "run_id": "20260101-000000-x",
+                    "command": "x",
+                    "workdir": str(tmp_path),
+                    "session": "train",
+                    "started_at": 1.7e9,
+                }
+            ).encode(),
+            "train.log": f"step={'9' * 400} loss=2\n".encode(),
+        },
+    )
     reader = RunReader(str(tmp_path), LocalFiles())
     errors: list[str] = []
     run, _ = reader.read(1.7e9 + 5, errors)

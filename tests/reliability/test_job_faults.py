@@ -39,11 +39,18 @@ def _caught(
 
 
 def _scenario(
-    c: Cluster, observe: Callable[[str], None], *, nodes: list[str], victim: str, rank: int,
-    fault: Callable[[], None], what: str,
-) -> dict[str, Any]:  # fmt: skip
-    config = c.config({"j": {"nodes": nodes, "trainer_config": "instant-cpu",
-                             "collective_timeout": TIMEOUT_S}})  # fmt: skip
+    c: Cluster,
+    observe: Callable[[str], None],
+    *,
+    nodes: list[str],
+    victim: str,
+    rank: int,
+    fault: Callable[[], None],
+    what: str,
+) -> dict[str, Any]:
+    config = c.config(
+        {"j": {"nodes": nodes, "trainer_config": "instant-cpu", "collective_timeout": TIMEOUT_S}}
+    )
     try:
         c.launch(config, "j")
         rc, doc, _s = c.check(config, "j")
@@ -94,8 +101,15 @@ def _scenario(
 )
 def test_a_killed_rank_is_named_first(job_cluster: Cluster, observe) -> None:  # type: ignore[no-untyped-def]
     c = job_cluster
-    pm = _scenario(c, observe, nodes=["ct200", "ct201"], victim="ct201", rank=1,
-                   fault=lambda: c.kill_trainer("ct201"), what="crashed")  # fmt: skip
+    pm = _scenario(
+        c,
+        observe,
+        nodes=["ct200", "ct201"],
+        victim="ct201",
+        rank=1,
+        fault=lambda: c.kill_trainer("ct201"),
+        what="crashed",
+    )
     assert pm["verdict"]["playbook"] == "sigkill", pm["verdict"]
 
 
@@ -107,8 +121,15 @@ def test_a_killed_rank_is_named_first(job_cluster: Cluster, observe) -> None:  #
 )
 def test_a_stopped_container_is_named_first(job_cluster: Cluster, observe) -> None:  # type: ignore[no-untyped-def]
     c = job_cluster
-    pm = _scenario(c, observe, nodes=["ct200", "ct201"], victim="ct201", rank=1,
-                   fault=lambda: c.stop_container("ct201"), what="lost its container")  # fmt: skip
+    pm = _scenario(
+        c,
+        observe,
+        nodes=["ct200", "ct201"],
+        victim="ct201",
+        rank=1,
+        fault=lambda: c.stop_container("ct201"),
+        what="lost its container",
+    )
     assert pm["verdict"]["kind"] == "container-stopped", pm["verdict"]
 
 
@@ -122,8 +143,15 @@ def test_a_stopped_container_is_named_first(job_cluster: Cluster, observe) -> No
 )
 def test_a_partitioned_host_is_named_first(job_cluster: Cluster, observe) -> None:  # type: ignore[no-untyped-def]
     c = job_cluster
-    pm = _scenario(c, observe, nodes=["ct201", "ct202"], victim="ct202", rank=1,
-                   fault=lambda: c.partition("sandbox2"), what="lost the job network")  # fmt: skip
+    pm = _scenario(
+        c,
+        observe,
+        nodes=["ct201", "ct202"],
+        victim="ct202",
+        rank=1,
+        fault=lambda: c.partition("sandbox2"),
+        what="lost the job network",
+    )
     assert pm["verdict"]["kind"] == "link-down", pm["verdict"]
     assert any(x["playbook"] == "gloo-timeout" for x in pm["verdict"]["consequences"]), pm[
         "verdict"

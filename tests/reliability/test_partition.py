@@ -159,8 +159,10 @@ def test_partition_declared_unreachable(ns_host, fleet, observe):
         assert snap.run is None and snap.session is None
         healed = time.monotonic()
         t2, _ = s.next_where(lambda x: x.reachable, 60, after=healed)
-        observe(f"unreachable after {took:.1f} s ({snap.errors[0][:90]!r}); reachable again "
-                f"{t2 - healed:.1f} s after the link came back")  # fmt: skip
+        observe(
+            f"unreachable after {took:.1f} s ({snap.errors[0][:90]!r}); reachable again "
+            f"{t2 - healed:.1f} s after the link came back"
+        )
     finally:
         s.stop()
         close_all()
@@ -211,9 +213,11 @@ def test_partition_cycles_leak_nothing(ns_host, observe):
     finally:
         s.stop()
         ssh.close()
-    observe(f"{CYCLES} cycles: unreachable after {min(downs):.1f}-{max(downs):.1f} s, "
-            f"recovered after {min(ups):.1f}-{max(ups):.1f} s; threads/channels/sockets "
-            f"before {before}, after {after}, after close {(threading.active_count(), _sockets())}")  # fmt: skip
+    observe(
+        f"{CYCLES} cycles: unreachable after {min(downs):.1f}-{max(downs):.1f} s, "
+        f"recovered after {min(ups):.1f}-{max(ups):.1f} s; threads/channels/sockets "
+        f"before {before}, after {after}, after close {(threading.active_count(), _sockets())}"
+    )
     assert after[0] <= before[0], (before, after)
     assert after[1] <= before[1], (before, after)
     assert after[2] <= before[2], (before, after)

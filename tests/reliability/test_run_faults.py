@@ -41,8 +41,11 @@ def fresh_run(fleet):
     fleet.start_container("ct200")
     fleet.scenario("idle")
     run_id = fleet.agent_launch("ct200")
-    wait_for(lambda: "step=" in (fleet.run_dir("ct200") / "train.log").read_text(), 20,
-             what="the trainer's first step")  # fmt: skip
+    wait_for(
+        lambda: "step=" in (fleet.run_dir("ct200") / "train.log").read_text(),
+        20,
+        what="the trainer's first step",
+    )
     yield run_id
     fleet.start_container("ct200")
 
@@ -58,8 +61,10 @@ def test_pct_stop_is_container_stopped(fleet, fresh_run, observe, tmp_path):
     fleet.stop_container("ct200")
     rc, doc = check(fleet, db, "ct200")
     t = target(doc)
-    observe(f"exit {rc}, state {t['state']!r}, findings {kinds(t)}: "
-            f"{[f['summary'][:80] for f in t['findings']]}")  # fmt: skip
+    observe(
+        f"exit {rc}, state {t['state']!r}, findings {kinds(t)}: "
+        f"{[f['summary'][:80] for f in t['findings']]}"
+    )
     assert "silent-death" not in kinds(t)
     assert t["state"] == "stopped" and "container-stopped" in kinds(t), t
     status = json.loads(fleet.orch("status", "ct200", "--json").stdout)[0]
@@ -83,13 +88,18 @@ def test_tmux_server_killed_is_a_death(fleet, fresh_run, observe, tmp_path):
     check(fleet, db, "ct200")
     pid = fleet.kill_tmux("ct200")
     exit_file = fleet.run_dir("ct200") / "exit_status"
-    wait_for(lambda: not _alive_pid(fleet, fleet.run_dir("ct200") / "wrapper.pid"), 10,
-             what="the wrapper to go with its pane")  # fmt: skip
+    wait_for(
+        lambda: not _alive_pid(fleet, fleet.run_dir("ct200") / "wrapper.pid"),
+        10,
+        what="the wrapper to go with its pane",
+    )
     rc, doc = check(fleet, db, "ct200")
     t = target(doc)
     status = exit_file.read_text().split()[0] if exit_file.exists() else "missing"
-    observe(f"tmux server {pid} killed: check exit {rc}, state {t['state']!r}, findings "
-            f"{kinds(t)}, exit_status file {status}")  # fmt: skip
+    observe(
+        f"tmux server {pid} killed: check exit {rc}, state {t['state']!r}, findings "
+        f"{kinds(t)}, exit_status file {status}"
+    )
     expected = ("crashed", "crashed") if status == "129" else ("dead", "silent-death")
     assert (t["state"], kinds(t)[0]) == expected, t
     assert rc == 2
@@ -117,8 +127,10 @@ def test_everything_killed_is_silent_death(fleet, fresh_run, observe, tmp_path):
     fleet.vanish("ct200")
     rc, doc = check(fleet, db, "ct200")
     t = target(doc)
-    observe(f"check exit {rc}, state {t['state']!r}, findings {kinds(t)}: "
-            f"{t['findings'][0]['summary'][:90] if t['findings'] else ''}")  # fmt: skip
+    observe(
+        f"check exit {rc}, state {t['state']!r}, findings {kinds(t)}: "
+        f"{t['findings'][0]['summary'][:90] if t['findings'] else ''}"
+    )
     assert t["state"] == "dead" and kinds(t)[0] == "silent-death", t
     assert rc == 2
 
@@ -134,8 +146,10 @@ def test_silent_death_postmortem_says_so(fleet, fresh_run, observe, tmp_path):
     assert "Traceback" not in res.stderr, res.stderr
     doc = json.loads(res.stdout)
     verdict = doc["verdict"]
-    observe(f"orch postmortem: exit {res.returncode}, verdict {verdict.get('kind')!r}: "
-            f"{str(verdict.get('summary', ''))[:100]}")  # fmt: skip
+    observe(
+        f"orch postmortem: exit {res.returncode}, verdict {verdict.get('kind')!r}: "
+        f"{str(verdict.get('summary', ''))[:100]}"
+    )
     assert res.returncode == 0 and verdict["kind"] == "silent-death", doc
 
 
@@ -151,8 +165,10 @@ def test_trainer_sigkill_is_crashed_137(fleet, fresh_run, observe, tmp_path):
     rc, doc = check(fleet, tmp_path / "orch.db", "ct200")
     t = target(doc)
     crashed = [f for f in t["findings"] if f["kind"] == "crashed"]
-    observe(f"exit_status file {exit_file.read_text().split()[0]}; check exit {rc}, state "
-            f"{t['state']!r}: {crashed[0]['summary'][:100] if crashed else kinds(t)}")  # fmt: skip
+    observe(
+        f"exit_status file {exit_file.read_text().split()[0]}; check exit {rc}, state "
+        f"{t['state']!r}: {crashed[0]['summary'][:100] if crashed else kinds(t)}"
+    )
     assert t["state"] == "crashed" and crashed, t
     assert "exit status 137" in crashed[0]["summary"] and "SIGKILL" in crashed[0]["summary"]
     assert "oom-killer" not in kinds(t)
@@ -181,8 +197,10 @@ def test_trainer_sigkill_with_oom_line_is_oom_killer(fleet, fresh_run, observe, 
     t = target(doc)
     crashed = [f for f in t["findings"] if f["kind"] == "crashed"]
     oom = [f for f in t["findings"] if f["kind"] == "oom-killer"]
-    observe(f"findings {kinds(t)}; crashed playbook {crashed[0]['playbook'] if crashed else None!r}; "
-            f"{oom[0]['summary'][:90] if oom else 'no oom-killer finding'}")  # fmt: skip
+    observe(
+        f"findings {kinds(t)}; crashed playbook {crashed[0]['playbook'] if crashed else None!r}; "
+        f"{oom[0]['summary'][:90] if oom else 'no oom-killer finding'}"
+    )
     assert oom and oom[0]["severity"] == "critical", t
     assert crashed and crashed[0]["playbook"] == "oom-killer", crashed
 
@@ -200,8 +218,10 @@ def test_log_deleted_is_flagged_agent_keeps_working(fleet, fresh_run, observe, t
     t = target(doc)
     rc2, doc2 = check(fleet, db, "ct200")
     t2 = target(doc2)
-    observe(f"after deleting train.log: state {t['state']!r}, findings {kinds(t)}; "
-            f"next check reachable={t2['reachable']} state {t2['state']!r}")  # fmt: skip
+    observe(
+        f"after deleting train.log: state {t['state']!r}, findings {kinds(t)}; "
+        f"next check reachable={t2['reachable']} state {t2['state']!r}"
+    )
     assert t["reachable"] and t2["reachable"], (t, t2)
     assert "log-missing" in kinds(t), t
     assert t2["state"] in ("running", "starting", "stalled"), t2
@@ -218,8 +238,11 @@ def tiny_disk(fleet):
     init = fleet.info.init_pid("ct201")
     inside = ["nsenter", "-t", str(init), "-m"] if init else []
     where = fleet.info.container_workdir("ct201") + "/runs"
-    res = subprocess.run([*inside, "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", where],
-                         capture_output=True, text=True)  # fmt: skip
+    res = subprocess.run(
+        [*inside, "mount", "-t", "tmpfs", "-o", "size=256k", "tmpfs", where],
+        capture_output=True,
+        text=True,
+    )
     if res.returncode != 0:
         pytest.skip(f"cannot mount a tmpfs here: {res.stderr.strip()}")
     try:
@@ -248,8 +271,11 @@ def test_disk_full_is_flagged_agent_keeps_working(fleet, tiny_disk, observe, tmp
     t = target(doc, "ct201")
     rc2, doc2 = check(fleet, db, "ct201")
     t2 = target(doc2, "ct201")
-    flagged = [f for f in t2["findings"] if "space" in (f["summary"] + f["kind"]).lower()
-               or f.get("playbook") == "disk-full"]  # fmt: skip
+    flagged = [
+        f
+        for f in t2["findings"]
+        if "space" in (f["summary"] + f["kind"]).lower() or f.get("playbook") == "disk-full"
+    ]
     observe(
         f"disk full: check exit {rc2}, state {t2['state']!r}, findings {kinds(t2)}"
         + (f"; {flagged[0]['summary'][:90]!r}" if flagged else "")
@@ -290,14 +316,22 @@ def test_agent_killed_mid_stream_resumes(fleet, fresh_run, observe):
     killed = time.monotonic()
     for pid in old:
         os.kill(pid, signal.SIGKILL)
-    new = wait_for(lambda: [p for p in _agent_streams(fleet) if p not in old], BACKOFF_CAP_S,
-                   what="a restarted agent stream")  # fmt: skip
+    new = wait_for(
+        lambda: [p for p in _agent_streams(fleet) if p not in old],
+        BACKOFF_CAP_S,
+        what="a restarted agent stream",
+    )
     restarted = time.monotonic() - killed
     n = len(w.lines)
-    wait_for(lambda: any("step=" in line for _, line in w.lines[n:]) or len(w.lines) > n, 10,
-             what="a new watch line")  # fmt: skip
+    wait_for(
+        lambda: any("step=" in line for _, line in w.lines[n:]) or len(w.lines) > n,
+        10,
+        what="a new watch line",
+    )
     lines = [line for t, line in w.lines if t >= killed]
     assert not [s for s in lines if " dead" in s or " crashed" in s], lines
     assert w.proc.poll() is None
-    observe(f"agent pid(s) {old} killed; new agent {new} after {restarted:.1f} s; "
-            f"watch lines since: {[s[9:40] for s in lines][:4]}")  # fmt: skip
+    observe(
+        f"agent pid(s) {old} killed; new agent {new} after {restarted:.1f} s; "
+        f"watch lines since: {[s[9:40] for s in lines][:4]}"
+    )

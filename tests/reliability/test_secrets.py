@@ -50,14 +50,30 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
     def orch(label: str, *args: str) -> subprocess.CompletedProcess[str]:
         res = subprocess.run(
             [sys.executable, "-m", "orchestrator.cli", "-vv", "-c", str(config), *args],
-            capture_output=True, text=True, timeout=180, cwd=ROOT, env={**_env(), **env},
-        )  # fmt: skip
+            capture_output=True,
+            text=True,
+            timeout=180,
+            cwd=ROOT,
+            env={**_env(), **env},
+        )
         outputs[f"`orch {label}` stdout"] = res.stdout
         outputs[f"`orch {label}` stderr (-vv log)"] = res.stderr
         return res
 
-    launched = orch("launch --json", "launch", "ct201", "--cmd", TRAINER, "--env",
-                    f"WANDB_API_KEY={LAUNCH_CANARY}", "--force", "--grace", "2", "--no-verify", "--json")  # fmt: skip
+    launched = orch(
+        "launch --json",
+        "launch",
+        "ct201",
+        "--cmd",
+        TRAINER,
+        "--env",
+        f"WANDB_API_KEY={LAUNCH_CANARY}",
+        "--force",
+        "--grace",
+        "2",
+        "--no-verify",
+        "--json",
+    )
     assert launched.returncode == 0, launched.stderr[-2000:]
     run_dir = fleet.info.host_path("ct201", json.loads(launched.stdout)["run_dir"])
     orch("status --json", "status", "ct201", "--json")
@@ -92,8 +108,9 @@ def test_secret_canary_in_no_artefact(fleet, webhook, observe, tmp_path):  # noq
             artefacts[f"run dir: {p.name}"] = p.read_bytes()
     leaks = sorted(k for k, v in artefacts.items() if CANARY.encode() in v)
     checked = len(artefacts)
-    kinds = sorted({k.split("/")[0].split(":")[0].split(" stdout")[0].split(" stderr")[0]
-                    for k in artefacts})  # fmt: skip
+    kinds = sorted(
+        {k.split("/")[0].split(":")[0].split(" stdout")[0].split(" stderr")[0] for k in artefacts}
+    )
     observe(f"{checked} artefacts grepped ({', '.join(kinds)}); canary found in: {leaks or 'none'}")
     assert (run_dir / "manifest.json").exists() and any(
         p.suffix == ".md" for p in _files(tmp_path / "pm")
@@ -130,24 +147,52 @@ def test_secret_values_are_on_no_command_line(fleet, observe, tmp_path):  # type
     env = {**os.environ, **fleet.info.env()}
     env["PATH"] = f"{fleet.state_dir / 'bin'}:{env.get('PATH', '/usr/bin:/bin')}"
     watch = subprocess.Popen(
-        [sys.executable, "-m", "tests.reliability.argv_watch", str(out), "--pct",
-         str(fleet.state_dir / "bin" / "pct"), "--vmid", "201", "--mark", "launching=--env-stdin",
-         "--mark", "running=-secretps/wrapper.sh"],
-        stdin=subprocess.PIPE, cwd=ROOT, env=env, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "tests.reliability.argv_watch",
+            str(out),
+            "--pct",
+            str(fleet.state_dir / "bin" / "pct"),
+            "--vmid",
+            "201",
+            "--mark",
+            "launching=--env-stdin",
+            "--mark",
+            "running=-secretps/wrapper.sh",
+        ],
+        stdin=subprocess.PIPE,
+        cwd=ROOT,
+        env=env,
+        text=True,
+    )
     assert watch.stdin is not None
     watch.stdin.write(f"{PS_CANARY}\n{hosts_canary}\n")
     watch.stdin.close()
     try:
         wait_for(out.with_suffix(".ready").exists, 30, what="the argv watcher")
-        argv = ["-c", str(config), "launch", "ct201", "--cmd", SHOW_HASH, "--name", "secretps",
-                "--env", f"SECRET_TOKEN={PS_CANARY}", "--force", "--grace", "2",
-                "--no-verify"]  # fmt: skip
+        argv = [
+            "-c",
+            str(config),
+            "launch",
+            "ct201",
+            "--cmd",
+            SHOW_HASH,
+            "--name",
+            "secretps",
+            "--env",
+            f"SECRET_TOKEN={PS_CANARY}",
+            "--force",
+            "--grace",
+            "2",
+            "--no-verify",
+        ]
         code = run(argv)  # in this process: pytest's command line carries no value
         assert code == 0, "orch launch failed"
         run_dir = fleet.run_dir("ct201")
-        wait_for(lambda: "step=4 " in (run_dir / "train.log").read_text(), 30,
-                 what="the run's 4th step")  # fmt: skip
+        wait_for(
+            lambda: "step=4 " in (run_dir / "train.log").read_text(), 30, what="the run's 4th step"
+        )
     finally:
         Path(str(out) + ".stop").write_text("")
         watch.wait(timeout=60)
@@ -155,10 +200,12 @@ def test_secret_values_are_on_no_command_line(fleet, observe, tmp_path):  # type
     report = json.loads(out.read_text())
     seen = (run_dir / "train.log").read_text()
     want = [hashlib.sha256(v.encode()).hexdigest()[:16] for v in (PS_CANARY, hosts_canary)]
-    observe(f"{report['scans']} scans of every /proc/*/cmdline, {report['ps_host']} ps on the "
-            f"host, {report['ps_container']} in ct201 (the launch in {report['marks']['launching']}"
-            f" scans, the run in {report['container_marks']['running']} in-container ps); values "
-            f"found: {len(report['hits'])}; the run saw both: {all(w in seen for w in want)}")  # fmt: skip
+    observe(
+        f"{report['scans']} scans of every /proc/*/cmdline, {report['ps_host']} ps on the "
+        f"host, {report['ps_container']} in ct201 (the launch in {report['marks']['launching']}"
+        f" scans, the run in {report['container_marks']['running']} in-container ps); values "
+        f"found: {len(report['hits'])}; the run saw both: {all(w in seen for w in want)}"
+    )
     assert not report["hits"], report["hits"][:5]
     assert report["marks"]["launching"] > 0, "the launch was never sampled: this proves nothing"
     assert report["container_marks"]["running"] > 0 and report["ps_host"] > 0, report

@@ -11,12 +11,28 @@ from tests.reliability import table
 def fault_tests() -> set[str]:
     """Node ids (relative to tests/reliability/) of every test carrying the ``fault`` marker."""
     res = subprocess.run(
-        [sys.executable, "-m", "pytest", "--collect-only", "-q", "-m", "fault",
-         "-p", "no:cacheprovider", "tests/reliability"],
-        capture_output=True, text=True, timeout=120, cwd=table.ROOT,
-    )  # fmt: skip
-    ids = {line.split("tests/reliability/", 1)[1] for line in res.stdout.splitlines()
-           if line.startswith("tests/reliability/") and "::" in line}  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "--collect-only",
+            "-q",
+            "-m",
+            "fault",
+            "-p",
+            "no:cacheprovider",
+            "tests/reliability",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=table.ROOT,
+    )
+    ids = {
+        line.split("tests/reliability/", 1)[1]
+        for line in res.stdout.splitlines()
+        if line.startswith("tests/reliability/") and "::" in line
+    }
     assert ids, res.stdout + res.stderr
     return ids
 
@@ -35,11 +51,25 @@ def test_committed_table_lists_every_fault_test():
 
 def test_render_marks_failures_and_xfails():
     rows = [
-        {"test": "a.py::t1", "area": "gpu", "fault": "f|1", "must": "m", "observed": ["o"],
-         "result": "FAIL", "reason": "assert 3 == 2"},
-        {"test": "a.py::t2", "area": "transport", "fault": "f2", "must": "m", "observed": [],
-         "result": "xfail", "reason": "no detector yet"},
-    ]  # fmt: skip
+        {
+            "test": "a.py::t1",
+            "area": "gpu",
+            "fault": "f|1",
+            "must": "m",
+            "observed": ["o"],
+            "result": "FAIL",
+            "reason": "assert 3 == 2",
+        },
+        {
+            "test": "a.py::t2",
+            "area": "transport",
+            "fault": "f2",
+            "must": "m",
+            "observed": [],
+            "result": "xfail",
+            "reason": "no detector yet",
+        },
+    ]
     text = table.render(rows, wall_s=12.0, now=0.0)
     assert text.index("## Transport") < text.index("## Gpu")
     assert "| f\\|1 | m | o | `a.py::t1` | FAIL: assert 3 == 2 |" in text

@@ -48,8 +48,10 @@ def test_sshd_killed_during_watch(running, observe):
     during = [s for t, s in w.lines if killed <= t <= t_up]
     assert not [s for s in during if any(word in s for word in DEATH_WORDS)], during
     assert w.proc.poll() is None, "watch exited"
-    observe(f"back to {line.split()[2]!r} {t_up - back:.1f} s after sshd returned "
-            f"(cap {BACKOFF_CAP_S:.0f} s); no dead/crashed line in between")  # fmt: skip
+    observe(
+        f"back to {line.split()[2]!r} {t_up - back:.1f} s after sshd returned "
+        f"(cap {BACKOFF_CAP_S:.0f} s); no dead/crashed line in between"
+    )
     assert w.stop() == 0
     assert "Traceback" not in (w.proc.stderr.read() if w.proc.stderr else "")
 
@@ -62,8 +64,19 @@ def test_sshd_killed_during_watch(running, observe):
 )
 def test_sshd_killed_during_check(running, observe, tmp_path):
     db = tmp_path / "orch.db"
-    cmd = [sys.executable, "-m", "orchestrator.cli", "-c", str(running.config), "check",
-           "--json", "--db", str(db), "--timeout", "10"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "-c",
+        str(running.config),
+        "check",
+        "--json",
+        "--db",
+        str(db),
+        "--timeout",
+        "10",
+    ]
     started = time.monotonic()
     proc = subprocess.Popen(
         cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT
@@ -106,14 +119,31 @@ def test_check_completes_under_latency(running, delayed_config, observe, tmp_pat
     timeout_s = 30.0
     started = time.monotonic()
     res = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(delayed_config), "check", "ct200",
-         "--json", "--db", str(tmp_path / "orch.db"), "--timeout", str(timeout_s)],
-        capture_output=True, text=True, timeout=120, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(delayed_config),
+            "check",
+            "ct200",
+            "--json",
+            "--db",
+            str(tmp_path / "orch.db"),
+            "--timeout",
+            str(timeout_s),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=ROOT,
+    )
     took = time.monotonic() - started
     doc = json.loads(res.stdout)
     state = doc["targets"][0]["state"]
     assert state in ("running", "starting"), (res.returncode, doc, res.stderr[-2000:])
     assert took < timeout_s + 5, took  # process start + the check's own deadline
-    observe(f"check finished in {took:.1f} s (timeout {timeout_s:.0f} s, 1 s round trip): "
-            f"exit {res.returncode}, ct200 {state}")  # fmt: skip
+    observe(
+        f"check finished in {took:.1f} s (timeout {timeout_s:.0f} s, 1 s round trip): "
+        f"exit {res.returncode}, ct200 {state}"
+    )

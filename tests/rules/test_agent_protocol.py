@@ -88,36 +88,108 @@ SAMPLES: dict[type, rq.AgentRequest[Any]] = {
 """Each request with its required fields only."""
 
 OFF_DEFAULT: list[rq.AgentRequest[Any]] = [
-    rq.LaunchRequest("/w", "python t.py", "s2", run_id="r1", gpus="0,1", force=True, grace_s=5.0,
-                     settle_s=0.5, record_interval_s=3.0, no_recorder=True, orch_version="9",
-                     target="ct", env_from="r0", carry_from="r0", env_stdin=True),
+    rq.LaunchRequest(
+        "/w",
+        "python t.py",
+        "s2",
+        run_id="r1",
+        gpus="0,1",
+        force=True,
+        grace_s=5.0,
+        settle_s=0.5,
+        record_interval_s=3.0,
+        no_recorder=True,
+        orch_version="9",
+        target="ct",
+        env_from="r0",
+        carry_from="r0",
+        env_stdin=True,
+    ),
     rq.StopRequest("/w", run_id="r1", grace_s=3.0, by="orch stop by u@h"),
     rq.RunsRequest("/w", "s2"),
     rq.RunRequest("/w", "s2", run_id="r1", tail=30),
-    rq.LogsRequest("/w", run_id="r1", lines=7, offset=9, max_bytes=10, follow=True,
-                   interval_s=0.25),
-    rq.EvidenceRequest("/w", "s", run_id="r", log_lines=1, pane_lines=2, gpu_samples=3,
-                       metric_records=4),
-    rq.SnapshotRequest("/w", "s2", target="ct", tail_lines=3, offset=5, run_id="r1",
-                       log_patterns='{"loss": "l=(\\S+)"}', socket_name="n", socket_path="/p",
-                       gpu_deadline_s=7.5, gpu_source="nvidia-smi"),
-    rq.StreamRequest("/w", "s2", target="ct", tail_lines=3, offset=5, run_id="r1",
-                     log_patterns="{}", socket_name="n", socket_path="/p", gpu_deadline_s=7.5,
-                     gpu_source="nvml", interval_s=0.5, count=3, ignore_stdin=True),
-    rq.FactsRequest("/w", torch=True, torch_timeout_s=5.0, socket_name="n", socket_path="/p",
-                    gpu_deadline_s=3.0, gpu_source="nvml"),
-    rq.ProbeRequest(host="pve1", vmids=(200, 201), since=12.5, timeout_s=4.0, proc_root="/hp",
-                    previous_boot=True, gpu_deadline_s=3.0, gpu_source="auto"),
-    rq.HostObserveRequest('[{"name": "ct"}]', host="pve1", since=1.5, cursor="s=1", timeout_s=3.0,
-                          state="/s.json", gpu_deadline_s=3.0, gpu_source="nvml"),
-    rq.HostStreamRequest("[]", host="pve1", since=1.5, cursor="s=1", timeout_s=3.0,
-                         state="/s.json", gpu_deadline_s=3.0, gpu_source="nvml", interval_s=0.5,
-                         count=2, ignore_stdin=True),
-]  # fmt: skip
+    rq.LogsRequest(
+        "/w", run_id="r1", lines=7, offset=9, max_bytes=10, follow=True, interval_s=0.25
+    ),
+    rq.EvidenceRequest(
+        "/w", "s", run_id="r", log_lines=1, pane_lines=2, gpu_samples=3, metric_records=4
+    ),
+    rq.SnapshotRequest(
+        "/w",
+        "s2",
+        target="ct",
+        tail_lines=3,
+        offset=5,
+        run_id="r1",
+        log_patterns='{"loss": "l=(\\S+)"}',
+        socket_name="n",
+        socket_path="/p",
+        gpu_deadline_s=7.5,
+        gpu_source="nvidia-smi",
+    ),
+    rq.StreamRequest(
+        "/w",
+        "s2",
+        target="ct",
+        tail_lines=3,
+        offset=5,
+        run_id="r1",
+        log_patterns="{}",
+        socket_name="n",
+        socket_path="/p",
+        gpu_deadline_s=7.5,
+        gpu_source="nvml",
+        interval_s=0.5,
+        count=3,
+        ignore_stdin=True,
+    ),
+    rq.FactsRequest(
+        "/w",
+        torch=True,
+        torch_timeout_s=5.0,
+        socket_name="n",
+        socket_path="/p",
+        gpu_deadline_s=3.0,
+        gpu_source="nvml",
+    ),
+    rq.ProbeRequest(
+        host="pve1",
+        vmids=(200, 201),
+        since=12.5,
+        timeout_s=4.0,
+        proc_root="/hp",
+        previous_boot=True,
+        gpu_deadline_s=3.0,
+        gpu_source="auto",
+    ),
+    rq.HostObserveRequest(
+        '[{"name": "ct"}]',
+        host="pve1",
+        since=1.5,
+        cursor="s=1",
+        timeout_s=3.0,
+        state="/s.json",
+        gpu_deadline_s=3.0,
+        gpu_source="nvml",
+    ),
+    rq.HostStreamRequest(
+        "[]",
+        host="pve1",
+        since=1.5,
+        cursor="s=1",
+        timeout_s=3.0,
+        state="/s.json",
+        gpu_deadline_s=3.0,
+        gpu_source="nvml",
+        interval_s=0.5,
+        count=2,
+        ignore_stdin=True,
+    ),
+]
 """Each request with every field off its default."""
 
 NOT_REQUESTED = {
-    "record": "started by the run's wrapper in the container (agent/runs.py), not by orch"
+    "record": "started by the run's wrapper in the container (agent/wrapper.py), not by orch"
 }
 """Agent commands no operator code sends."""
 
@@ -167,8 +239,12 @@ def test_the_agent_parses_each_request_with_the_same_defaults(cls: type) -> None
     plain = cls(
         **{f.name: getattr(req, f.name) for f in fields if f.default is dataclasses.MISSING}
     )
-    required = [a for f in fields if f.default is dataclasses.MISSING
-                for a in (f"--{f.name}", str(getattr(req, f.name)))]  # fmt: skip
+    required = [
+        a
+        for f in fields
+        if f.default is dataclasses.MISSING
+        for a in (f"--{f.name}", str(getattr(req, f.name)))
+    ]
     bare = vars(parser.parse_args([cls.command, *required]))
     for f in fields:
         assert bare[_dest(f.name)] == _agent_value(plain, f.name), f"{cls.__name__}.{f.name}"

@@ -47,10 +47,25 @@ def test_gpu_lists_are_parsed_in_one_place_with_the_cap() -> None:
 def test_the_agent_refuses_a_gpu_list_past_the_cap(tmp_path: Path) -> None:
     """The agent parses ``launch --gpus`` with the same function (it ships in the bundle)."""
     res = subprocess.run(
-        [sys.executable, "-m", "orchestrator.agent", "launch", "--workdir", str(tmp_path),
-         "--cmd", "true", "--run-id", "r1", "--gpus", "0-5000"],
-        capture_output=True, text=True, timeout=60, cwd=ROOT,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.agent",
+            "launch",
+            "--workdir",
+            str(tmp_path),
+            "--cmd",
+            "true",
+            "--run-id",
+            "r1",
+            "--gpus",
+            "0-5000",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
     assert res.returncode == 2, res.stderr
     doc = json.loads(res.stdout)
     assert doc["error"] == "bad-argument" and "above 1023" in doc["message"]
@@ -147,12 +162,12 @@ def test_each_literal_lives_in_its_one_owner(literal: str, owner: str | None) ->
 
 
 def test_the_wrapper_writes_the_exit_line_the_detector_reads() -> None:
-    from orchestrator.agent import runs
+    from orchestrator.agent import wrapper
     from orchestrator.detect import run
     from orchestrator.wire.requests import EXIT_LINE
 
     assert run.WRAPPER_EXIT is EXIT_LINE
-    assert f"printf '\\n{EXIT_LINE} %s at %s\\n'" in runs.WRAPPER
+    assert f"printf '\\n{EXIT_LINE} %s at %s\\n'" in wrapper.WRAPPER
 
 
 def test_the_launchers_poll_at_one_interval() -> None:

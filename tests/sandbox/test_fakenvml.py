@@ -233,11 +233,14 @@ def test_hang_does_not_block_other_threads(lib_dir: Path, tmp_path: Path) -> Non
     assert time.monotonic() - start < 4.5
 
 
-@pytest.mark.parametrize(("numbering", "caller_is_host", "want"), [
-    ("host", False, [[4242, 100], [5151, 200]]),       # 535.104.05: every host PID
-    ("namespace", False, [[17, 100]]),                 # 535.113.01: the caller's own, the rest left out
-    ("namespace", True, [[4242, 100], [5151, 200]]),   # on the host: host PIDs
-])  # fmt: skip
+@pytest.mark.parametrize(
+    ("numbering", "caller_is_host", "want"),
+    [
+        ("host", False, [[4242, 100], [5151, 200]]),  # 535.104.05: every host PID
+        ("namespace", False, [[17, 100]]),  # 535.113.01: the caller's own, the rest left out
+        ("namespace", True, [[4242, 100], [5151, 200]]),  # on the host: host PIDs
+    ],
+)
 def test_pid_numbering_follows_the_callers_namespace(
     lib_dir: Path, tmp_path: Path, numbering: str, caller_is_host: bool, want: list
 ) -> None:

@@ -87,13 +87,23 @@ def test_non_root_gets_please_run_as_root(ct) -> None:  # type: ignore[no-untype
     if not setpriv or not os.access(python, os.X_OK):
         pytest.skip("needs setpriv and /usr/bin/python3 to run pct as nobody")
     out = subprocess.run(
-        [setpriv, "--reuid=65534", "--regid=65534", "--clear-groups", python, "-E", "-S",
-         str(REPO / "orchestrator" / "sandbox" / "bin" / "pct"), "status", "200"],
+        [
+            setpriv,
+            "--reuid=65534",
+            "--regid=65534",
+            "--clear-groups",
+            python,
+            "-E",
+            "-S",
+            str(REPO / "orchestrator" / "sandbox" / "bin" / "pct"),
+            "status",
+            "200",
+        ],
         env={**ct.env(), "PATH": "/usr/bin:/bin"},
         capture_output=True,
         text=True,
         timeout=30,
-    )  # fmt: skip
+    )
     assert (out.returncode, out.stderr) == (255, "please run as root\n")
 
 

@@ -62,9 +62,20 @@ def _leftovers(info: dict) -> list[str]:
 def test_up_status_scenario_down_leaves_nothing(tmp_path: Path) -> None:
     state = tmp_path / "sb"
     up = orch(
-        "sandbox", "up", "--dir", str(state), "--containers", "2", "--gpus", "4",
-        "--scenario", "ghost", "--isolation", SANDBOX_ISOLATION, "--json",
-    )  # fmt: skip
+        "sandbox",
+        "up",
+        "--dir",
+        str(state),
+        "--containers",
+        "2",
+        "--gpus",
+        "4",
+        "--scenario",
+        "ghost",
+        "--isolation",
+        SANDBOX_ISOLATION,
+        "--json",
+    )
     assert up.returncode == 0, up.stderr
     info = json.loads(up.stdout)
     lxc_mode = info["isolation"] == "lxc"
@@ -252,8 +263,18 @@ def test_process_mode_smoke(tmp_path: Path) -> None:
     try:
         assert info.isolation == "process" and info.init_pid("ct200") is None
         cfg = str(info.config_path)
-        launched = orch("-c", cfg, "launch", "ct200", "--cmd", "echo smoke-$((6*7)); sleep 30",
-                        "--name", "smoke", "--no-verify", "--json")  # fmt: skip
+        launched = orch(
+            "-c",
+            cfg,
+            "launch",
+            "ct200",
+            "--cmd",
+            "echo smoke-$((6*7)); sleep 30",
+            "--name",
+            "smoke",
+            "--no-verify",
+            "--json",
+        )
         assert launched.returncode == 0, launched.stderr
         log = info.host_path("ct200", json.loads(launched.stdout)["log_path"])
         wait_for(lambda: "smoke-42" in log.read_text(), 20, what="the run's line in its log")

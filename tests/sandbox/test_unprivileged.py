@@ -40,8 +40,14 @@ def ct(top: Path) -> Iterator[object]:
         pytest.skip("unprivileged containers are LXC's")
     state_dir = top / "unpriv"
     try:
-        info = manager.up(state_dir, containers=1, gpus=2, scenario="idle",
-                          isolation=SANDBOX_ISOLATION, unprivileged=True)  # fmt: skip
+        info = manager.up(
+            state_dir,
+            containers=1,
+            gpus=2,
+            scenario="idle",
+            isolation=SANDBOX_ISOLATION,
+            unprivileged=True,
+        )
     except manager.SandboxError as exc:
         if SANDBOX_ISOLATION == "auto":
             pytest.skip(f"LXC containers cannot run here: {exc}")
@@ -76,8 +82,22 @@ def test_pct_push_creates_files_as_the_containers_root(ct, tmp_path: Path) -> No
     src = tmp_path / "f"
     src.write_text("pushed\n")
     assert _pct(ct, "push", "200", str(src), "/root/pushed").stderr == ""
-    assert _pct(ct, "push", "200", str(src), "/root/pushed-1000", "--user", "1000",
-                "--group", "1000", "--perms", "600").stderr == ""  # fmt: skip
+    assert (
+        _pct(
+            ct,
+            "push",
+            "200",
+            str(src),
+            "/root/pushed-1000",
+            "--user",
+            "1000",
+            "--group",
+            "1000",
+            "--perms",
+            "600",
+        ).stderr
+        == ""
+    )
     plain, mine = ct.host_path(200, "/root/pushed"), ct.host_path(200, "/root/pushed-1000")
     assert (plain.stat().st_uid, mine.stat().st_uid, mine.stat().st_gid) == (100000, 101000, 101000)
     inside = _pct(ct, "exec", "200", "--", "stat", "-c", "%u %a", "/root/pushed-1000").stdout

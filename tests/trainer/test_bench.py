@@ -35,9 +35,15 @@ def test_bench_json_last(tmp_path: Path) -> None:
     lines = proc.stdout.strip().splitlines()
     result = json.loads(lines[-1])
     assert set(result) == {
-        "pipelined_tok_s", "plain_tok_s", "ratio", "tau", "tau_no_context", "tau_bigram",
-        "tau_eval_s", "tau_eval_peak_mib",
-    }  # fmt: skip
+        "pipelined_tok_s",
+        "plain_tok_s",
+        "ratio",
+        "tau",
+        "tau_no_context",
+        "tau_bigram",
+        "tau_eval_s",
+        "tau_eval_peak_mib",
+    }
     assert result["tau_eval_s"] > 0 and result["tau_eval_peak_mib"] > 0
     assert 1.0 <= result["tau"] <= 4.0  # tiny-cpu: block_size 4, measured at step 10
     assert result["pipelined_tok_s"] > 0 and result["plain_tok_s"] > 0

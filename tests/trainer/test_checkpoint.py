@@ -137,11 +137,21 @@ def test_resume_skips_a_nonfinite_checkpoint(tmp_path: Path) -> None:
 def test_resume_with_more_steps_keeps_the_saved_lr_schedule(tmp_path: Path) -> None:
     """The schedule's length is saved: resuming a 6-step run with ``--steps 12`` continues at
     the decayed floor (10 % of train.lr), it does not restart a longer cosine."""
-    first = run_trainer(tmp_path, "--steps", "6", "--set", "train.log_every=1",
-                        "--set", "train.warmup_steps=2")  # fmt: skip
+    first = run_trainer(
+        tmp_path, "--steps", "6", "--set", "train.log_every=1", "--set", "train.warmup_steps=2"
+    )
     assert first.returncode == 0, first.stderr
-    second = run_trainer(tmp_path, "--resume", "auto", "--steps", "12",
-                         "--set", "train.log_every=1", "--set", "train.warmup_steps=2")  # fmt: skip
+    second = run_trainer(
+        tmp_path,
+        "--resume",
+        "auto",
+        "--steps",
+        "12",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.warmup_steps=2",
+    )
     assert second.returncode == 0, second.stderr
     assert "at step=6 lr_schedule_steps=6" in second.stdout
     lr = {r["step"]: r["lr"] for r in read_metrics(tmp_path)}

@@ -67,13 +67,29 @@ def test_devices_follow_torchrun_local_rank(tmp_path: Path) -> None:
     indices by r x (highest + 1), so two ranks on a node never share a GPU. Here torch sees no
     CUDA device, so the shifted set is refused with a one-line error naming it (exit 2)."""
     config = tmp_path / "gpus.yaml"
-    config.write_text(TINY.read_text().replace("target: [cpu]", "target: [cuda:0]")
-                      .replace("drafter: [cpu, cpu]", "drafter: [cuda:1, cuda:2]"))  # fmt: skip
+    config.write_text(
+        TINY.read_text()
+        .replace("target: [cpu]", "target: [cuda:0]")
+        .replace("drafter: [cpu, cpu]", "drafter: [cuda:1, cuda:2]")
+    )
     env = trainer_env() | {"LOCAL_RANK": "1"}
     proc = subprocess.run(
-        [sys.executable, "-m", "trainer", "--config", str(config), "--run-dir", str(tmp_path / "r")],
-        cwd=ROOT, env=env, capture_output=True, text=True, timeout=120, check=False,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "trainer",
+            "--config",
+            str(config),
+            "--run-dir",
+            str(tmp_path / "r"),
+        ],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert proc.stderr == (
         "error: devices: the run needs cuda:3..cuda:5 (LOCAL_RANK=1: each local rank gets its "

@@ -90,8 +90,9 @@ def test_bf16_hf_target_pipelined_run_learns(tmp_path: Path) -> None:
 
 
 def test_builtin_target_in_bfloat16_through_the_cli(tmp_path: Path) -> None:
-    proc = run_trainer(tmp_path, "--steps", "3", "--set", "target.dtype=bfloat16",
-                       "--set", "train.log_every=1")  # fmt: skip
+    proc = run_trainer(
+        tmp_path, "--steps", "3", "--set", "target.dtype=bfloat16", "--set", "train.log_every=1"
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3]
     assert all(r["loss"] is not None for r in read_metrics(tmp_path))
@@ -100,13 +101,25 @@ def test_builtin_target_in_bfloat16_through_the_cli(tmp_path: Path) -> None:
 def test_real_transformers_bf16_checkpoint(tmp_path: Path) -> None:
     transformers = pytest.importorskip("transformers")
     config = transformers.LlamaConfig(
-        vocab_size=64, hidden_size=64, intermediate_size=128, num_hidden_layers=4,
-        num_attention_heads=4, num_key_value_heads=4, max_position_embeddings=128,
-    )  # fmt: skip
+        vocab_size=64,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=4,
+        num_attention_heads=4,
+        num_key_value_heads=4,
+        max_position_embeddings=128,
+    )
     model = transformers.LlamaForCausalLM(config).to(torch.bfloat16)
     model.save_pretrained(tmp_path / "llama")
-    proc = run_trainer(tmp_path / "run", "--steps", "3", "--set", "train.log_every=1",
-                       "--set", f"target.hf_path={tmp_path / 'llama'}")  # fmt: skip
+    proc = run_trainer(
+        tmp_path / "run",
+        "--steps",
+        "3",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        f"target.hf_path={tmp_path / 'llama'}",
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "same dtype" not in proc.stderr
     assert len(read_metrics(tmp_path / "run")) == 3

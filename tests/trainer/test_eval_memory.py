@@ -46,9 +46,15 @@ def test_a_budgeted_evaluation_spreads_over_the_next_steps(tmp_path: Path) -> No
     after step 5), which is itself still pending when step 12 ends."""
     cfg = load_config(
         TINY,
-        ["train.eval_every=5", "train.log_every=1", "train.eval_seqs=8",
-         "train.eval_chunk_rows=4", "train.eval_budget_s=1.0e-9", "data.pool=16"],
-    )  # fmt: skip
+        [
+            "train.eval_every=5",
+            "train.log_every=1",
+            "train.eval_seqs=8",
+            "train.eval_chunk_rows=4",
+            "train.eval_budget_s=1.0e-9",
+            "data.pool=16",
+        ],
+    )
     out = io.StringIO()
     trainer = Trainer(cfg, RunOptions(tmp_path, log_out=out))
     trainer.run_plain(12)

@@ -25,11 +25,30 @@ from trainer.metrics import parse_line
 
 FAST = ("--set", "train.log_every=1", "--set", "train.ckpt_every=1000")
 # The target ~100x the drafter's work: only a stretched target stage slows this pipeline down.
-TARGET_BOUND = ("--set", "train.log_every=4", "--set", "train.eval_every=0",
-                "--set", "target.d_model=256", "--set", "target.d_ff=1024",
-                "--set", "target.n_layers=6", "--set", "drafter.target_layers=[0]",
-                "--set", "drafter.d_model=16", "--set", "drafter.d_ff=16", "--set", "drafter.n_layers=1",
-                "--set", "data.kind=synthetic", "--set", "devices.drafter=[cpu]")  # fmt: skip
+TARGET_BOUND = (
+    "--set",
+    "train.log_every=4",
+    "--set",
+    "train.eval_every=0",
+    "--set",
+    "target.d_model=256",
+    "--set",
+    "target.d_ff=1024",
+    "--set",
+    "target.n_layers=6",
+    "--set",
+    "drafter.target_layers=[0]",
+    "--set",
+    "drafter.d_model=16",
+    "--set",
+    "drafter.d_ff=16",
+    "--set",
+    "drafter.n_layers=1",
+    "--set",
+    "data.kind=synthetic",
+    "--set",
+    "devices.drafter=[cpu]",
+)
 
 
 # CPU-bound trainer runs with time limits: alone, after the parallel pass (./dev test)
@@ -49,8 +68,16 @@ def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
 def test_crash_once_fires_from_step_0_only_so_a_resume_gets_past_it(tmp_path: Path) -> None:
     """``crash-once@N``: the first run crashes at N like ``crash@N``; the same command with
     ``--resume auto`` starts after the newest checkpoint (< N) and finishes (the restart loop)."""
-    args = ("--steps", "8", "--fault", "crash-once@6", "--set", "train.log_every=1",
-            "--set", "train.ckpt_every=4")  # fmt: skip
+    args = (
+        "--steps",
+        "8",
+        "--fault",
+        "crash-once@6",
+        "--set",
+        "train.log_every=1",
+        "--set",
+        "train.ckpt_every=4",
+    )
     first = run_trainer(tmp_path, *args)
     assert first.returncode == 1, first.stderr[-2000:]
     assert first.stderr.rstrip().endswith("RuntimeError: injected fault: crash at step 6")
@@ -90,8 +117,18 @@ def test_silent_exit_leaves_no_trace(tmp_path: Path) -> None:
 def test_nan_step_is_skipped_counted_and_never_checkpointed(tmp_path: Path) -> None:
     """``nan@3``: step 3's gradient is NaN; the step is skipped (weights unchanged), counted,
     and training goes on from finite weights: every checkpoint is finite."""
-    proc = run_trainer(tmp_path, "--steps", "6", "--fault", "nan@3", *FAST[:2],
-                       "--set", "train.ckpt_every=1", "--set", "train.keep_ckpts=10")  # fmt: skip
+    proc = run_trainer(
+        tmp_path,
+        "--steps",
+        "6",
+        "--fault",
+        "nan@3",
+        *FAST[:2],
+        "--set",
+        "train.ckpt_every=1",
+        "--set",
+        "train.keep_ckpts=10",
+    )
     assert proc.returncode == 0, proc.stderr
     losses = [parse_line(x)["loss"] for x in proc.stdout.splitlines() if parse_line(x)]
     assert len(losses) == 6
@@ -108,12 +145,24 @@ def test_nan_step_is_skipped_counted_and_never_checkpointed(tmp_path: Path) -> N
 
 
 def test_nonfinite_steps_in_a_row_stop_the_run_with_a_clear_message(tmp_path: Path) -> None:
-    proc = run_trainer(tmp_path, "--steps", "20", "--fault", "nan@3:100", *FAST[:2],
-                       "--set", "train.ckpt_every=2", "--set", "train.max_nonfinite_steps=4")  # fmt: skip
+    proc = run_trainer(
+        tmp_path,
+        "--steps",
+        "20",
+        "--fault",
+        "nan@3:100",
+        *FAST[:2],
+        "--set",
+        "train.ckpt_every=2",
+        "--set",
+        "train.max_nonfinite_steps=4",
+    )
     assert proc.returncode == 1, proc.stderr[-2000:]
     last = proc.stderr.rstrip().splitlines()[-1]
-    assert last.startswith("trainer.checkpoint.NonFiniteError: 4 steps in a row had a non-finite "
-                           "gradient (steps 3..6; train.max_nonfinite_steps=4); stopping."), last  # fmt: skip
+    assert last.startswith(
+        "trainer.checkpoint.NonFiniteError: 4 steps in a row had a non-finite "
+        "gradient (steps 3..6; train.max_nonfinite_steps=4); stopping."
+    ), last
     assert heartbeat_step(tmp_path) == 5  # step 6's bookkeeping raised before its beat
     for path in (tmp_path / "checkpoints").glob("step_*.pt"):
         state = torch.load(path, weights_only=True)

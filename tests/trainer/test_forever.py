@@ -17,11 +17,18 @@ def test_forever_trains_past_the_configured_steps_until_sigterm(tmp_path: Path) 
     with the documented 143 and a checkpoint, the LR held at its peak after the warm-up."""
     proc = subprocess.Popen(
         trainer_cmd(tmp_path, "--forever", "--set", "train.log_every=50", config=INSTANT),
-        cwd=ROOT, env=trainer_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        cwd=ROOT,
+        env=trainer_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     try:
-        wait_for(lambda: (heartbeat_step(tmp_path) or 0) > 250, timeout_s=120,
-                 what="step 250, past the config's 200")  # fmt: skip
+        wait_for(
+            lambda: (heartbeat_step(tmp_path) or 0) > 250,
+            timeout_s=120,
+            what="step 250, past the config's 200",
+        )
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     finally:

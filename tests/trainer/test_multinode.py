@@ -20,24 +20,63 @@ INSTANT = ROOT / "trainer" / "configs" / "instant-cpu.yaml"
 
 
 def _node(rank: int, port: int, run_dir: Path, *extra: str) -> subprocess.Popen[str]:
-    argv = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1",
-            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "t",
-            "--local-addr", f"127.0.0.{rank + 1}", "--max-restarts", "0",
-            # only node 0 serves the store: both share 127.0.0.1, which torchrun would take
-            # for "mine" on each (then both bind the port, and the loser fails with EADDRINUSE)
-            "--rdzv-conf", f"is_host={1 if rank == 0 else 0}",
-            "-m", "trainer", "--config", str(INSTANT), "--run-dir", str(run_dir),
-            "--set", "train.batch_size=8", "--set", "train.log_every=2", *extra]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "t",
+        "--local-addr",
+        f"127.0.0.{rank + 1}",
+        "--max-restarts",
+        "0",
+        # only node 0 serves the store: both share 127.0.0.1, which torchrun would take
+        # for "mine" on each (then both bind the port, and the loser fails with EADDRINUSE)
+        "--rdzv-conf",
+        f"is_host={1 if rank == 0 else 0}",
+        "-m",
+        "trainer",
+        "--config",
+        str(INSTANT),
+        "--run-dir",
+        str(run_dir),
+        "--set",
+        "train.batch_size=8",
+        "--set",
+        "train.log_every=2",
+        *extra,
+    ]
     env = trainer_env() | {"GLOO_SOCKET_IFNAME": "lo"}
-    return subprocess.Popen(argv, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)  # fmt: skip
+    return subprocess.Popen(
+        argv, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+    )
 
 
 @pytest.mark.slow
 def test_two_nodes_each_log_their_steps_and_one_rank_dies_alone(tmp_path: Path) -> None:
     port = free_port()
-    nodes = [_node(r, port, tmp_path / f"n{r}", "--steps", "40", "--fault", "kill@21:1",
-                   "--dist-timeout", "30") for r in (0, 1)]  # fmt: skip
+    nodes = [
+        _node(
+            r,
+            port,
+            tmp_path / f"n{r}",
+            "--steps",
+            "40",
+            "--fault",
+            "kill@21:1",
+            "--dist-timeout",
+            "30",
+        )
+        for r in (0, 1)
+    ]
     try:
         out = [p.communicate(timeout=240)[0] for p in nodes]
     finally:

@@ -37,8 +37,12 @@ def test_the_target_accepts_its_own_continuation_up_to_the_first_wrong_draft(
     tokens = greedy_rows(target, 3, 24)
     anchors = torch.tensor([[5, 11], [7, 9], [12, 16]])
     k = 5  # drafts per block (B = 6)
-    right = torch.stack([torch.stack([tokens[i, a + 1 : a + 1 + k] for a in row]) for i, row in
-                         enumerate(anchors.tolist())])  # fmt: skip
+    right = torch.stack(
+        [
+            torch.stack([tokens[i, a + 1 : a + 1 + k] for a in row])
+            for i, row in enumerate(anchors.tolist())
+        ]
+    )
     assert accepted(target, tokens, anchors, right).tolist() == [[5, 5], [5, 5], [5, 5]]
     wrong = right.clone()
     wrong[0, 0, 2] = (wrong[0, 0, 2] + 1) % target.vocab_size  # slot 3 of block (0, 0)
@@ -86,8 +90,10 @@ def test_tau_rises_with_training_and_needs_the_context(tmp_path: Path) -> None:
     assert no_context is not None and tau > no_context + 1.0, (tau, no_context)
     assert tau > bigram + 1.0, (tau, bigram)
     assert records[-1]["tau_tf"] > records[0]["tau_tf"], records  # an interval mean: it lags
-    print(f"tau {before:.2f} -> {taus} in 60 steps ({wall_s:.1f} s); context zeroed "
-          f"{no_context:.2f}, bigram {bigram:.2f}")  # fmt: skip
+    print(
+        f"tau {before:.2f} -> {taus} in 60 steps ({wall_s:.1f} s); context zeroed "
+        f"{no_context:.2f}, bigram {bigram:.2f}"
+    )
 
 
 def test_an_untrained_drafter_gets_tau_near_one(target: TargetLM) -> None:

@@ -96,11 +96,27 @@ def test_a_revoked_key_is_refused_with_a_clear_message(sshd: Sshd, tmp_path: Pat
         trust.scan(host)
     # OpenSSH's own client agrees (the oracle)
     res = subprocess.run(
-        ["ssh", "-o", f"UserKnownHostsFile={known}", "-o", "GlobalKnownHostsFile=/dev/null",
-         "-o", "BatchMode=yes", "-o", "StrictHostKeyChecking=yes", "-p", str(sshd.port),
-         "-i", str(sshd.client_key_path), "root@127.0.0.1", "true"],
-        capture_output=True, text=True, timeout=30,
-    )  # fmt: skip
+        [
+            "ssh",
+            "-o",
+            f"UserKnownHostsFile={known}",
+            "-o",
+            "GlobalKnownHostsFile=/dev/null",
+            "-o",
+            "BatchMode=yes",
+            "-o",
+            "StrictHostKeyChecking=yes",
+            "-p",
+            str(sshd.port),
+            "-i",
+            str(sshd.client_key_path),
+            "root@127.0.0.1",
+            "true",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=30,
+    )
     assert res.returncode != 0 and "REVOKED" in res.stderr, res.stderr
 
 

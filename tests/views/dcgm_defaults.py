@@ -42,7 +42,15 @@ NOT_FROM_NVML = {
     "DCGM_FI_PROF_PCIE_RX_BYTES": "DCGM's profiling module",
 }
 FROM_NVML = tuple(n for n in DEFAULT_COUNTERS if n not in NOT_FROM_NVML)
-GPU_LABELS = {"gpu", "UUID", "pci_bus_id", "device", "modelName", "Hostname", "container",
-              "DCGM_FI_DRIVER_VERSION"}  # fmt: skip
+GPU_LABELS = {
+    "gpu",
+    "UUID",
+    "pci_bus_id",
+    "device",
+    "modelName",
+    "Hostname",
+    "container",
+    "DCGM_FI_DRIVER_VERSION",
+}
 """dcgm-exporter's labels (render_metrics.go, gpuMetricsFormat, with its container label and
 the label field), what a Prometheus scrape adds (job, instance) aside."""

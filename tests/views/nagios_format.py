@@ -73,8 +73,17 @@ def parse_perfdata(text: str) -> list[Item]:
         for name, n in (("min", lo), ("max", hi)):
             if n and not _NUM.match(n):
                 raise FormatError(f"{label}: {name} {n!r} is not in [-0-9.]")
-        items.append(Item(label, float(m["value"]), m["uom"], warn, crit,
-                          float(lo) if lo else None, float(hi) if hi else None))  # fmt: skip
+        items.append(
+            Item(
+                label,
+                float(m["value"]),
+                m["uom"],
+                warn,
+                crit,
+                float(lo) if lo else None,
+                float(hi) if hi else None,
+            )
+        )
         pos = m.end()
         if pos < len(text):
             if not text[pos].isspace():

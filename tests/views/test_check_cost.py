@@ -26,10 +26,23 @@ def sessions(fleet) -> int:
 
 def _check(fleet, config: Path, db: Path) -> dict:
     res = subprocess.run(
-        [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "check", "--json",
-         "--db", str(db), "--timeout", "60"],
-        capture_output=True, text=True, timeout=180,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "orchestrator.cli",
+            "-c",
+            str(config),
+            "check",
+            "--json",
+            "--db",
+            str(db),
+            "--timeout",
+            "60",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
     doc = json.loads(res.stdout)
     assert doc["status"] != "UNKNOWN", res.stderr[-2000:]
     return doc

@@ -34,7 +34,7 @@ _TIMEPERIOD = "\n".join(
     + [
         f"  {d} 00:00-24:00"
         for d in ("sunday", "monday", "tuesday", "wednesday", "thursday", "friday", "saturday")
-    ]  # fmt: skip
+    ]
     + ["}"]
 )
 
@@ -134,8 +134,18 @@ def _service(status: Path) -> dict[str, str] | None:
 def _plugin(where: Path, fleet, db: Path) -> Path:  # type: ignore[no-untyped-def]
     """``orch check`` as Nagios runs a plugin: a script with this test's environment."""
     env = {k: v for k, v in os.environ.items() if re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)}
-    argv = [sys.executable, "-m", "orchestrator.cli", "-c", fleet.config, "check",
-            "--db", str(db), "--timeout", "30"]  # fmt: skip
+    argv = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "-c",
+        fleet.config,
+        "check",
+        "--db",
+        str(db),
+        "--timeout",
+        "30",
+    ]
     script = where / "orch_check.sh"
     script.write_text(
         "#!/bin/sh\n"
@@ -157,9 +167,11 @@ def test_nagios_core_stores_orchs_perfdata(fleet, tmp_path):  # type: ignore[no-
     verify = subprocess.run([NAGIOS, "-v", str(cfg)], capture_output=True, text=True, timeout=60)
     assert verify.returncode == 0, verify.stdout[-3000:]
     core = subprocess.Popen(
-        [NAGIOS, str(cfg)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        [NAGIOS, str(cfg)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
         start_new_session=True,
-    )  # fmt: skip
+    )
     try:
         svc = wait_for(lambda: _service(where / "status.dat"), 150, what="Nagios's first check")
     finally:

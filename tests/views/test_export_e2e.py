@@ -101,11 +101,19 @@ def test_prometheus_scrapes_dcgm_names_from_the_sandbox(fleet, tmp_path):
         assert sorted(float(r["value"][1]) for r in up["data"]["result"]) == [1.0, 1.0]
         # orch's series join dcgm's on their own labels, no label_replace
         join = "DCGM_FI_DEV_GPU_UTIL * on (Hostname, container) group_left orch_target_reachable"
-        joined = json.loads(get(f"http://127.0.0.1:{prom_port}/api/v1/query?"
-                                + urllib.parse.urlencode({"query": join})))  # fmt: skip
+        joined = json.loads(
+            get(
+                f"http://127.0.0.1:{prom_port}/api/v1/query?"
+                + urllib.parse.urlencode({"query": join})
+            )
+        )
         assert len(joined["data"]["result"]) == 16, joined
-        xid = json.loads(get(f"http://127.0.0.1:{prom_port}/api/v1/query?"
-                             + urllib.parse.urlencode({"query": "DCGM_FI_DEV_XID_ERRORS"})))  # fmt: skip
+        xid = json.loads(
+            get(
+                f"http://127.0.0.1:{prom_port}/api/v1/query?"
+                + urllib.parse.urlencode({"query": "DCGM_FI_DEV_XID_ERRORS"})
+            )
+        )
         assert sorted(float(r["value"][1]) for r in xid["data"]["result"]) == [0.0] * 16
     finally:
         stop(prom)
@@ -118,8 +126,9 @@ def test_textfile_once_for_node_exporter(fleet, tmp_path, observe):
     fleet.scenario("ghost")
     try:
         path = tmp_path / "orch.prom"
-        proc = fleet.orch("export", "--textfile", str(path),
-                          config=fleet.config_for(observe, tmp_path))  # fmt: skip
+        proc = fleet.orch(
+            "export", "--textfile", str(path), config=fleet.config_for(observe, tmp_path)
+        )
         assert proc.returncode == 0, proc.stderr
         text = path.read_text()
         assert 'Hostname="sandbox",UUID="GPU-' in text and "DCGM_FI_DEV_XID_ERRORS{" in text
@@ -193,8 +202,9 @@ def test_host_and_container_paths_export_the_same_dcgm_series(fleet, tmp_path):
     seen = {}
     for observe in ("host", "container"):
         path = tmp_path / f"{observe}.prom"
-        proc = fleet.orch("export", "--textfile", str(path),
-                          config=fleet.config_for(observe, tmp_path))  # fmt: skip
+        proc = fleet.orch(
+            "export", "--textfile", str(path), config=fleet.config_for(observe, tmp_path)
+        )
         assert proc.returncode == 0, proc.stderr
         seen[observe] = {
             (s.name, s.labels["container"], s.labels["gpu"]): s.value

@@ -138,12 +138,17 @@ def test_throughput_gauge_keeps_the_printed_unit() -> None:
             throughput_unit="tokens/s/device",
             total_steps=1000,
             framework="torchtitan",
-        ),  # fmt: skip
+        ),
     )
     got = scrape([Judgement("ct200", snap, "running", (), host="pve1")])
     [rate] = got["orch_run_throughput"]
-    assert rate.labels == {"target": "ct200", "host": "pve1", "Hostname": "pve1",
-                           "container": "ct200", "unit": "tokens/s/device"}  # fmt: skip
+    assert rate.labels == {
+        "target": "ct200",
+        "host": "pve1",
+        "Hostname": "pve1",
+        "container": "ct200",
+        "unit": "tokens/s/device",
+    }
     assert rate.value == 5862.0
     assert got["orch_run_tokens_per_second"] == []
     assert got["orch_run_total_steps"][0].value == 1000.0
@@ -158,20 +163,27 @@ def test_xid_errors_driver_version_and_bus_id_as_dcgm_exporter_has_them() -> Non
     from orchestrator.wire.model import KernelEvent, NvmlStatus
 
     base = gpus({i: 90.0 for i in range(8)}, {i: 70000.0 for i in range(8)})
-    bused = tuple(dataclasses.replace(g, pci_bus_id=f"00000000:{0x18 + g.index:02X}:00.0",
-                                      host_index=g.index + 8) for g in base)  # fmt: skip
+    bused = tuple(
+        dataclasses.replace(
+            g, pci_bus_id=f"00000000:{0x18 + g.index:02X}:00.0", host_index=g.index + 8
+        )
+        for g in base
+    )
     events = (
         KernelEvent("xid", "NVRM: Xid (PCI:0000:1b:00): 13, ...", xid=13, pci="0000:1b:00"),
         KernelEvent("xid", "NVRM: Xid (PCI:0000:1b:00): 48, ...", xid=48, pci="0000:1b:00"),
         KernelEvent("xid", "NVRM: Xid (PCI:0000:99:00): 79, ...", xid=79, gpu=13),
         KernelEvent("oom-killer", "oom-kill:...", pid=5),
     )
-    snap = running("ct200", gpus=bused, kernel_events=events,
-                   nvml=NvmlStatus(ok=True, source="nvml", driver_version="570.172.08"))  # fmt: skip
+    snap = running(
+        "ct200",
+        gpus=bused,
+        kernel_events=events,
+        nvml=NvmlStatus(ok=True, source="nvml", driver_version="570.172.08"),
+    )
     got = scrape([Judgement("ct200", snap, "running", host="pve1")])
     xid = {s.labels["gpu"]: s.value for s in got["DCGM_FI_DEV_XID_ERRORS"]}
-    assert xid == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 48.0, "4": 0.0, "5": 79.0, "6": 0.0,
-                   "7": 0.0}  # fmt: skip
+    assert xid == {"0": 0.0, "1": 0.0, "2": 0.0, "3": 48.0, "4": 0.0, "5": 79.0, "6": 0.0, "7": 0.0}
     used = {s.labels["gpu"]: s.labels for s in got["DCGM_FI_DEV_FB_USED"]}
     assert used["3"]["pci_bus_id"] == "00000000:1B:00.0"
     assert {lab["DCGM_FI_DRIVER_VERSION"] for lab in used.values()} == {"570.172.08"}
@@ -197,8 +209,14 @@ def test_each_dcgm_field_is_its_sample_field_and_a_missing_one_no_series():
     import dataclasses
 
     base = gpus({}, {})
-    full = dataclasses.replace(base[0], sm_clock_mhz=1410.0, memory_temp_c=71.0, energy_mj=5e9,
-                               row_remap_failure=True, nvlink_bandwidth_mib_s=3000.0)  # fmt: skip
+    full = dataclasses.replace(
+        base[0],
+        sm_clock_mhz=1410.0,
+        memory_temp_c=71.0,
+        energy_mj=5e9,
+        row_remap_failure=True,
+        nvlink_bandwidth_mib_s=3000.0,
+    )
     snap = running("ct200", gpus=(full, base[1]))
     got = scrape([Judgement("ct200", snap, "running", host="pve1")])
     for name, field in [(n, a) for n, _h, a in export.DCGM_MORE]:

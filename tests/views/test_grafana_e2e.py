@@ -60,8 +60,9 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, P
     from orchestrator.sandbox import kernel, manager
 
     state_dir = tmp_path_factory.mktemp("grafana-sandbox")
-    info = manager.up(state_dir, containers=2, gpus=8, scenario="ghost",
-                      isolation=SANDBOX_ISOLATION)  # fmt: skip
+    info = manager.up(
+        state_dir, containers=2, gpus=8, scenario="ghost", isolation=SANDBOX_ISOLATION
+    )
     fleet = Fleet(info, state_dir)
     procs: list[subprocess.Popen] = []
     try:
@@ -74,11 +75,25 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, P
             level=3,
         )  # the format of open-gpu-kernel-modules' nvErrorLog (kernel-open/nvidia, 570.x)
         export_port, prom_port = free_port(), free_port()
-        procs.append(subprocess.Popen(
-            [sys.executable, "-m", "orchestrator.cli", "-c", fleet.config, "export",
-             "--listen", f"127.0.0.1:{export_port}", "--interval", "2"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, cwd=ROOT,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    sys.executable,
+                    "-m",
+                    "orchestrator.cli",
+                    "-c",
+                    fleet.config,
+                    "export",
+                    "--listen",
+                    f"127.0.0.1:{export_port}",
+                    "--interval",
+                    "2",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+                cwd=ROOT,
+            )
+        )
         root = tmp_path_factory.mktemp("prometheus")
         config = root / "prometheus.yml"
         config.write_text(
@@ -87,14 +102,26 @@ def scraped(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Fleet, P
             "  - job_name: orch\n"
             f"    static_configs: [{{targets: ['127.0.0.1:{export_port}']}}]\n"
         )
-        procs.append(subprocess.Popen(
-            [PROMETHEUS, f"--config.file={config}", f"--storage.tsdb.path={root / 'data'}",
-             f"--web.listen-address=127.0.0.1:{prom_port}", "--storage.tsdb.retention.time=1h"],
-            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        ))  # fmt: skip
+        procs.append(
+            subprocess.Popen(
+                [
+                    PROMETHEUS,
+                    f"--config.file={config}",
+                    f"--storage.tsdb.path={root / 'data'}",
+                    f"--web.listen-address=127.0.0.1:{prom_port}",
+                    "--storage.tsdb.retention.time=1h",
+                ],
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
+        )
         prom = Prom(prom_port)
-        wait_for(lambda: len(prom.query("DCGM_FI_DEV_GPU_UTIL")) == 16, 120, 0.5,
-                 "16 GPU series in Prometheus")  # fmt: skip
+        wait_for(
+            lambda: len(prom.query("DCGM_FI_DEV_GPU_UTIL")) == 16,
+            120,
+            0.5,
+            "16 GPU series in Prometheus",
+        )
         yield fleet, prom
     finally:
         for p in reversed(procs):
@@ -131,12 +158,16 @@ def _default_counters(fleet: Fleet, prom: Prom) -> None:
             assert (m["UUID"], m["pci_bus_id"]) == (dev["uuid"], dev["pci_bus_id"]), (name, m)
             assert (m["device"], m["modelName"]) == (f"nvidia{m['gpu']}", dev["name"]), (name, m)
             assert (m["Hostname"], m["DCGM_FI_DRIVER_VERSION"]) == ("sandbox", "570.172.08")
-    value = {name: {(r["metric"]["container"], r["metric"]["gpu"]): float(r["value"][1])
-                    for r in series} for name, series in got.items()}  # fmt: skip
+    value = {
+        name: {(r["metric"]["container"], r["metric"]["gpu"]): float(r["value"][1]) for r in series}
+        for name, series in got.items()
+    }
     assert set(value["DCGM_FI_DEV_SM_CLOCK"].values()) == {1980.0}  # fakenvml.c's default
     assert value["DCGM_FI_DEV_GPU_UTIL"][("ct200", "3")] == 100.0  # the ghost
     assert {k for k, v in value["DCGM_FI_DEV_XID_ERRORS"].items() if v} == {
-        ("ct200", str(XID_GPU)), ("ct201", str(XID_GPU))}  # fmt: skip
+        ("ct200", str(XID_GPU)),
+        ("ct201", str(XID_GPU)),
+    }
     assert value["DCGM_FI_DEV_XID_ERRORS"][("ct200", str(XID_GPU))] == 48.0
     assert min(value["DCGM_FI_DEV_TOTAL_ENERGY_CONSUMPTION"].values()) > 0
 

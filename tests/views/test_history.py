@@ -141,8 +141,11 @@ def _check(db: Path, tmp_path: Path, timeout_s: float = 60.0) -> subprocess.Comp
     cfg.write_text("hosts: {}\ncontainers: {}\n")
     return subprocess.run(
         [sys.executable, "-m", "orchestrator.cli", "-c", str(cfg), "check", "--db", str(db)],
-        capture_output=True, text=True, timeout=timeout_s, cwd=Path(__file__).resolve().parents[2],
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=timeout_s,
+        cwd=Path(__file__).resolve().parents[2],
+    )
 
 
 def test_a_corrupt_database_is_unknown_3_naming_the_file(tmp_path):
@@ -246,8 +249,10 @@ def test_a_schema_1_database_is_migrated_its_rows_kept_for_the_first_inventory(t
         )
         raw.execute("INSERT INTO alerts VALUES ('ct200', 'crashed', '[]', 2, 'x', 5.0, NULL)")
         entry = json.dumps({"unit": "ct200", "at": 5.0, "action": "give-up", "reason": "loop"})
-        raw.execute("INSERT INTO journal (unit, at, action, body) VALUES ('ct200', 5.0, 'give-up', ?)",
-                    (entry,))  # fmt: skip
+        raw.execute(
+            "INSERT INTO journal (unit, at, action, body) VALUES ('ct200', 5.0, 'give-up', ?)",
+            (entry,),
+        )
     a = _inventory(tmp_path / "a", "10.0.0.1", 200)
     b = _inventory(tmp_path / "b", "10.0.0.2", 300)
     with History.open(db, inventory=a) as h:

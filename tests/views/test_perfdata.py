@@ -19,8 +19,9 @@ from tests.views.snapshots import TOTAL_MIB, gpus, running
 
 
 def _report() -> CheckReport:
-    ghost = Finding("ghost-utilization", Severity.CRITICAL, "ct200", "GPU 3 busy | 0 MiB",
-                    gpus=(3,))  # fmt: skip
+    ghost = Finding(
+        "ghost-utilization", Severity.CRITICAL, "ct200", "GPU 3 busy | 0 MiB", gpus=(3,)
+    )
     stall = Finding("stall", Severity.WARNING, "it's=odd", "no step")
     ct200 = running("ct200", gpus=gpus({3: 100.0}, {0: 70000.0}), tps=21500.0)
     run = ct200.run
@@ -58,16 +59,34 @@ def test_every_item_is_in_the_guidelines_format_and_the_text_is_kept() -> None:
 
 def test_the_counts_are_the_status_lines() -> None:
     got = {i.label: i for i in _out().perfdata}
-    assert {k: got[k].value for k in ("targets", "targets_ok", "targets_warning",
-            "targets_critical", "targets_unknown", "findings", "findings_critical")} == {
-        "targets": 4, "targets_ok": 1, "targets_warning": 1, "targets_critical": 1,
-        "targets_unknown": 1, "findings": 2, "findings_critical": 1,
-    }  # fmt: skip
+    assert {
+        k: got[k].value
+        for k in (
+            "targets",
+            "targets_ok",
+            "targets_warning",
+            "targets_critical",
+            "targets_unknown",
+            "findings",
+            "findings_critical",
+        )
+    } == {
+        "targets": 4,
+        "targets_ok": 1,
+        "targets_warning": 1,
+        "targets_critical": 1,
+        "targets_unknown": 1,
+        "findings": 2,
+        "findings_critical": 1,
+    }
     crit, warn, unreach = map(
         int, re.findall(r"(\d+) (?:critical|warning|unreachable)", _out().text)
     )
-    assert (crit, warn, unreach) == (got["findings_critical"].value,
-            got["findings"].value - got["findings_critical"].value, got["targets_unknown"].value)  # fmt: skip
+    assert (crit, warn, unreach) == (
+        got["findings_critical"].value,
+        got["findings"].value - got["findings_critical"].value,
+        got["targets_unknown"].value,
+    )
     assert got["targets_critical"].crit == "0" and got["targets_warning"].warn == "0"
 
 

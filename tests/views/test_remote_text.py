@@ -80,8 +80,9 @@ def test_watch_dashboard_detail_and_plain_put_no_escape_on_the_terminal() -> Non
         watch.render_dashboard(model, now=T0),
         watch.render_detail(model.views["ct200"], now=T0, height=60),
     ):
-        console = Console(file=io.StringIO(), width=200, height=60, color_system="truecolor",
-                          force_terminal=True)  # fmt: skip
+        console = Console(
+            file=io.StringIO(), width=200, height=60, color_system="truecolor", force_terminal=True
+        )
         console.print(renderable)
         text = _out(console)
         # rich's own styling is CSI; nothing else may be: remove the SGR sequences it writes
@@ -94,11 +95,25 @@ def test_watch_dashboard_detail_and_plain_put_no_escape_on_the_terminal() -> Non
 
 def test_status_and_runs_tables_take_markup_and_escapes_as_text() -> None:
     console = _console()
-    doc = RunsAnswer(workdir="/w", runs=(RunStatus(run_id=f"r{EVIL}", run_dir="/w/r",
-                     state="running", command="train.py model=[a,b] x=[/]"),))  # fmt: skip
+    doc = RunsAnswer(
+        workdir="/w",
+        runs=(
+            RunStatus(
+                run_id=f"r{EVIL}",
+                run_dir="/w/r",
+                state="running",
+                command="train.py model=[a,b] x=[/]",
+            ),
+        ),
+    )
     console.print(launch_view.runs_table(doc))
-    row = {"target": "ct200", "reachable": True, "run_id": f"r{EVIL}", "session": "[bold]x",
-           "error": "[/red] boom"}  # fmt: skip
+    row = {
+        "target": "ct200",
+        "reachable": True,
+        "run_id": f"r{EVIL}",
+        "session": "[bold]x",
+        "error": "[/red] boom",
+    }
     console.print(launch_view.status_table([row]))
     out = _out(console)
     _clean(out)
@@ -107,9 +122,15 @@ def test_status_and_runs_tables_take_markup_and_escapes_as_text() -> None:
 
 @pytest.fixture
 def evil_postmortem():  # type: ignore[no-untyped-def]
-    return judge(_evidence(exit_status=1, exit_status_at=T0 + 30, run_state="exited",
-                           log_tail=("```", f"line {EVIL}", "````"),
-                           tee_error=f"tee: {EVIL}: No space left on device"))  # fmt: skip
+    return judge(
+        _evidence(
+            exit_status=1,
+            exit_status_at=T0 + 30,
+            run_state="exited",
+            log_tail=("```", f"line {EVIL}", "````"),
+            tee_error=f"tee: {EVIL}: No space left on device",
+        )
+    )
 
 
 def test_the_postmortem_on_the_terminal_shows_tee_err_escaped(evil_postmortem) -> None:  # type: ignore[no-untyped-def]

@@ -26,8 +26,9 @@ def _mantissa(step: float) -> float:
     return round(step / 10 ** math.floor(math.log10(step)), 6)
 
 
-@pytest.mark.parametrize("peak", [1.7, 1.0, 7.0, 23.0, 99.0, 100.0, 101.0, 1234.0, 21_432.0,
-                                  1e6, 3.3e7])  # fmt: skip
+@pytest.mark.parametrize(
+    "peak", [1.7, 1.0, 7.0, 23.0, 99.0, 100.0, 101.0, 1234.0, 21_432.0, 1e6, 3.3e7]
+)
 def test_ticks_step_by_one_two_or_five_and_cover_the_peak(peak: float) -> None:
     a = axis([0.0, peak], TOK_S)
     steps = {round(b - a_, 9) for a_, b in zip(a.ticks, a.ticks[1:], strict=False)}

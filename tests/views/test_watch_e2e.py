@@ -204,8 +204,10 @@ def test_watch_esc_leaves_the_detail_view_with_one_target(fleet, tmp_path):
         pane._tmux("send-keys", "-t", "t", "Escape")
         wait_for(
             lambda: detail not in pane._tmux("capture-pane", "-p", "-t", "t") or None,
-            15, 0.1, "Esc to leave the detail view",
-        )  # fmt: skip
+            15,
+            0.1,
+            "Esc to leave the detail view",
+        )
         pane._tmux("send-keys", "-t", "t", "q")
         assert pane.exit_status(timeout_s=15) == 0
     finally:

@@ -17,14 +17,25 @@ from orchestrator.wire.model import GpuProcess, GpuSample, Snapshot
 from tests.views.snapshots import TOTAL_MIB, gpus, running
 from tests.views.test_watch_render import render
 
-CFG = ContainerConfig(name="ct200", host="sandbox", gpus={"target": (0, 1, 2, 3, 4), "drafter": (5, 6, 7)})  # fmt: skip
+CFG = ContainerConfig(
+    name="ct200", host="sandbox", gpus={"target": (0, 1, 2, 3, 4), "drafter": (5, 6, 7)}
+)
 TRAINER = "python3 -m trainer --config cfg.yaml"
 
 
 def trainer(i: int, **kw) -> GpuProcess:
-    return GpuProcess(412301 + i, used_memory_mib=117712.0, name="python3", vmid=200,
-                      container_pid=17 + i, container="ct200", user="root", cpu_pct=101.3,
-                      command=TRAINER, **kw)  # fmt: skip
+    return GpuProcess(
+        412301 + i,
+        used_memory_mib=117712.0,
+        name="python3",
+        vmid=200,
+        container_pid=17 + i,
+        container="ct200",
+        user="root",
+        cpu_pct=101.3,
+        command=TRAINER,
+        **kw,
+    )
 
 
 def devices(util: dict[int, float], mem: dict[int, float], procs=None) -> tuple[GpuSample, ...]:
@@ -32,11 +43,18 @@ def devices(util: dict[int, float], mem: dict[int, float], procs=None) -> tuple[
     out = []
     for g in gpus(util, mem):
         i = g.index
-        out.append(dataclasses.replace(
-            g, pci_bus_id=f"00000000:{0x18 + i:02X}:00.0", sm_clock_mhz=1980.0 - i,
-            mem_clock_mhz=2619.0, power_limit_w=700.0, pstate=0, power_w=612.4,
-            processes=(procs or {}).get(i, (trainer(i),)) if i != 3 else (),
-        ))  # fmt: skip
+        out.append(
+            dataclasses.replace(
+                g,
+                pci_bus_id=f"00000000:{0x18 + i:02X}:00.0",
+                sm_clock_mhz=1980.0 - i,
+                mem_clock_mhz=2619.0,
+                power_limit_w=700.0,
+                pstate=0,
+                power_w=612.4,
+                processes=(procs or {}).get(i, (trainer(i),)) if i != 3 else (),
+            )
+        )
     return tuple(out)
 
 
@@ -71,9 +89,21 @@ def test_detail_lists_each_gpus_processes_and_device_fields():
 
 
 def test_other_containers_and_host_processes_are_named_as_such():
-    procs = {0: (trainer(0), GpuProcess(4242, used_memory_mib=512.0, vmid=201, container_pid=5,
-                                        container="ct201", user="trainee", command="sleep 600")),
-             1: (GpuProcess(99, used_memory_mib=20.0),)}  # fmt: skip
+    procs = {
+        0: (
+            trainer(0),
+            GpuProcess(
+                4242,
+                used_memory_mib=512.0,
+                vmid=201,
+                container_pid=5,
+                container="ct201",
+                user="trainee",
+                command="sleep 600",
+            ),
+        ),
+        1: (GpuProcess(99, used_memory_mib=20.0),),
+    }
     v = view(running("ct200", gpus=devices(BUSY, FULL, procs), vmid=200))
     rows = [line for line in render(w.render_detail(v, now=1000.0, width=120, height=40), 120, 40)]
     other = next(line for line in rows if "ct201:5" in line)
@@ -86,9 +116,16 @@ def test_other_containers_and_host_processes_are_named_as_such():
 
 @pytest.mark.parametrize(
     ("pct", "kind", "style"),
-    [(9.9, "gpu", "green"), (10.0, "gpu", "yellow"), (74.9, "gpu", "yellow"), (75.0, "gpu", "red"),
-     (79.9, "memory", "yellow"), (80.0, "memory", "red"), (None, "gpu", "yellow")],
-)  # fmt: skip
+    [
+        (9.9, "gpu", "green"),
+        (10.0, "gpu", "yellow"),
+        (74.9, "gpu", "yellow"),
+        (75.0, "gpu", "red"),
+        (79.9, "memory", "yellow"),
+        (80.0, "memory", "red"),
+        (None, "gpu", "yellow"),
+    ],
+)
 def test_load_colours_are_nvitops_thresholds(pct, kind, style):
     """nvitop v1.7.0 tui/library/device.py: GPU (10, 75), memory (10, 80), N/A is moderate."""
     thresholds = (
@@ -176,7 +213,14 @@ def test_plain_prints_a_line_per_gpu_whose_numbers_changed():
 def test_size_text_matches_nvitops_bytes2human():
     """nvitop v1.7.0 api/utils.py bytes2human, fed MiB (NVML's memory in bytes / 2**20)."""
     assert [wg.size_text(m) for m in (0.0, 99.99, 100.0, 999.0, 20479.0, 20480.0, TOTAL_MIB)] == [
-        "0B", "99.99MiB", "100.0MiB", "999.0MiB", "20479MiB", "20.00GiB", "140.4GiB"]  # fmt: skip
+        "0B",
+        "99.99MiB",
+        "100.0MiB",
+        "999.0MiB",
+        "20479MiB",
+        "20.00GiB",
+        "140.4GiB",
+    ]
 
 
 def test_a_wide_terminal_puts_each_gpus_info_on_its_row():

@@ -36,11 +36,26 @@ def _watch_interval(tmp_path: Path, name: str, *extra: str) -> str:
     config = tmp_path / f"{name}.yaml"
     doc = {"defaults": {"poll_interval": 0.7}, "containers": {"local": {"workdir": str(workdir)}}}
     config.write_text(yaml.safe_dump(doc))
-    cmd = [sys.executable, "-m", "orchestrator.cli", "-c", str(config), "watch", "--plain",
-           *extra, "local"]  # fmt: skip
+    cmd = [
+        sys.executable,
+        "-m",
+        "orchestrator.cli",
+        "-c",
+        str(config),
+        "watch",
+        "--plain",
+        *extra,
+        "local",
+    ]
     env = {**os.environ, "ORCH_DB": str(tmp_path / f"{name}.db")}
-    proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.PIPE, start_new_session=True)  # fmt: skip
+    proc = subprocess.Popen(
+        cmd,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        start_new_session=True,
+    )
     try:
         argv = wait_for(lambda: _stream_argv(workdir), 60, 0.1, "the agent stream")
     finally:

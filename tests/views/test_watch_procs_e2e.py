@@ -38,8 +38,9 @@ def inside(info, name: str, argv0: bytes) -> tuple[int, int] | None:
 
 
 def _row(screen: str, gpu: int, pid: int) -> str:
-    return next((line for line in screen.splitlines()
-                 if re.match(rf"\s+{gpu}\s+{pid}\s", line)), "")  # fmt: skip
+    return next(
+        (line for line in screen.splitlines() if re.match(rf"\s+{gpu}\s+{pid}\s", line)), ""
+    )
 
 
 def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
@@ -49,23 +50,45 @@ def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
         pytest.skip("PIDs inside a container take real containers (LXC)")
     fleet.scenario("healthy")
     fleet.launch("ct200")
-    trainer = wait_for(lambda: inside(fleet.info, "ct200", b"bash\x00-c\x00i=0; while true"), 30,
-                       what="the run's trainer in ct200")  # fmt: skip
+    trainer = wait_for(
+        lambda: inside(fleet.info, "ct200", b"bash\x00-c\x00i=0; while true"),
+        30,
+        what="the run's trainer in ct200",
+    )
     passwd = fleet.info.host_path("ct200", "/etc/passwd")
     if TRAINEE not in passwd.read_text():
         with passwd.open("a") as fh:
             fh.write(TRAINEE)
-    env = {**os.environ, **fleet.info.env(),
-           "PATH": f"{fleet.info.state_dir / 'bin'}:{os.environ['PATH']}"}  # fmt: skip
+    env = {
+        **os.environ,
+        **fleet.info.env(),
+        "PATH": f"{fleet.info.state_dir / 'bin'}:{os.environ['PATH']}",
+    }
     sleeper = subprocess.Popen(
-        [str(fleet.info.state_dir / "bin" / "pct"), "exec", "200", "--", "setpriv", "--reuid=1234",
-         "--regid=1234", "--clear-groups", "sleep", "600.8"],
-        env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-    )  # fmt: skip
+        [
+            str(fleet.info.state_dir / "bin" / "pct"),
+            "exec",
+            "200",
+            "--",
+            "setpriv",
+            "--reuid=1234",
+            "--regid=1234",
+            "--clear-groups",
+            "sleep",
+            "600.8",
+        ],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
     pane, other = None, None
     try:
-        other = wait_for(lambda: inside(fleet.info, "ct200", b"sleep\x00600.8\x00"), 30,
-                         what="trainee's sleep in ct200")  # fmt: skip
+        other = wait_for(
+            lambda: inside(fleet.info, "ct200", b"sleep\x00600.8\x00"),
+            30,
+            what="trainee's sleep in ct200",
+        )
         _name, doc = manager.load_scenario("healthy")
         doc["devices"][0]["processes"] = [{"pid": trainer[0], "used_mib": 117712}]
         doc["devices"][1]["processes"] = [{"pid": other[0], "used_mib": 2048}]
@@ -85,8 +108,9 @@ def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
         # the pane's own size (200x50), whatever COLUMNS/LINES this test process inherited:
         # rich prefers them to the terminal's
         size = {"COLUMNS": "200", "LINES": "50"}
-        pane = Pane(argv, env={"TERM": "xterm-256color", "PYTHONPATH": str(ROOT), **size},
-                    cwd=str(ROOT))  # fmt: skip
+        pane = Pane(
+            argv, env={"TERM": "xterm-256color", "PYTHONPATH": str(ROOT), **size}, cwd=str(ROOT)
+        )
         pane.wait_text("ct201", timeout_s=60)
         pane._tmux("send-keys", "-t", "t", "Down")
         pane.wait_text("▶ ct201")
@@ -104,7 +128,8 @@ def test_detail_view_lists_the_runs_gpu_processes(fleet) -> None:
         assert uid in ("1234", "101234")  # privileged, or unprivileged: mapped back to 1234
         run = _row(shown, 0, trainer[1]).split(None, 4)
         assert run[2:4] == ["root", "115.0GiB"] and run[4].split(None, 1)[1].startswith(
-            "bash -c i=0; while true; do"), run  # fmt: skip
+            "bash -c i=0; while true; do"
+        ), run
         theirs = _row(shown, 1, other[1]).split()
         assert theirs[2:4] == ["trainee", "2048MiB"] and theirs[-2:] == ["sleep", "600.8"], theirs
         assert re.search(r"GPU\s+PID\s+USER\s+GPU-MEM\s+%CPU\s+COMMAND", shown)

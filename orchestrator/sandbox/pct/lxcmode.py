@@ -75,8 +75,9 @@ class LxcBackend:
         user = None
         try:
             if unprivileged:
-                user = _open_ns(f"/proc/{init}/ns/user",
-                                "failed to open the container's user namespace\n")  # fmt: skip
+                user = _open_ns(
+                    f"/proc/{init}/ns/user", "failed to open the container's user namespace\n"
+                )
             _setns(mnt, CLONE_NEWNS, "failed to enter the container's mount namespace\n")
             os.chdir("/")
             if user is not None:
