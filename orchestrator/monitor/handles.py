@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import Callable, Iterable, Sequence
+from dataclasses import replace
 from typing import Any
 
 from orchestrator.config.inventory import Inventory
@@ -18,7 +19,7 @@ from orchestrator.monitor.hostfeed import HostFeed
 from orchestrator.monitor.ledger import Ledger
 from orchestrator.monitor.observe import DEFAULT_JOBS, Connect
 from orchestrator.remote.target import Target
-from orchestrator.wire.model import Snapshot
+from orchestrator.wire.model import Metrics, Snapshot
 
 DEFAULT_INTERVAL_S = 2.0
 """Seconds between snapshots of a stream when no container names ``poll_interval:``."""
@@ -60,6 +61,8 @@ class Handles:
         """Where each run's log continues (the next round reads only what is new)."""
         self.cursors: dict[str, tuple[str | None, float | None]] = {}
         """Per host: the kernel-log cursor and the time of its newest event seen."""
+        self.progress: dict[str, tuple[str, Metrics]] = {}
+        """Per target: its run and the newest progress its log printed (see :meth:`carry`)."""
         self.streaming: set[str] = set()
         """Targets a stream observes now (rounds leave them out)."""
         self._targets: dict[str, Target] = {}
@@ -122,6 +125,19 @@ class Handles:
         if feed is None or feed.names != list(names):
             feed = self._feeds[host] = HostFeed(self.inventory, host, names, pane=self.pane, **kw)
         return feed
+
+    def carry(self, snap: Snapshot, earlier: Snapshot | None = None) -> Snapshot:
+        """``snap`` with the newest progress its run printed: a read that continues the log
+        (:attr:`resume`) after the last progress line sees no line of its own, yet the run's
+        step is still that one (an agent's stream carries it the same way). ``earlier``: the
+        first sample of a pair, read before ``snap``."""
+        for s in (earlier, snap):
+            if s is not None and s.reachable and s.run and s.run.run_id and s.metrics is not None:
+                self.progress[s.target] = (s.run.run_id, s.metrics)
+        run, got = snap.run, self.progress.get(snap.target)
+        if snap.metrics is None and snap.reachable and run and got and got[0] == run.run_id:
+            return replace(snap, metrics=got[1])
+        return snap
 
     def remember(self, snaps: Iterable[Snapshot]) -> None:
         """Continue each run's log after ``snaps``."""

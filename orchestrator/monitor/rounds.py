@@ -107,6 +107,7 @@ def take(
             out.probes[key[2:]] = value
         elif key.startswith("h:"):
             log.info("%s: host probe failed: %s", key[2:], failure_reason(value))
+    out.snaps = {n: obs.carry(s, out.earlier.get(n)) for n, s in out.snaps.items()}
     obs.remember(out.snaps.values())
     return out
 

@@ -81,3 +81,26 @@ def test_the_deadline_during_the_second_sample_keeps_the_first() -> None:
     pair.first = "first"  # the first answered; the round's deadline cut the second short
     got = rounds.settle({"t:ct": pair}, {"t:ct": TimeoutError("no answer within 30 s")})
     assert got == {"t:ct": "first"}
+
+
+def test_a_read_that_continues_the_log_keeps_the_runs_newest_progress(monkeypatch) -> None:
+    """The second sample of a pair reads the log after the first's offset: a stalled run prints
+    nothing there, yet its step is still the first's (check --json shows it, stall sees it)."""
+    from orchestrator.wire.model import Metrics, RunState
+
+    monkeypatch.setattr(rounds, "PAIR_GAP_S", 0.0)
+    run = RunState("r1", "/w/runs/r1", log_offset=10)
+    seen = [Metrics(step=74, loss=2.5), None]
+
+    def fetch(name: str, resume: tuple[str, int] | None) -> Snapshot:
+        return Snapshot(name, 20.0 + len(seen), run=run, metrics=seen.pop(0))
+
+    obs = Observer(
+        Inventory(path=None, hosts={}, containers={"ct": ContainerConfig(name="ct", host="local")}),
+        ["ct"],
+        fetch=fetch,
+    )
+    got = obs.round(pair={"ct"})
+    assert got.snaps["ct"].metrics == Metrics(step=74, loss=2.5)
+    other = RunState("r2", "/w/runs/r2")  # a new run: the old run's progress is not its own
+    assert obs.carry(Snapshot("ct", 30.0, run=other)).metrics is None
