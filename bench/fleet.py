@@ -47,6 +47,7 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import yaml
 
@@ -274,41 +275,8 @@ class Fleet:
     def start_runs(self) -> None:
         """A fake trainer in every container (through the agent's launch, concurrently)."""
         from orchestrator.config.inventory import load_inventory
-        from orchestrator.remote.target import Target
-        from orchestrator.transport.connect import close_all
 
-        inv = load_inventory(self.config)
-
-        def launch(name: str) -> None:
-            c = inv.container(name)
-            for attempt in range(5):  # tmux's 10 s deadline can pass on a loaded machine
-                doc = Target(inv, name).agent(
-                    [
-                        "launch",
-                        "--workdir",
-                        c.workdir,
-                        "--session",
-                        c.session,
-                        "--cmd",
-                        TRAINER,
-                        "--no-recorder",
-                        "--force",
-                        "--grace",
-                        "2",
-                    ],
-                    timeout=120,
-                )
-                if doc.get("ok"):
-                    return
-                print(f"{name}: launch {attempt + 1} failed: {doc.get('message')}", file=sys.stderr)
-            raise SystemExit(f"{name}: launch failed: {doc}")
-
-        names = [n for n in inv.containers if n != "local"]
-        # 4 at a time: each launch starts a tmux server, and a loaded 2-core machine lets
-        # tmux's 10 s deadline pass when 16 start at once
-        with concurrent.futures.ThreadPoolExecutor(4) as pool:
-            list(pool.map(launch, names))
-        close_all()
+        launch_trainers(load_inventory(self.config))
 
     def container_cpu_s(self) -> float | None:
         """CPU of everything inside the sandboxes' containers (their cgroup trees)."""
@@ -506,6 +474,33 @@ def slope(points: list[tuple[int, float]]) -> float | None:
 def med_ms(values: list[float], n: int) -> float | None:
     """Median of CPU seconds per check as ms per target."""
     return round(statistics.median(values) / n * 1000, 1) if values else None
+
+
+def launch_trainers(inv: Any, grace_s: float = 2.0) -> None:
+    """Start :data:`TRAINER` in every sandbox container of ``inv`` through the agent's typed
+    launch, 4 at a time: each launch starts a tmux server, and a loaded 2-core machine lets
+    tmux's 10 s deadline pass when 16 start at once (so each is tried up to 5 times)."""
+    from orchestrator.errors import OrchError
+    from orchestrator.remote.target import Target
+    from orchestrator.transport.connect import close_all
+    from orchestrator.wire.requests import LaunchRequest
+
+    def launch(name: str) -> None:
+        c = inv.container(name)
+        req = LaunchRequest(c.workdir, TRAINER, session=c.session, force=True,
+                            no_recorder=True, grace_s=grace_s)  # fmt: skip
+        for attempt in range(5):
+            try:
+                Target(inv, name).launch(req, {}, timeout=120)
+                return
+            except OrchError as exc:
+                print(f"{name}: launch {attempt + 1} failed: {exc}", file=sys.stderr)
+        raise SystemExit(f"{name}: launch failed 5 times")
+
+    names = [n for n in inv.containers if n != "local"]
+    with concurrent.futures.ThreadPoolExecutor(4) as pool:
+        list(pool.map(launch, names))
+    close_all()
 
 
 def main(argv: list[str] | None = None) -> int:

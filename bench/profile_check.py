@@ -28,6 +28,7 @@ prints one JSON object last. Needs root for LXC (else process mode, said so).
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import re
@@ -360,7 +361,9 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.sandbox import manager
 
     sys.path.insert(0, str(ROOT / "bench"))
-    from fleet import TRAINER  # type: ignore[import-not-found]
+    from fleet import launch_trainers  # type: ignore[import-not-found]
+
+    from orchestrator.wire.requests import GRACE_S
 
     work = Path(tempfile.mkdtemp(prefix="orch-profile-"))
     state = work / "host"
@@ -372,32 +375,12 @@ def main(argv: list[str] | None = None) -> int:
         config = state / "hosts.yaml"
         inv = load_inventory(config)
         names = [n for n in inv.containers if n != "local"]
-        from orchestrator.remote.target import Target
-        from orchestrator.transport.connect import close_all
-
-        for name in names:
-            c = inv.container(name)
-            Target(inv, name).agent(
-                [
-                    "launch",
-                    "--workdir",
-                    c.workdir,
-                    "--session",
-                    c.session,
-                    "--cmd",
-                    TRAINER,
-                    "--no-recorder",
-                    "--force",
-                ],
-                timeout=120,
-            )
-        close_all()
+        launch_trainers(inv, grace_s=GRACE_S)
         env = session_env(state)
         link = HostLink(inv, inv.container(names[0]).host, names)
         kept = work / "containers.json"
-        hargs = link._args("host-observe")
-        i = hargs.index("--state")
-        hargs[i + 1] = str(kept)
+        # the observer's own request, its init-PID state file kept where forget() can drop it
+        hargs = dataclasses.replace(link._request(), state=str(kept)).to_argv()
         n = len(names)
         # warm-up: the operator deploys; the sandbox's files are in the page cache
         operator_run(config, work / "warm.db")
