@@ -101,9 +101,11 @@ while :; do
   [[ -z "$GOT" ]] && break
 done
 [[ -s "$RUN_DIR/.pipestatus" ]] && st=$(<"$RUN_DIR/.pipestatus")
+# The pane's last line first, then the status: whoever sees exit_status (postmortem's pane capture
+# follows it) finds the line already written to the pane.
+printf '\n__EXIT_LINE__ %s at %s\n' "$st" "$(date '+%F %T')"
 put_status "$st"
 if [[ -n "$REC" ]]; then kill -TERM "$REC" 2>/dev/null; wait "$REC" 2>/dev/null; fi
-printf '\n__EXIT_LINE__ %s at %s\n' "$st" "$(date '+%F %T')"
 exit "$st"
 """.replace("__GO_TICKS__", str(int(GO_TIMEOUT_S / 0.05))).replace("__EXIT_LINE__", rq.EXIT_LINE)
 WRAPPER = (
