@@ -99,5 +99,5 @@ def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
     assert len(HELDOUT3) >= 40
     assert not earlier & {c.source for c in HELDOUT3}
     s = score(HELDOUT3)
-    assert (s["step"], s["loss"], s["throughput"]) >= (41, 44, 31), s["misses"]
-    assert s["step"] >= 41 and s["loss"] >= 44 and s["throughput"] >= 31, s["misses"]
+    right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
+    assert right["step"] >= 41 and right["loss"] >= 44 and right["throughput"] >= 31, s["misses"]
