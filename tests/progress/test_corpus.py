@@ -86,3 +86,18 @@ def test_heldout2_after_adjusting() -> None:
     s = score(HELDOUT2)
     assert len(HELDOUT2) >= 36
     assert (s["step"], s["loss"], s["throughput"]) == (s["n"],) * 3, s["misses"]
+
+
+HELDOUT3 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout3")
+
+
+def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
+    """Held-out set 3 (docs/progress.md): collected after the readers were frozen at dd362b7, no
+    URL shared with the earlier sets; the readers must not read it worse than the frozen score
+    (step 41, loss 44, throughput 31 of 48) until they are adjusted for its misses."""
+    earlier = {c.source for c in (*CASES, *HELDOUT2)}
+    assert len(HELDOUT3) >= 40
+    assert not earlier & {c.source for c in HELDOUT3}
+    s = score(HELDOUT3)
+    right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
+    assert right["step"] >= 41 and right["loss"] >= 44 and right["throughput"] >= 31, s["misses"]
