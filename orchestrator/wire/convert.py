@@ -184,18 +184,32 @@ def _key(tp: Any, key: Any, path: str) -> Any:
     return key if tp is int else str(key)
 
 
-_FIELDS: dict[type, tuple[tuple[str, Conv], ...]] = {}
+Field = tuple[str, Conv, "type | None", bool]
+_FIELDS: dict[type, tuple[Field, ...]] = {}
+_PLAIN = (str, bool, float)
+"""Leaf types whose reader returns a value of exactly that type unchanged (an ``int`` is one
+too, within :data:`MAX_INT`)."""
 
 
-def _fields(cls: type) -> tuple[tuple[str, Conv], ...]:
-    """``cls``'s fields with the reader of each (once per class)."""
+def _fields(cls: type) -> tuple[Field, ...]:
+    """``cls``'s fields, once per class: (name, reader, plain type, nullable). A field whose
+    type is a plain leaf (``str``, ``int``, ``float``, ``bool``, optionally ``| None``) names
+    it, so :func:`from_dict` takes a value of exactly that type as it is, without a call:
+    ~300 values a snapshot, most of what reading the stored history cost."""
     got = _FIELDS.get(cls)
     if got is None:
         hints = _hints(cls)
-        got = _FIELDS[cls] = tuple(
-            (f.name, _conv(hints[f.name]))
-            for f in dataclasses.fields(cls)  # type: ignore[arg-type]
-        )
+        out = []
+        for f in dataclasses.fields(cls):  # type: ignore[arg-type]
+            tp = hints[f.name]
+            args = typing.get_args(tp)
+            nullable = typing.get_origin(tp) in (typing.Union, types.UnionType) and (
+                len(args) == 2 and type(None) in args
+            )
+            leaf = next(a for a in args if a is not type(None)) if nullable else tp
+            plain = leaf if leaf in (*_PLAIN, int) else None
+            out.append((f.name, _conv(tp), plain, nullable))
+        got = _FIELDS[cls] = tuple(out)
     return got
 
 
@@ -205,9 +219,19 @@ def from_dict(cls: type[T], data: Any, path: str = "") -> T:
     if not isinstance(data, dict):
         raise SchemaError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
     kwargs = {}
-    for name, conv in _fields(cls):
-        if name in data:
-            kwargs[name] = conv(data[name], f"{path}.{name}" if path else name)
+    for name, conv, plain, nullable in _fields(cls):
+        if name not in data:
+            continue
+        value = data[name]
+        if plain is not None and (
+            (value is None and nullable)
+            or (
+                type(value) is plain and (plain is not int or -MAX_INT < value < MAX_INT)  # type: ignore[operator]
+            )
+        ):
+            kwargs[name] = value  # what the reader would return, checked the same way
+        else:
+            kwargs[name] = conv(value, f"{path}.{name}" if path else name)
     try:
         return cls(**kwargs)
     except TypeError as exc:
