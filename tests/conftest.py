@@ -95,6 +95,20 @@ def own_history_db(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
         os.environ.pop("ORCH_DB", None)
 
 
+@pytest.fixture(scope="session", autouse=True)
+def own_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """``$XDG_CACHE_HOME`` for this pytest process, unless the caller set one: the playbook
+    cache of every tmp playbook directory a test loads lands there, not in ~/.cache/orch."""
+    if os.environ.get("XDG_CACHE_HOME"):
+        yield
+        return
+    os.environ["XDG_CACHE_HOME"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        yield
+    finally:
+        os.environ.pop("XDG_CACHE_HOME", None)
+
+
 # --- sandbox ---------------------------------------------------------------------------------
 
 # ORCH_TEST_LXC_KIND=unprivileged: every sandbox the tests start has unprivileged containers

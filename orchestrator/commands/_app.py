@@ -14,12 +14,13 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import typer
-from rich.console import Console
 
 from orchestrator import __version__
 from orchestrator.errors import OrchError
 
 if TYPE_CHECKING:
+    from rich.console import Console
+
     from orchestrator.config.inventory import Inventory
 
 app = typer.Typer(
@@ -29,8 +30,29 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     context_settings={"help_option_names": ["-h", "--help"]},
 )
-err_console = Console(stderr=True)
-out_console = Console()
+
+
+class _LazyConsole:
+    """A rich ``Console`` made on first use: ``orch check --json`` (and every plain-text path)
+    prints without rich, so it does not import it (~25 ms of every one-shot command)."""
+
+    def __init__(self, **kwargs: Any) -> None:
+        self._kwargs = kwargs
+        self._console: Console | None = None
+
+    def _get(self) -> Console:
+        if self._console is None:
+            from rich.console import Console
+
+            self._console = Console(**self._kwargs)
+        return self._console
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._get(), name)
+
+
+err_console: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
+out_console: Console = _LazyConsole()  # type: ignore[assignment]
 
 
 class State:

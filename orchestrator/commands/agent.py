@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import typer
-from rich.markup import escape
 
 from orchestrator.commands._app import app, load_inventory, out_console, print_json
 from orchestrator.wire.text import visible
@@ -92,6 +91,8 @@ def snapshot_cmd(
             markup=False,
         )
     if n is not None and not n.ok:
+        from rich.markup import escape
+
         out_console.print(
             f"[red]NVML {escape(visible(str(n.error_kind)))}[/]: {escape(visible(n.message or ''))}",
             highlight=False,

@@ -34,9 +34,13 @@ def log_signatures(
     seen: set[str] = set()
     n = 0
     for s in snaps:
-        for line in s.run.new_log_lines if s.run is not None else ():
+        lines = s.run.new_log_lines if s.run is not None else ()
+        seen.update(map(str.strip, lines))
+        if not matcher.may_hit(lines):  # the usual snapshot: one search for all its lines
+            n += len(lines)
+            continue
+        for line in lines:
             n += 1
-            seen.add(line.strip())
             for pid in matcher.feed(line, n):
                 first_at.setdefault(pid, s.taken_at)
     for s in snaps:

@@ -26,13 +26,9 @@ import logging
 import os
 import subprocess
 import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
-
-import tenacity
 
 from orchestrator.monitor.history import AlertState
 from orchestrator.wire import secrets as _secrets
@@ -320,6 +316,8 @@ class Notifier:
         return results
 
     def _try(self, sink: str, fn: Any) -> Delivery:
+        import tenacity  # here: a check with nothing to deliver never loads it (~10 ms)
+
         retrying = tenacity.Retrying(
             stop=tenacity.stop_after_attempt(self.attempts),
             wait=tenacity.wait_exponential(multiplier=self.backoff_s, max=10),
@@ -339,6 +337,8 @@ class Notifier:
         return Delivery(sink, True)
 
     def _post(self, data: bytes) -> None:
+        import urllib.request  # here: http.client, ssl and email load only to post (~40 ms)
+
         assert self.webhook_url
         req = urllib.request.Request(
             self.webhook_url,
@@ -363,6 +363,8 @@ class Notifier:
 
 def _describe(exc: BaseException) -> str:
     """A short reason without the URL (a Slack webhook URL is itself a secret)."""
+    import urllib.error
+
     if isinstance(exc, urllib.error.HTTPError):
         return f"HTTP {exc.code} {exc.reason}"
     if isinstance(exc, urllib.error.URLError):

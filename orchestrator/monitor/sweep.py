@@ -315,11 +315,10 @@ def _since(probe: HostProbe, since: float) -> HostProbe:
 
 
 def playbook_titles() -> dict[str, str]:
-    """Playbook id -> title; empty when the playbooks cannot be loaded (the ids still show)."""
+    """Playbook id -> title; empty when the playbooks cannot be loaded (the ids still show).
+    The set the detectors loaded (once per process), not a second load."""
     try:
-        from orchestrator.playbooks.loader import load_playbooks
-
-        return {p.id: p.title for p in load_playbooks()}
+        return {p.id: p.title for p in default_playbooks()}
     except Exception as exc:  # noqa: BLE001 - a view must not die on a playbook problem
         log.warning("playbooks not loaded: %s", exc)
         return {}

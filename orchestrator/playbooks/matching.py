@@ -20,13 +20,14 @@ next to confirm it.
 
 from __future__ import annotations
 
+import functools
 import re
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Protocol
 
-from orchestrator.playbooks.prefilter import anchor, index_cost, prefilter
+from orchestrator.playbooks.prefilter import Prefilter, anchor, index_cost, prefilter
 from orchestrator.playbooks.prefilter import trie_regex as trie_regex  # re-exported (loader, tests)
 from orchestrator.playbooks.terminal import NEEDLES as TERMINAL_NEEDLES
 from orchestrator.playbooks.terminal import Terminal
@@ -82,19 +83,28 @@ class Signature:
 
     ``within`` is the most lines a stack may span, first frame to last (1 for a line).
     ``needles`` hold, per pattern, the lower-cased literals a line needs (:func:`literal_needles`).
+
+    The regexes are compiled on first use (:attr:`compiled`, once per process and pattern),
+    not held: a signature is then plain data that the playbook cache
+    (:mod:`orchestrator.playbooks.cache`) reads back without recompiling ~700 regexes, of
+    which a check of a healthy fleet runs none (the prefilter rejects its lines first).
     """
 
     patterns: tuple[str, ...]
     confidence: str = CERTAIN
     confirm: str = ""
     within: int = 1
-    compiled: tuple[re.Pattern[str], ...] = field(default=(), repr=False, compare=False)
     needles: tuple[Needles, ...] = field(default=(), repr=False, compare=False)
     bounded: tuple[frozenset[str], ...] = field(default=(), repr=False, compare=False)
 
     @property
     def is_stack(self) -> bool:
         return len(self.patterns) > 1
+
+    @property
+    def compiled(self) -> tuple[re.Pattern[str], ...]:
+        """``patterns`` compiled (cached per process: the first call compiles)."""
+        return tuple(compile_once(p) for p in self.patterns)
 
     @classmethod
     def build(
@@ -106,17 +116,24 @@ class Signature:
         >>> (s.is_stack, s.needles)
         (False, ((frozenset({'killed process '}),),))
         """
-        compiled = tuple(re.compile(p) for p in patterns)
+        for p in patterns:
+            compile_once(p)  # validates, and the process that parses uses it compiled
         parsed = [_needles(p) for p in patterns]
         return cls(
             patterns=tuple(patterns),
             confidence=confidence,
             confirm=confirm,
             within=within,
-            compiled=compiled,
             needles=tuple(tuple(n) for n, _ in parsed),
             bounded=tuple(b for _, b in parsed),
         )
+
+
+@functools.cache
+def compile_once(pattern: str) -> re.Pattern[str]:
+    """``re.compile(pattern)``, once per process (``re``'s own cache holds 512 patterns, fewer
+    than the playbooks have); ``re.error`` on a bad pattern."""
+    return re.compile(pattern)
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,14 +254,14 @@ def _needles(pattern: str) -> tuple[list[frozenset[str]], frozenset[str]]:
     return out, frozenset(bounded)
 
 
-@dataclass(slots=True)
+@dataclass(frozen=True, slots=True)
 class _Check:
     """One regex to try on a line: a line signature, or one step of a stack."""
 
     pb: int
     sig: int
     step: int
-    regex: re.Pattern[str]
+    pattern: str
     needles: Needles
     bounded: frozenset[str]
 
@@ -258,6 +275,80 @@ class _Seen:
     last_line: int = 0
 
 
+@dataclass(frozen=True, slots=True)
+class _Plan:
+    """What a matcher derives from a playbook set before its first line (the same for every
+    log: built once per set and process, :func:`_plan_of`)."""
+
+    pbs: tuple[Matchable, ...]
+    sigs: tuple[Signature, ...]
+    checks: tuple[_Check, ...]
+    index: dict[str, list[int]]
+    keys: tuple[str, ...]
+    always: tuple[int, ...]
+    pre: Prefilter | None
+
+
+def _build_plan(playbooks: Sequence[Matchable]) -> _Plan:
+    pbs = tuple(p for p in playbooks if p.kind == "signature" and p.signatures)
+    checks: list[_Check] = []
+    si = 0
+    for pi, pb in enumerate(pbs):
+        for sig in pb.signatures:
+            # a stack's later steps first, so one line never advances a stack twice
+            for step in reversed(range(len(sig.patterns))):
+                checks.append(
+                    _Check(pi, si, step, sig.patterns[step], sig.needles[step], sig.bounded[step])
+                )
+            si += 1
+    index: dict[str, list[int]] = {}
+    unbounded: set[str] = set()  # keys some check needs without a word boundary after
+    always: list[int] = []
+    for i, chk in enumerate(checks):
+        if not chk.needles:
+            always.append(i)
+            continue
+        # index on one requirement, by its part that starts at its rarest character
+        key = min(chk.needles, key=index_cost)
+        for alt in key:
+            word = anchor(alt)
+            index.setdefault(word, []).append(i)
+            if alt not in chk.bounded:
+                unbounded.add(word)
+    for word in TERMINAL_NEEDLES:  # lines the terminal-error tracker reads
+        index.setdefault(anchor(word), [])
+        unbounded.add(anchor(word))
+    keys = tuple(sorted(index))
+    return _Plan(
+        pbs=pbs,
+        sigs=tuple(s for pb in pbs for s in pb.signatures),
+        checks=tuple(checks),
+        index=index,
+        keys=keys,
+        always=tuple(always),
+        pre=prefilter(keys, frozenset(keys) - unbounded) if keys else None,
+    )
+
+
+_PLANS: dict[tuple[int, ...], tuple[Sequence[Matchable], _Plan]] = {}
+
+
+def _plan_of(playbooks: Sequence[Matchable]) -> _Plan:
+    """The plan of ``playbooks``, built once per set: ``orch check`` matches every target's new
+    lines against the same set, and building the plan (~700 checks indexed) cost ~2 ms a
+    target. Keyed by the identity of the playbook objects (the set is kept alive with its
+    plan, so an id is never reused while cached); a few sets at most are kept."""
+    ident = tuple(map(id, playbooks))
+    hit = _PLANS.get(ident)
+    if hit is not None:
+        return hit[1]
+    plan = _build_plan(playbooks)
+    if len(_PLANS) >= 8:
+        _PLANS.pop(next(iter(_PLANS)))
+    _PLANS[ident] = (tuple(playbooks), plan)
+    return plan
+
+
 class LogMatcher:
     """Feed lines one at a time (or :meth:`run` an iterable); :meth:`matches` ranks the result.
 
@@ -266,42 +357,15 @@ class LogMatcher:
     """
 
     def __init__(self, playbooks: Sequence[Matchable]) -> None:
-        self._pbs = [p for p in playbooks if p.kind == "signature" and p.signatures]
-        self._sigs = [s for pb in self._pbs for s in pb.signatures]
-        self._checks: list[_Check] = []
-        si = 0
-        for pi, pb in enumerate(self._pbs):
-            for sig in pb.signatures:
-                # a stack's later steps first, so one line never advances a stack twice
-                for step in reversed(range(len(sig.patterns))):
-                    self._checks.append(
-                        _Check(
-                            pi, si, step, sig.compiled[step], sig.needles[step], sig.bounded[step]
-                        )
-                    )
-                si += 1
-        index: dict[str, list[int]] = {}
-        unbounded: set[str] = set()  # keys some check needs without a word boundary after
-        self._always: list[int] = []
-        for i, chk in enumerate(self._checks):
-            if not chk.needles:
-                self._always.append(i)
-                continue
-            # index on one requirement, by its part that starts at its rarest character
-            key = min(chk.needles, key=index_cost)
-            for alt in key:
-                word = anchor(alt)
-                index.setdefault(word, []).append(i)
-                if alt not in chk.bounded:
-                    unbounded.add(word)
-        for word in TERMINAL_NEEDLES:  # lines the terminal-error tracker reads
-            index.setdefault(anchor(word), [])
-            unbounded.add(anchor(word))
-        self._index = index
-        keys = sorted(index)
-        self._keys = keys
-        self._pre = prefilter(tuple(keys), frozenset(keys) - unbounded) if keys else None
-        self._quick = self._pre.quick if self._pre else None
+        plan = _plan_of(playbooks)
+        self._pbs = plan.pbs
+        self._sigs = plan.sigs
+        self._checks = plan.checks
+        self._index = plan.index
+        self._keys = plan.keys
+        self._always = plan.always
+        self._pre = plan.pre
+        self._quick = plan.pre.quick if plan.pre else None
         self._seen: dict[int, _Seen] = {}
         self._starts: dict[int, list[int | None]] = {}
         self._terminal = Terminal()
@@ -314,6 +378,22 @@ class LogMatcher:
         if not self._always and (self._quick is None or self._quick.search(low) is None):
             return []
         return self._feed_hit(line, lineno)
+
+    def may_hit(self, lines: Sequence[str]) -> bool:
+        """False when no line of ``lines`` can match (nor reach the terminal-error tracker):
+        one prefilter search over them all, joined, instead of one per line. The prefilter's
+        needles hold no newline, so a needle found in the joined text is in one line (a line
+        past :data:`MAX_LINE_CHARS` may say True where :meth:`feed` finds nothing: only
+        slower, never a miss).
+
+        >>> from orchestrator.playbooks.loader import load_playbooks
+        >>> m = LogMatcher(load_playbooks())
+        >>> m.may_hit(["step=1 loss=2.3", "step=2 loss=2.2"]), m.may_hit(["x", "Killed"])
+        (False, True)
+        """
+        if self._always or self._quick is None:
+            return bool(lines)
+        return self._quick.search("\n".join(lines).lower()) is not None
 
     def run(self, lines: Iterable[str], start: int = 1) -> int:
         """Feed every line of ``lines`` (numbered from ``start``); returns the count fed."""
@@ -353,7 +433,7 @@ class LogMatcher:
                 continue  # this line already counts, with the best confidence
             if not all(any(a in low for a in alts) for alts in chk.needles):
                 continue
-            if chk.regex.search(text) is None:
+            if compile_once(chk.pattern).search(text) is None:
                 continue
             if sig.is_stack and not self._advance(chk, sig, lineno):
                 continue
@@ -446,7 +526,9 @@ class LogMatcher:
             chk = self._checks[i]
             if self._sigs[chk.sig].is_stack or self._pbs[chk.pb].id in out:
                 continue
-            if all(any(a in low for a in alts) for alts in chk.needles) and chk.regex.search(line):
+            if all(any(a in low for a in alts) for alts in chk.needles) and compile_once(
+                chk.pattern
+            ).search(line):
                 out.add(self._pbs[chk.pb].id)
         return out
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import functools
 import re
 from collections.abc import Iterable
-from dataclasses import dataclass
 from typing import Any
 
 
@@ -85,16 +84,43 @@ def index_cost(alts: frozenset[str]) -> tuple[int, int]:
     return (-(len(alts) > 1), -min(map(len, alts)))
 
 
-@dataclass(frozen=True, slots=True)
 class Prefilter:
     """The compiled trie of the needles: ``quick`` finds whether a line holds one; ``every``
     (the trie in a lookahead) finds, at each position, the longest needle starting there,
-    and ``prefixes`` maps it to the needles it begins with, so a hit line learns all its
-    needles in one C-level scan instead of one ``in`` test per needle."""
+    and :meth:`prefixes` maps it to the needles it begins with, so a hit line learns all its
+    needles in one C-level scan instead of one ``in`` test per needle.
 
-    quick: re.Pattern[str]
-    every: re.Pattern[str]
-    prefixes: dict[str, tuple[str, ...]]
+    Only ``quick`` is built up front (~10 ms for the bundled set's ~570 keys): ``every`` is
+    compiled on the first line that ``quick`` lets in (another ~20 ms), and each key's
+    prefixes are worked out the first time a line holds it (all of them at once was ~20 ms,
+    quadratic in the keys). A check of a healthy fleet needs neither.
+    """
+
+    __slots__ = ("_every", "_prefixes", "keys", "quick", "trie")
+
+    def __init__(self, trie: str, keys: tuple[str, ...]) -> None:
+        self.trie = trie
+        self.keys = keys
+        self.quick: re.Pattern[str] = re.compile(trie)
+        self._every: re.Pattern[str] | None = None
+        self._prefixes: dict[str, tuple[str, ...]] = {}
+
+    @property
+    def every(self) -> re.Pattern[str]:
+        if self._every is None:
+            self._every = re.compile(f"(?=({self.trie}))")
+        return self._every
+
+    def prefixes(self, word: str) -> tuple[str, ...]:
+        """The keys ``word`` (a key) begins with, itself included.
+
+        >>> prefilter(("kill", "killed", "led"), frozenset()).prefixes("killed")
+        ('kill', 'killed')
+        """
+        got = self._prefixes.get(word)
+        if got is None:
+            got = self._prefixes[word] = tuple(k for k in self.keys if word.startswith(k))
+        return got
 
     def present(self, low: str) -> set[str]:
         """The needles in lower-cased ``low`` (bounded ones only where a boundary follows).
@@ -105,13 +131,30 @@ class Prefilter:
         """
         out: set[str] = set()
         for word in set(self.every.findall(low)):
-            out.update(self.prefixes[word])
+            out.update(self.prefixes(word))
         return out
+
+
+TrieKey = tuple[tuple[str, ...], frozenset[str]]
+_TRIES: dict[TrieKey, str] = {}
+"""Tries built (or read back from the playbook cache) in this process, by their keys."""
+
+
+def tries() -> dict[TrieKey, str]:
+    """The tries built so far (the playbook cache keeps them: building the bundled set's
+    took ~12 ms a process, reading it back nothing)."""
+    return dict(_TRIES)
+
+
+def remember(known: dict[TrieKey, str]) -> None:
+    """Tries built by an earlier process (:func:`tries`), for :func:`prefilter` to use."""
+    _TRIES.update(known)
 
 
 @functools.lru_cache(maxsize=8)
 def prefilter(keys: tuple[str, ...], bounded: frozenset[str]) -> Prefilter:
     """The prefilter of ``keys`` (cached: one playbook set builds it once per process)."""
-    trie = trie_regex(keys, bounded=bounded)
-    prefixes = {k: tuple(p for p in keys if k.startswith(p)) for k in keys}
-    return Prefilter(re.compile(trie), re.compile(f"(?=({trie}))"), prefixes)
+    trie = _TRIES.get((keys, bounded))
+    if trie is None:
+        trie = _TRIES[(keys, bounded)] = trie_regex(keys, bounded=bounded)
+    return Prefilter(trie, keys)

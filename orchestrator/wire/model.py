@@ -19,21 +19,15 @@ True
 
 from __future__ import annotations
 
-import dataclasses
 import enum
-import sys
-import types
-import typing
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
+
+from orchestrator.wire.convert import AS_TEXT, READERS, SchemaError, dump, from_dict
 
 SCHEMA_VERSION = 1
 
 T = TypeVar("T")
-
-
-class SchemaError(ValueError):
-    """A dict could not be read as the dataclass asked for (wrong type, future schema)."""
 
 
 class Severity(enum.IntEnum):
@@ -47,119 +41,17 @@ class Severity(enum.IntEnum):
         return self.name.lower()
 
 
-# --- generic conversion ----------------------------------------------------------------------
-
-MAX_INT = 2**53
-"""Every integer of the wire is below this in magnitude (a step, a PID, a byte count): the
-largest a float, and so every JSON reader, holds exactly; a 400-digit step is a SchemaError."""
-
-_HINTS: dict[type, dict[str, Any]] = {}
-
-
-def _hints(cls: type) -> dict[str, Any]:
-    if cls not in _HINTS:
-        _HINTS[cls] = typing.get_type_hints(cls, vars(sys.modules[cls.__module__]))
-    return _HINTS[cls]
-
-
-def _dump(value: Any) -> Any:
-    if dataclasses.is_dataclass(value) and not isinstance(value, type):
-        return {f.name: _dump(getattr(value, f.name)) for f in dataclasses.fields(value)}
-    if isinstance(value, enum.Enum):
-        return str(value) if isinstance(value, Severity) else value.value
-    if isinstance(value, (list, tuple)):
-        return [_dump(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _dump(v) for k, v in value.items()}
-    return value
-
-
-def _load(tp: Any, value: Any, path: str) -> Any:
-    origin = typing.get_origin(tp)
-    if origin in (typing.Union, types.UnionType):
-        args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise SchemaError(f"{path}: null not allowed")
-        last: Exception | None = None
-        for arg in args:
-            if arg is type(None):
-                continue
-            try:
-                return _load(arg, value, path)
-            except (SchemaError, TypeError, ValueError) as exc:
-                last = exc
-        raise SchemaError(str(last) if last else f"{path}: bad value")
-    if tp is Any:
-        return value
-    if origin is tuple:
-        if not isinstance(value, (list, tuple)):
-            raise SchemaError(f"{path}: expected a list, got {type(value).__name__}")
-        (item_tp, *_rest) = typing.get_args(tp) or (Any,)
-        return tuple(_load(item_tp, v, f"{path}[{i}]") for i, v in enumerate(value))
-    if origin is dict:
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected a mapping, got {type(value).__name__}")
-        k_tp, v_tp = typing.get_args(tp) or (str, Any)
-        return {_key(k_tp, k, path): _load(v_tp, v, f"{path}.{k}") for k, v in value.items()}
-    if isinstance(tp, type) and issubclass(tp, Severity):
-        if isinstance(value, str):
-            try:
-                return Severity[value.upper()]
-            except KeyError:
-                raise SchemaError(f"{path}: unknown severity {value!r}") from None
-        return Severity(int(value))
-    if isinstance(tp, type) and dataclasses.is_dataclass(tp):
-        return _from_dict(tp, value, path)
-    if tp is float:
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise SchemaError(f"{path}: expected a number, got {value!r:.40}")
+def _severity(value: Any, path: str) -> Severity:
+    if isinstance(value, str):
         try:
-            return float(value)
-        except OverflowError:
-            raise SchemaError(f"{path}: number out of range ({len(str(value))} digits)") from None
-    if tp is int:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise SchemaError(f"{path}: expected an integer, got {value!r:.40}")
-        if not -MAX_INT < value < MAX_INT:
-            raise SchemaError(f"{path}: integer out of range (|n| >= 2**53)")
-        return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise SchemaError(f"{path}: expected a string, got {value!r:.40}")
-        return value
-    if tp is bool:
-        if not isinstance(value, bool):
-            raise SchemaError(f"{path}: expected true/false, got {value!r:.40}")
-        return value
-    return value
+            return Severity[value.upper()]
+        except KeyError:
+            raise SchemaError(f"{path}: unknown severity {value!r}") from None
+    return Severity(int(value))
 
 
-def _key(tp: Any, key: Any, path: str) -> Any:
-    """A mapping key read back from JSON, where every key is a string (``dict[int, ...]``)."""
-    if tp is int and not isinstance(key, int):
-        try:
-            return int(key)
-        except ValueError:
-            raise SchemaError(f"{path}: key {key!r:.40} is not an integer") from None
-    return key if tp is int else str(key)
-
-
-def _from_dict(cls: type[T], data: Any, path: str = "") -> T:
-    if not isinstance(data, dict):
-        raise SchemaError(f"{path or cls.__name__}: expected a mapping, got {type(data).__name__}")
-    hints = _hints(cls)
-    kwargs = {}
-    for f in dataclasses.fields(cls):  # type: ignore[arg-type]
-        if f.name in data:
-            kwargs[f.name] = _load(
-                hints[f.name], data[f.name], f"{path}.{f.name}" if path else f.name
-            )
-    try:
-        return cls(**kwargs)
-    except TypeError as exc:
-        raise SchemaError(f"{path or cls.__name__}: {exc}") from None
+READERS[Severity] = _severity
+AS_TEXT.add(Severity)
 
 
 class Wire:
@@ -168,11 +60,11 @@ class Wire:
     __slots__ = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return _dump(self)  # type: ignore[no-any-return]
+        return dump(self)  # type: ignore[no-any-return]
 
     @classmethod
     def from_dict(cls: type[T], data: Any) -> T:
-        return _from_dict(cls, data)
+        return from_dict(cls, data)
 
 
 def check_schema(data: Any) -> None:
@@ -182,7 +74,7 @@ def check_schema(data: Any) -> None:
     >>> check_schema({"schema_version": 99})
     Traceback (most recent call last):
     ...
-    orchestrator.wire.model.SchemaError: schema_version 99 is newer than this orch understands (1); upgrade orch
+    orchestrator.wire.convert.SchemaError: schema_version 99 is newer than this orch understands (1); upgrade orch
     """
     if not isinstance(data, dict):
         raise SchemaError(f"expected a JSON object, got {type(data).__name__}")
