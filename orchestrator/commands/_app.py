@@ -50,6 +50,21 @@ class _LazyConsole:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._get(), name)
 
+    # Dunders are looked up on the type, not through __getattr__: rich's Live does
+    # `with self.console:` (a proxy without these crashed `orch watch` on a terminal).
+    def __enter__(self) -> Console:
+        return self._get().__enter__()
+
+    def __exit__(self, *exc: object) -> None:
+        self._get().__exit__(*exc)  # type: ignore[arg-type]
+
+
+def real_console(console: Console) -> Console:
+    """The rich ``Console`` behind ``out_console``/``err_console`` (made now if not yet), for
+    rich objects that keep it (Live, progress bars): they may set attributes on it or use it
+    where a proxy is not enough."""
+    return console._get() if isinstance(console, _LazyConsole) else console
+
 
 err_console: Console = _LazyConsole(stderr=True)  # type: ignore[assignment]
 out_console: Console = _LazyConsole()  # type: ignore[assignment]

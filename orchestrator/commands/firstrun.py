@@ -8,7 +8,14 @@ from typing import Any
 
 import typer
 
-from orchestrator.commands._app import app, out_console, print_json, report_error, state
+from orchestrator.commands._app import (
+    app,
+    out_console,
+    print_json,
+    real_console,
+    report_error,
+    state,
+)
 
 
 @app.command("demo")
@@ -54,7 +61,7 @@ def demo_cmd(
     from orchestrator.views.demo import RichDemoUI
 
     interactive = sys.stdin.isatty() and not yes and not as_json
-    ui = RichDemoUI(out_console, interactive=interactive, watcher=watch_for)
+    ui = RichDemoUI(real_console(out_console), interactive=interactive, watcher=watch_for)
     result = demo.run_demo(
         ui,
         state_dir=state_dir,

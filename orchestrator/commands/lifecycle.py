@@ -15,6 +15,7 @@ from orchestrator.commands._app import (
     load_inventory,
     out_console,
     print_json,
+    real_console,
 )
 from orchestrator.wire.text import visible
 
@@ -93,7 +94,7 @@ def launch_cmd(
             trainer_args=trainer_args or [],
         )
         return
-    progress = None if as_json else PhaseProgress(err_console)
+    progress = None if as_json else PhaseProgress(real_console(err_console))
     try:
         result = launch.launch(
             inventory,
@@ -154,7 +155,7 @@ def _launch_job(
         raise UsageError(
             f"{job_name} is a job: set its command and GPUs under jobs.{job_name} in hosts.yaml"
         )
-    progress = None if as_json else PhaseProgress(err_console)
+    progress = None if as_json else PhaseProgress(real_console(err_console))
     try:
         result = job_launch.launch_job(
             inventory,

@@ -15,6 +15,7 @@ from orchestrator.commands._app import (
     notify_option,
     out_console,
     print_json,
+    real_console,
 )
 from orchestrator.errors import OrchError
 
@@ -53,7 +54,7 @@ def watch_cmd(
             targets or [],
             interval_s=interval,
             plain=plain,
-            console=out_console,
+            console=real_console(out_console),
             db=db,
         )
     )
