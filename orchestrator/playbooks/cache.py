@@ -11,7 +11,7 @@ took ~12 ms; compiling it, ~10-20 ms, is still paid per process). Measured on th
 unpickling a list whose signatures hold ``re.Pattern`` objects recompiles each of them
 (~60 ms, most of what parsing cost); JSON of the same structure needs a Python-level
 rebuild of every dataclass and was slower to load than pickle. So signatures compile
-their regexes on first use (:attr:`~orchestrator.playbooks.matching.Signature.compiled`),
+their regexes on first use (:func:`~orchestrator.playbooks.matching.compile_once`),
 and a healthy log line never needs one: the matcher's prefilter rejects it first.
 
 The key (:func:`key_of`) is a hash of orch's version, the Python version, the source of the

@@ -84,7 +84,7 @@ class Signature:
     ``within`` is the most lines a stack may span, first frame to last (1 for a line).
     ``needles`` hold, per pattern, the lower-cased literals a line needs (:func:`literal_needles`).
 
-    The regexes are compiled on first use (:attr:`compiled`, once per process and pattern),
+    The regexes are compiled on first use (:func:`compile_once`, once per process and pattern),
     not held: a signature is then plain data that the playbook cache
     (:mod:`orchestrator.playbooks.cache`) reads back without recompiling ~700 regexes, of
     which a check of a healthy fleet runs none (the prefilter rejects its lines first).
@@ -100,11 +100,6 @@ class Signature:
     @property
     def is_stack(self) -> bool:
         return len(self.patterns) > 1
-
-    @property
-    def compiled(self) -> tuple[re.Pattern[str], ...]:
-        """``patterns`` compiled (cached per process: the first call compiles)."""
-        return tuple(compile_once(p) for p in self.patterns)
 
     @classmethod
     def build(
