@@ -226,6 +226,56 @@ TORCHTITAN = Reader(
     skip=(r"\bvalidate step\b", r"\bValidation\b"),
 )
 
+TORCHTUNE = Reader(
+    name="torchtune",
+    source=(
+        "torchtune v0.2.1 torchtune/utils/metric_logging.py StdoutLogger.log_dict "
+        "(print(f'Step {step} | ') then f'{name}:{data} ' per key), with the recipes' log_dict "
+        "(recipes/full_finetune_distributed.py: 'loss', 'lr', 'tokens_per_second_per_gpu' = "
+        "tokens / (time_per_step * world_size); knowledge distillation adds class_loss, kd_loss)"
+    ),
+    hints=("Step ",),
+    detect=(r"^Step \d+ \| [a-z_]+:",),
+    fields=(
+        Field("step", "Step"),
+        *_loss("loss"),
+        Field("rate", "tokens_per_second_per_gpu", "tokens/s/device"),
+    ),
+)
+
+DETECTRON2 = Reader(
+    name="detectron2",
+    source=(
+        "detectron2 v0.6 detectron2/utils/events.py CommonMetricPrinter.write "
+        "(' {eta}iter: {iter}  {losses}  {time}{data_time}lr: {lr}  {memory}': losses as "
+        "'{k}: {median:.4g}' with total_loss first, time as 'time: {:.4f}', the global average of "
+        "seconds per iteration: the only time v0.6 prints)"
+    ),
+    hints=("iter: ",),
+    detect=(r"\biter: \d+\s+total_loss: ",),
+    fields=(
+        Field("step", "iter"),
+        *_loss("total_loss"),
+        Field("rate", "time", "s/step"),
+        Field("eta_s", "eta"),
+    ),
+)
+
+MODDED_NANOGPT = Reader(
+    name="modded-nanogpt",
+    source=(
+        "modded-nanogpt (KellerJordan, 2024-11 records) train_gpt.py print0 "
+        "(f'step:{step}/{train_steps} val_loss:{val_loss:.4f} train_time:{training_time_ms:.0f}ms "
+        "step_avg:{training_time_ms/max(step, 1):.2f}ms' and the training line's "
+        "'train_loss:{:.4f}': step_avg, training ms per step, is the only time printed; "
+        "val_loss is not the training loss)"
+    ),
+    hints=("step_avg:",),
+    detect=(r"^step:\d+/\d+ .*\bstep_avg:",),
+    fields=(*_loss("train_loss"), Field("rate", "step_avg", "s/step", 1e-3)),
+    counter=r"^step:(?P<step>\d+)/(?P<total>\d+)\b",
+)
+
 NANOGPT = Reader(
     name="nanogpt",
     source=(
@@ -249,7 +299,8 @@ FAIRSEQ = Reader(
     source=(
         "fairseq v0.12.2 fairseq/logging/progress_bar.py SimpleProgressBar.log "
         "('{prefix}:  {i:5d} / {n:d} {k=v, ...}'), JsonProgressBar.log "
-        "(json.dumps of the stats, values as formatted strings), and "
+        "(json.dumps of the stats, values as formatted strings; JsonProgressBar.print, the "
+        "end-of-epoch stats, prefixes every key with its tag: 'train_num_updates', 'train_wps'), and "
         "the stats logged by fairseq/trainer.py (num_updates, ups) and "
         "fairseq/tasks/fairseq_task.py (wps); the first fairseq-py "
         "(e734b0fa, 2017-09) fairseq/progress_bar.py ('{desc} {i:5d} / {n:d} {postfix}', desc "
@@ -260,15 +311,18 @@ FAIRSEQ = Reader(
     hints=("num_updates", "wps", "| epoch ", " updates | "),
     detect=(
         r"\bnum_updates[=\"':]",
+        r"\"train_num_updates\": ",
         r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]",
         r"^\| epoch \d{3}:?\s+\d+ / \d+ loss=",
         r"^\| epoch \d{3} \| \d+ updates \| words/s ",
     ),
     fields=(
         Field("step", "num_updates"),
+        Field("step", "train_num_updates"),
         Field("step", "updates", value_first=True),
-        *_loss("loss", "trainloss"),
+        *_loss("loss", "trainloss", "train_loss"),
         Field("rate", "wps", "words/s"),
+        Field("rate", "train_wps", "words/s"),
         Field("rate", "words/s", "words/s"),
     ),
     skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b", r"\| checkpoint \d+ \|"),
@@ -399,6 +453,9 @@ READERS: tuple[Reader, ...] = (
     LLAMA_FACTORY,
     LIGHTNING,
     HF_TRAINER,
+    TORCHTUNE,
+    DETECTRON2,
+    MODDED_NANOGPT,
     NANOGPT,
     METRIC_LOGGER,
     KERAS,
