@@ -47,7 +47,8 @@ HELDOUT3 = load(Path(__file__).resolve().parent.parent / "data" / "progress_held
 def test_every_framework_reader_meets_real_lines() -> None:
     """Each table of progress_readers detects at least one real excerpt (of the corpus or of
     held-out set 2, whose misses the tinygrad and torch_xla readers were written for, or of set
-    3, whose misses the torchtune, detectron2 and modded-nanogpt readers were written for)."""
+    3, whose misses the torchtune, detectron2, modded-nanogpt, paddle and maskrcnn-benchmark
+    readers were written for)."""
     seen = {read_log(c.lines)[0] for c in (*CASES, *HELDOUT2, *HELDOUT3)}
     missing = [r.name for r in READERS if r.name not in seen]
     assert not missing, missing
@@ -93,14 +94,13 @@ def test_heldout2_after_adjusting() -> None:
 def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
     """Held-out set 3 (docs/progress.md): collected after the readers were frozen at dd362b7, no
     URL shared with the earlier sets; frozen score step 41, loss 44, throughput 31 of 48; after
-    the first adjustment (torchtune, detectron2, modded-nanogpt, fairseq's epoch JSON) 42, 46, 37:
-    the readers must never read it worse than that."""
+    the adjustment for its misses (docs/progress.md) 44, 46, 45: never worse than that."""
     earlier = {c.source for c in (*CASES, *HELDOUT2)}
     assert len(HELDOUT3) >= 40
     assert not earlier & {c.source for c in HELDOUT3}
     s = score(HELDOUT3)
     right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
-    assert right["step"] >= 42 and right["loss"] >= 46 and right["throughput"] >= 37, s["misses"]
+    assert right["step"] >= 44 and right["loss"] >= 46 and right["throughput"] >= 45, s["misses"]
 
 
 @pytest.mark.parametrize(
@@ -133,6 +133,31 @@ def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
             '2021-01-05 23:15:06 | INFO | train | {"epoch": 62, "train_loss": "531.664", '
             '"train_wps": "2933.6", "train_ups": "0.31", "train_num_updates": "1914"}',
             ("fairseq", 1914, 531.664, 2933.6, "words/s"),
+        ),
+        # PaddlePaddle/PaddleDetection (ppdet/engine/callbacks.py): an image is a sample
+        (
+            "[07/21 14:47:48] ppdet.engine INFO: Epoch: [0] [ 60/200] learning_rate: 0.000075 "
+            "loss: 113.562012 eta: 10 days, 14:16:13 batch_cost: 7.1558 data_cost: 6.5692 "
+            "ips: 4.4719 images/s",
+            ("paddle", 60, 113.562012, 4.4719, "samples/s"),
+        ),
+        # PaddleSpeech deepspeech2 model.py: 'train time' is the step's seconds
+        (
+            "Train: Rank: 0, epoch: 1, step: 5316, batch : 1565/1876, lr: 0.00000000, "
+            "data time: 0.000s, train time: 2.994s, batch size: 64, train_loss: 16.016537",
+            ("paddle", 5316, 16.016537, 2.994, "s/step"),
+        ),
+        # maskrcnn-benchmark MetricLogger: 'median (global_avg)', the median is the step's
+        (
+            "maskrcnn_benchmark.trainer INFO: eta: 0:17:37  iter: 87940  loss: 0.6097 (0.9191)  "
+            "time: 0.5063 (0.5132)  data: 0.0062 (0.0078)  lr: 0.000025  max mem: 3210",
+            ("maskrcnn-benchmark", 87940, 0.6097, 0.5063, "s/step"),
+        ),
+        # mmcv 1.x TextLoggerHook by iteration (IterBasedRunner); data_time is not the time
+        (
+            "2023-06-21 05:37:33,547 - mmseg - INFO - Iter [400/21600]\tlr: 9.992e-03, eta: 0:56:25, "
+            "time: 0.141, data_time: 0.008, memory: 22159, loss: 1.8561",
+            ("mmengine", 400, 1.8561, 0.141, "s/step"),
         ),
     ],
 )
