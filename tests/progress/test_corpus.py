@@ -42,6 +42,7 @@ def test_score_meets_the_target() -> None:
 
 HELDOUT2 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout2")
 HELDOUT3 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout3")
+HELDOUT4 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout4")
 
 
 def test_every_framework_reader_meets_real_lines() -> None:
@@ -165,3 +166,15 @@ def test_set3_readers_read_their_format_strings(line: str, want: tuple[object, .
     """The readers added for set 3's misses, one real line each, units kept apart."""
     fw, r = read_log([line])
     assert (fw, r.step, r.loss, r.rate, r.unit) == want
+
+
+def test_heldout4_is_new_and_not_below_its_frozen_score() -> None:
+    """Held-out set 4 (docs/progress.md): collected after the readers were frozen at 30de210, no
+    URL shared with the earlier sets; frozen score step 23, loss 18, throughput 23 of 36: the
+    readers must never read it worse than that."""
+    earlier = {c.source for c in (*CASES, *HELDOUT2, *HELDOUT3)}
+    assert len(HELDOUT4) == 36
+    assert not earlier & {c.source for c in HELDOUT4}
+    s = score(HELDOUT4)
+    right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
+    assert right["step"] >= 23 and right["loss"] >= 18 and right["throughput"] >= 23, s["misses"]
