@@ -121,12 +121,15 @@ def start_inside(info, name: str, *argv: str) -> tuple[subprocess.Popen[bytes], 
     return proc, host, inner
 
 
-def gpu3_held_by(info, pid: int, used_mib: float = 0.0) -> None:
-    """The ghost scenario (GPU 3 at 100 % with 0 MiB) with ``pid`` (a HOST PID) on GPU 3."""
+def gpu3_held_by(info, pid: int, used_mib: float = 0.0, driver: str | None = None) -> None:
+    """The ghost scenario (GPU 3 at 100 % with 0 MiB) with ``pid`` (a HOST PID) on GPU 3;
+    ``driver`` replaces the scenario's driver version."""
     from orchestrator.sandbox import manager
 
     _name, doc = manager.load_scenario("ghost")
     doc["devices"][3]["processes"] = [{"pid": pid, "used_mib": used_mib}]
+    if driver is not None:
+        doc["driver_version"] = driver
     manager.set_scenario(info.state_dir, {**doc, "name": "ghost-held"})
 
 
@@ -173,27 +176,41 @@ def test_gpu_processes_are_mapped_to_their_container_and_pid_inside(ct) -> None:
         proc.wait(10)
 
 
+def _proc_text(pid: object, name: str) -> str | None:
+    """``/proc/PID/NAME``, or None when the process exited while we listed it (a container's
+    short-lived processes come and go between the listing and the read)."""
+    try:
+        return Path(f"/proc/{pid}/{name}").read_text()
+    except (FileNotFoundError, ProcessLookupError):
+        return None
+
+
 def test_a_host_pid_colliding_inside_is_named_from_the_host(ct) -> None:
-    """NVML inside gives host PIDs; one that is another process inside must not take its name."""
+    """NVML inside gives host PIDs (a driver before 535.113.01, as the version says); one that
+    is another process inside must not take its name. With a newer driver's version the PID
+    would be the container's own (gpupids.decide_numbering), so the old one is set here: with
+    570's, the answer depended on whether the clashing process inside was still there."""
     from orchestrator.remote.target import Target
 
-    inner_pids = {
-        Path(f"/proc/{h}/status").read_text().split("NSpid:")[1].split()[-1]: h
-        for h in ct.container_pids("ct200")
-    }
+    inner_pids = {}
+    for h in ct.container_pids("ct200"):
+        status = _proc_text(h, "status")
+        if status is not None and "NSpid:" in status:
+            inner_pids[status.split("NSpid:")[1].split()[-1]] = h
     clash = next(
         (
             int(pid)
             for pid, host in sorted(inner_pids.items(), key=lambda x: int(x[0]))
             if int(pid) > 2
-            and Path(f"/proc/{pid}/comm").exists()
-            and Path(f"/proc/{pid}/comm").read_text() != Path(f"/proc/{host}/comm").read_text()
+            and (comm := _proc_text(pid, "comm")) is not None
+            and (host_comm := _proc_text(host, "comm")) is not None
+            and comm != host_comm
         ),
         None,
     )
     if clash is None:
         pytest.skip("no PID of ct200 is also a host PID of another process right now")
-    gpu3_held_by(ct, clash, used_mib=100.0)
+    gpu3_held_by(ct, clash, used_mib=100.0, driver="535.104.05")
     inside = Target(inventory(ct), "ct200").snapshot()
     (seen,) = inside.gpus[3].processes or ()
     assert seen.pid == clash and seen.name is None  # not the container's own process's name
