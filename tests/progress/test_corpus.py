@@ -96,12 +96,19 @@ def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
     """Held-out set 3 (docs/progress.md): collected after the readers were frozen at dd362b7, no
     URL shared with the earlier sets; frozen score step 41, loss 44, throughput 31 of 48; after
     the adjustment for its misses (docs/progress.md) 44, 46, 45: never worse than that."""
-    earlier = {c.source for c in (*CASES, *HELDOUT2)}
     assert len(HELDOUT3) >= 40
-    assert not earlier & {c.source for c in HELDOUT3}
-    s = score(HELDOUT3)
+    _assert_new_and_at_least(HELDOUT3, (*CASES, *HELDOUT2), step=44, loss=46, throughput=45)
+
+
+def _assert_new_and_at_least(
+    cases: list[Case], earlier: tuple[Case, ...], *, step: int, loss: int, throughput: int
+) -> None:
+    """A held-out set shares no URL with ``earlier`` and reads at least the given counts."""
+    assert not {c.source for c in earlier} & {c.source for c in cases}
+    s = score(cases)
     right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
-    assert right["step"] >= 44 and right["loss"] >= 46 and right["throughput"] >= 45, s["misses"]
+    floor = {"step": step, "loss": loss, "throughput": throughput}
+    assert all(right[k] >= floor[k] for k in floor), (right, s["misses"])
 
 
 @pytest.mark.parametrize(
@@ -172,9 +179,7 @@ def test_heldout4_is_new_and_not_below_its_frozen_score() -> None:
     """Held-out set 4 (docs/progress.md): collected after the readers were frozen at 30de210, no
     URL shared with the earlier sets; frozen score step 23, loss 18, throughput 23 of 36: the
     readers must never read it worse than that."""
-    earlier = {c.source for c in (*CASES, *HELDOUT2, *HELDOUT3)}
     assert len(HELDOUT4) == 36
-    assert not earlier & {c.source for c in HELDOUT4}
-    s = score(HELDOUT4)
-    right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
-    assert right["step"] >= 23 and right["loss"] >= 18 and right["throughput"] >= 23, s["misses"]
+    _assert_new_and_at_least(
+        HELDOUT4, (*CASES, *HELDOUT2, *HELDOUT3), step=23, loss=18, throughput=23
+    )
