@@ -313,3 +313,44 @@ def test_a_peer_of_another_uid_is_refused(place) -> None:
     uid = int(subprocess.run(["id", "-u", "nobody"], capture_output=True, text=True).stdout)
     assert as_nobody() == f"answer: X peer uid {uid} is not the observer's {os.geteuid()}"
     assert resident_pid(place) == pid and served(place) == "resident"
+
+
+@pytest.mark.parametrize(
+    "answer",
+    [b'+R 0 500 0\n{"cut', b"+garbage\n", b""],
+    ids=["cut-short", "not-an-answer", "closed-unanswered"],
+)
+def test_a_resident_dying_mid_answer_falls_back_to_the_one_shot(place, answer) -> None:
+    """A listener that acknowledges and then dies mid-answer, answers garbage or closes at once
+    (a resident crashing while serving): the boot prints the one-shot's answer alone, no
+    traceback, and starts a real resident for the next check."""
+    import threading
+
+    path = place["bundle"] / sock_name(place)
+    cwd = os.getcwd()
+    os.chdir(path.parent)  # a unix socket's path is limited to 107 bytes
+    try:
+        server = socket.socket(socket.AF_UNIX)
+        server.bind(path.name)
+    finally:
+        os.chdir(cwd)
+    server.listen(1)
+
+    def serve_once() -> None:
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(answer)
+
+    t = threading.Thread(target=serve_once, daemon=True)
+    t.start()
+    try:
+        rc, out, err = check(place)
+        t.join(10)
+    finally:
+        server.close()
+    assert not t.is_alive(), "the boot never connected"
+    assert (rc, err) == (0, b""), err
+    assert doc_of(out)["served_by"] == "oneshot" and out.count(b"\n") == 1
+    wait_for(lambda: resident_pid(place), 20, what="a real resident")
+    assert served(place) == "resident"
