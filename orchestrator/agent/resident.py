@@ -192,7 +192,7 @@ def _ident(path: str) -> tuple[int, int] | None:
 
 
 def _loop(sock: socket.socket, path: str, ident: tuple[int, int] | None, idle: float) -> None:
-    kids: set[int] = set()
+    kids: dict[int, float] = {}  # serving fork -> when it started (monotonic s)
     last = checked = time.monotonic()
     while True:
         _reap(kids)
@@ -209,15 +209,21 @@ def _loop(sock: socket.socket, path: str, ident: tuple[int, int] | None, idle: f
             return
 
 
-def _reap(kids: set[int]) -> None:
-    for pid in list(kids):
+def _reap(kids: dict[int, float]) -> None:
+    """Forget the serving forks that ended; kill one past :data:`REPLY_S` (its client gave up
+    on it and ran the one-shot: a fork stuck in a driver call would keep the resident up)."""
+    now = time.monotonic()
+    for pid, started in list(kids.items()):
         with contextlib.suppress(ChildProcessError):
             if os.waitpid(pid, os.WNOHANG)[0] == 0:
+                if now - started > REPLY_S:
+                    with contextlib.suppress(OSError):
+                        os.kill(pid, 9)
                 continue
-        kids.discard(pid)
+        del kids[pid]
 
 
-def _accept(sock: socket.socket, kids: set[int]) -> None:
+def _accept(sock: socket.socket, kids: dict[int, float]) -> None:
     try:
         conn, _ = sock.accept()
     except OSError:
@@ -237,7 +243,7 @@ def _accept(sock: socket.socket, kids: set[int]) -> None:
                 _child(conn)
             finally:
                 os._exit(0)
-        kids.add(pid)
+        kids[pid] = time.monotonic()
     except OSError:
         return
     finally:
