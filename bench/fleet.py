@@ -20,7 +20,11 @@ Timed, interleaved, ``--repeat`` times after one untimed warm-up (agent deploys)
 
 ``ratio`` = seeds_sequential_s / concurrent_s. ``cpu_ms_per_target``: all CPU on the hosts'
 side (sshd sessions, observers, pct, journalctl: everything the 8 sshds start, counted in a
-cpuacct cgroup) per container per check of the host path; the containers' own CPU (the
+cpuacct cgroup) per container per check of the host path. That includes each host's resident
+observer (``orchestrator/agent/resident.py``, started by the first check's boot with a double
+fork and ``setsid``, which leave a process in its parent's cgroup; its serving forks too):
+:meth:`Fleet.residents` lists them after the timed runs and the output says how many sit in
+the group, with a warning for any that do not; the containers' own CPU (the
 agents inside, on the container path) is counted in their cgroups and printed beside it.
 On this machine the "remote" CPU shares the cores with the operator, so ``(operator +
 remote CPU) / cores`` is a floor under the concurrent figures.
@@ -339,6 +343,24 @@ class Fleet:
             ) from None
         return wall, doc, cpu
 
+    def residents(self) -> dict[str, int]:
+        """The hosts' resident observers (their bundles under our state directories) and how
+        many of them are in the bench's cgroup, where their CPU is counted with the hosts'."""
+        roots = [str(d).encode() for d in self.state_dirs]
+        found = counted = 0
+        name = self.cpu.path.name if self.cpu.path is not None else None
+        for proc in Path("/proc").iterdir():
+            try:
+                cmd = (proc / "cmdline").read_bytes()
+                if b"orchestrator.agent.resident" not in cmd or not any(r in cmd for r in roots):
+                    continue
+                groups = (proc / "cgroup").read_text()
+            except OSError:
+                continue
+            found += 1
+            counted += name is not None and f"/{name}\n" in groups + "\n"
+        return {"found": found, "in_cgroup": counted}
+
     def subset(self, hosts: int) -> tuple[Path, int]:
         """A hosts.yaml of the first ``hosts`` hosts and their containers; (path, targets)."""
         keep = list(self.hosts_doc["hosts"])[:hosts]
@@ -631,6 +653,13 @@ def main(argv: list[str] | None = None) -> int:
                 steady[tag] = fleet.steady(argv, args.steady)
                 print(f"  steady {tag}: {steady[tag]}", file=sys.stderr)
         load_after = os.getloadavg()[0]
+        residents = fleet.residents()
+        if residents["found"] != residents["in_cgroup"]:
+            print(
+                f"warning: {residents['found'] - residents['in_cgroup']} resident observers "
+                "outside the bench's cgroup: their CPU is not in the hosts' side",
+                file=sys.stderr,
+            )
     finally:
         fleet.close()
         if not args.keep:
@@ -666,6 +695,10 @@ def main(argv: list[str] | None = None) -> int:
     print(
         f"  all CPU of a host-path check on {cores} cores: >= {floor} s; load average "
         f"{load_before:.1f} -> {load_after:.1f}"
+    )
+    print(
+        f"  resident observers: {residents['found']} found, {residents['in_cgroup']} in the "
+        "bench's cgroup (counted in the hosts' side)"
     )
     if missed:
         print(f"  ({missed} target answers were missing over all timed runs; see stderr)")
@@ -713,6 +746,7 @@ def main(argv: list[str] | None = None) -> int:
                     "slope_per_target": fits if scale else None,
                     "steady": steady or None,
                     "loadavg": [round(load_before, 2), round(load_after, 2)],
+                    "residents": residents,
                 }
             )
         )

@@ -8,7 +8,11 @@ them, ``--isolation``) with ``--containers`` containers, a fake trainer in each.
   --containers ... --state FILE``, in the environment the sandbox's sshd gives a session;
   the checkout's code instead of the deployed bundle), under a CPU sampler; once **cold**
   (no kept state: the first check of a host) and once **warm** (every later check: kept
-  init PIDs, and the kernel cursor the previous check ended at);
+  init PIDs, and the kernel cursor the previous check ended at); and once through the
+  **resident** observer (``orchestrator/agent/resident.py``: the checkout's bundle deployed to
+  a host ``agent_dir``, the host boot ``python3 -S -c HOST_BOOT`` as ``orch check`` runs it,
+  warm): the boot's own CPU (``RUSAGE_CHILDREN``) plus the resident's for that request (a
+  cgroup of its own, before and after, its serving fork gone; else ``/proc/PID/stat``);
 - **operator side**: ``orch check --json`` over the host, in-process, under the same sampler.
 
 The sampler (:class:`Sampler`) reads every thread's own CPU clock (``pthread_getcpuclockid``)
@@ -28,6 +32,7 @@ prints one JSON object last. Needs root for LXC (else process mode, said so).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -259,9 +264,7 @@ def import_ms(argv: list[str]) -> tuple[float, list[tuple[str, float]]]:
 
 
 def host_run(state_dir: Path, args: list[str], env: dict[str, str]) -> dict:
-    from orchestrator.remote.target import HOST_BOOT
-
-    del HOST_BOOT  # the boot's checks run on a real host; the profile runs the checkout
+    # the boot's checks run on a real host; the profile runs the checkout under the sampler
     p = subprocess.run(
         [sys.executable, "-S", str(Path(__file__).resolve()), "--inner-host", *args],
         capture_output=True,
@@ -280,6 +283,123 @@ def host_run(state_dir: Path, args: list[str], env: dict[str, str]) -> dict:
         1 for s in doc.get("containers", {}).values() if s.get("container_status") == "running"
     )
     return prof
+
+
+def proc_cpu_ms(pid: int) -> float:
+    """utime + stime + cutime + cstime of ``pid`` (its reaped children: the serving forks), ms."""
+    with open(f"/proc/{pid}/stat", encoding="ascii") as fh:
+        fields = fh.read().rsplit(")", 1)[1].split()
+    return sum(int(x) for x in fields[11:15]) * 1000 / os.sysconf("SC_CLK_TCK")
+
+
+def _own_group(pid: int):  # type: ignore[no-untyped-def]
+    """A CPU-accounting cgroup holding only ``pid`` (``bench/fleet.py``'s), or ``None``."""
+    from fleet import CpuGroup  # type: ignore[import-not-found]
+
+    group = CpuGroup(f"orch-profile-resident-{pid}")
+    if group.path is None:
+        return None
+    try:
+        (group.path / "cgroup.procs").write_text(str(pid))
+    except OSError:
+        group.remove()
+        return None
+    return group
+
+
+def _children(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/task/{pid}/children").read_text().strip()
+    except OSError:
+        return ""
+
+
+class Resident:
+    """The checkout's bundle in a host ``agent_dir`` under ``work``, its resident started as a
+    host's first check starts it (that check's one-shot not measured)."""
+
+    def __init__(self, work: Path, state_dir: Path, args: list[str], env: dict[str, str]) -> None:
+        from orchestrator.agent.resident import socket_name
+        from orchestrator.remote import deploy
+        from orchestrator.transport.local import LocalTransport
+
+        agent_dir = work / "agent"
+        agent_dir.mkdir(mode=0o755)
+        self.bundle = deploy.ensure_agent(
+            LocalTransport(), str(agent_dir), sys.executable, host=True
+        )
+        self.state_dir, self.env = state_dir, env
+        self.run(args)
+        name = socket_name(env, str(state_dir), sys.executable)
+        lock = Path(self.bundle) / (name[: -len(".sock")] + ".lock")
+        deadline = time.monotonic() + 30
+        while not (Path(self.bundle) / name).exists():
+            if time.monotonic() > deadline:
+                raise SystemExit(f"no resident observer started in {self.bundle}")
+            time.sleep(0.05)
+        self.pid = int(lock.read_text())
+        self.group = _own_group(self.pid)
+
+    def cpu_ms(self) -> float:
+        """The resident's CPU so far (its serving forks included), ms: from a cgroup of its own
+        (exact) where one can be made, else ``/proc/PID/stat`` (clock ticks: 10 ms steps)."""
+        got = self.group.cpu_s() if self.group is not None else None
+        return got * 1000 if got is not None else proc_cpu_ms(self.pid)
+
+    def close(self) -> None:
+        if self.group is not None:
+            with contextlib.suppress(OSError):
+                os.kill(self.pid, 9)
+            deadline = time.monotonic() + 5
+            while Path(f"/proc/{self.pid}").exists() and time.monotonic() < deadline:
+                time.sleep(0.02)
+            self.group.remove()
+
+    def run(self, args: list[str]) -> tuple[dict, float]:
+        """One check through the host boot: (its document, the boot process's CPU ms)."""
+        from orchestrator.remote.boot import HOST_BOOT
+
+        ru0 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        p = subprocess.run(
+            [sys.executable, "-S", "-c", HOST_BOOT, self.bundle, *args],
+            capture_output=True,
+            env=self.env,
+            cwd=self.state_dir,
+            timeout=300,
+        )
+        ru1 = resource.getrusage(resource.RUSAGE_CHILDREN)
+        if p.returncode != 0:
+            raise SystemExit(f"host boot failed (exit {p.returncode}): {p.stderr[-2000:]!r}")
+        return json.loads(p.stdout), (
+            ru1.ru_utime + ru1.ru_stime - ru0.ru_utime - ru0.ru_stime
+        ) * 1000
+
+    def measure(self, args: list[str]) -> dict:
+        """One check served by the resident: the client's CPU and the resident's for it."""
+        before = self.cpu_ms()
+        doc, client = self.run(args)
+        deadline = time.monotonic() + 10
+        while _children(self.pid) and time.monotonic() < deadline:
+            time.sleep(0.01)  # the serving fork is reaped within 50 ms
+        served = self.cpu_ms() - before
+        if doc.get("served_by") != "resident":
+            raise SystemExit(f"the resident did not answer: {doc.get('served_by')!r}")
+        observe = float(doc["cost"]["cpu_ms"])
+        return {
+            "client_ms": client,
+            "ms": {
+                "resident: observe()": observe,
+                "resident: fork, argv, reply": max(served - observe, 0.0),
+            },
+            "resident_ms": served,
+            "cursor": doc.get("kernel_cursor"),
+            "containers_seen": sum(
+                1
+                for c in doc.get("containers", {}).values()
+                if c.get("container_status") == "running"
+            ),
+            "calls": {},
+        }
 
 
 def operator_run(config: Path, db: Path) -> dict:
@@ -366,6 +486,7 @@ def main(argv: list[str] | None = None) -> int:
     from orchestrator.wire.requests import GRACE_S
 
     work = Path(tempfile.mkdtemp(prefix="orch-profile-"))
+    res: Resident | None = None
     state = work / "host"
     try:
         info = manager.up(
@@ -384,7 +505,8 @@ def main(argv: list[str] | None = None) -> int:
         n = len(names)
         # warm-up: the operator deploys; the sandbox's files are in the page cache
         operator_run(config, work / "warm.db")
-        cold, warm, oper, by_pct = [], [], [], []
+        cold, warm, oper, by_pct, resident = [], [], [], [], []
+        res = Resident(work, state, hargs, env)
 
         def forget() -> None:
             kept.unlink(missing_ok=True)
@@ -398,13 +520,19 @@ def main(argv: list[str] | None = None) -> int:
             # a later check passes the cursor the previous one ended at (sweep keeps it)
             cursor = ["--cursor", cold[-1]["cursor"]] if cold[-1]["cursor"] else []
             warm.append(host_run(state, [*hargs, *cursor], env))
+            resident.append(res.measure([*hargs, *cursor]))
             oper.append(operator_run(config, work / f"op{r}.db"))
         py_host = startup_ms([sys.executable, "-S", "-c", "pass"])
+        for one in resident:  # the boot's CPU past the interpreter's start: its client
+            one["ms"]["boot client (connect, relay)"] = max(one["client_ms"] - py_host, 0.0)
+            one["total_ms"] = sum(one["ms"].values())
         py_op = startup_ms([sys.executable, "-c", "pass"])
         imp_total, imp_top = import_ms(["-c", "import orchestrator.cli"])
         load = os.getloadavg()
     finally:
         try:
+            if res is not None:
+                res.close()
             manager.down(state)
         finally:
             shutil.rmtree(work, ignore_errors=True)
@@ -419,6 +547,7 @@ def main(argv: list[str] | None = None) -> int:
         ("host_cold_pct", by_pct, py_host),
         ("host_cold", cold, py_host),
         ("host_warm", warm, py_host),
+        ("host_resident", resident, py_host),
         ("operator", oper, py_op),
     ):
         rows, total = medians(runs, n, {"interpreter start": start})
@@ -443,6 +572,7 @@ def main(argv: list[str] | None = None) -> int:
         ("host_cold_pct", "host observer, cold, asking pct (LXC unknown)"),
         ("host_cold", "host observer, cold (first check: no kept init PIDs)"),
         ("host_warm", "host observer, warm (every later check)"),
+        ("host_resident", "host observer, resident (warm, through the host boot)"),
         ("operator", "operator (orch check --json, one process)"),
     ):
         print()
@@ -463,14 +593,14 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def markdown(out: dict) -> str:
-    """The three tables side by side, one row per bucket (ms per check / per container)."""
-    tags = ("host_cold_pct", "host_cold", "host_warm", "operator")
+    """The tables side by side, one row per bucket (ms per check / per container)."""
+    tags = ("host_cold_pct", "host_cold", "host_warm", "host_resident", "operator")
     labels = []
     for tag in tags:
         labels += [r["bucket"] for r in out[tag]["rows"] if r["bucket"] not in labels]
     lines = [
-        "| bucket | host, cold, by pct | host, cold | host, warm | operator |",
-        "|---|---:|---:|---:|---:|",
+        "| bucket | host, cold, by pct | host, cold | host, warm | host, resident | operator |",
+        "|---|---:|---:|---:|---:|---:|",
     ]
     for label in labels:
         cells = []

@@ -220,12 +220,17 @@ def _host_observer(args: argparse.Namespace):  # type: ignore[no-untyped-def]
     )
 
 
+SERVED_BY = "oneshot"
+"""``host-observe``'s ``served_by``: ``resident`` in the resident observer's serving child
+(:mod:`orchestrator.agent.resident`), else ``oneshot``. Readers ignore it."""
+
+
 def cmd_host_observe(args: argparse.Namespace) -> int:
     from orchestrator.agent.host import document_json
 
     obs = _host_observer(args)
     try:
-        _emit(document_json(obs.observe()))
+        _emit({**document_json(obs.observe()), "served_by": SERVED_BY})
     finally:
         obs.close()
     return 0
@@ -416,10 +421,14 @@ def build_parser(with_runs: bool = True) -> argparse.ArgumentParser:
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
+def main(argv: list[str] | None = None, parser: argparse.ArgumentParser | None = None) -> int:
+    """Run one command; ``parser``: a ``build_parser(with_runs=False)`` made before (the
+    resident observer's, built once), for the :data:`OWN_COMMANDS` only."""
     argv = sys.argv[1:] if argv is None else argv
+    own = bool(argv) and argv[0] in OWN_COMMANDS
     # The run commands' module costs ~50 ms to import; one-shot snapshots skip it.
-    args = build_parser(with_runs=not argv or argv[0] not in OWN_COMMANDS).parse_args(argv)
+    parser = parser if parser is not None and own else build_parser(with_runs=not own)
+    args = parser.parse_args(argv)
     try:
         return int(args.func(args))
     except KeyboardInterrupt:

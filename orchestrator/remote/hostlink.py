@@ -32,9 +32,8 @@ from orchestrator.errors import (
     TransportError,
 )
 from orchestrator.remote import deploy
+from orchestrator.remote.boot import HOST_BOOT, HOST_DIR_REFUSED
 from orchestrator.remote.target import (
-    HOST_BOOT,
-    HOST_DIR_REFUSED,
     MAX_DOC_BYTES,
     agent_argv,
     parse_answer,

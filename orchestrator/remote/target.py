@@ -33,6 +33,8 @@ from orchestrator.errors import (
     TransportError,
 )
 from orchestrator.remote import deploy
+from orchestrator.remote.boot import BOOT as _BOOT
+from orchestrator.remote.boot import BUNDLE_MISSING_EXIT, HOST_BOOT, HOST_DIR_REFUSED
 from orchestrator.transport.base import LineStream, Result, Transport
 from orchestrator.wire.answers import LaunchAnswer, LogAnswer
 from orchestrator.wire.model import HostProbe, SchemaError, Snapshot
@@ -180,35 +182,7 @@ def container_down(
     return Snapshot(target, at, reachable=True, container_status=status, errors=(str(exc),))
 
 
-BUNDLE_MISSING_EXIT = 97
-"""The boot's exit status when the bundle has no verified marker or python is older than 3.10."""
-
-# Python-2-safe up to the import, so an old python fails with a SyntaxError we can recognise.
-_BOOT = (
-    "import os, sys; d = sys.argv.pop(1)\n"
-    "if sys.version_info < (3, 10):\n"
-    "    sys.stderr.write('orch agent: python %d.%d is too old\\n' % sys.version_info[:2]); sys.exit(97)\n"
-    "if not os.path.isfile(os.path.join(d, '__MARKER__')):\n"
-    "    sys.stderr.write('orch agent bundle missing: %s\\n' % d); sys.exit(97)\n"
-    "sys.path.insert(0, d); from orchestrator.agent.__main__ import main; sys.exit(main())"
-).replace("__MARKER__", deploy.MARKER)
 _NEVER_RAN = ("No module named 'orchestrator", "SyntaxError: ", "Failed to exec")
-
-HOST_DIR_REFUSED = 96
-"""The host boot's exit status when ``agent_dir`` is not the SSH user's own."""
-
-# Before the common boot: the directories the bundle lives in must be the user's own and
-# writable by nobody else (an agent planted there would run as root on the host).
-HOST_BOOT = (
-    "import os, stat, sys\n"
-    "d = sys.argv[1]; top = os.path.dirname(os.path.dirname(d))\n"
-    "for p in (top, os.path.dirname(d), d):\n"
-    "    try: st = os.lstat(p)\n"
-    "    except OSError: continue\n"
-    "    if stat.S_ISLNK(st.st_mode) or st.st_uid != os.geteuid() or st.st_mode & 0o022:\n"
-    "        sys.stderr.write('orch host agent: %s must be a directory of uid %d that nobody "
-    "else may write (mode %o)\\n' % (p, os.geteuid(), st.st_mode & 0o7777)); sys.exit(96)\n"
-) + _BOOT
 
 
 def agent_never_ran(res: Result) -> bool:
@@ -255,7 +229,8 @@ def run_agent(
     ``stdin`` goes to the agent (both times: a boot that exits 97 reads none of it); what
     must not show in ``ps`` travels there, never in ``args``. ``host``: ``transport`` reaches
     a Proxmox host (the probe), for the advice when its python is too old. ``boot`` replaces
-    the interpreter's boot script (the host observer's checks more).
+    the interpreter's boot script (:data:`HOST_BOOT` checks more, and asks the resident
+    observer first: :mod:`orchestrator.remote.boot`).
     """
     bundle = bundle or deploy.build_bundle()
     known = deploy.deployed(transport, workdir, python, bundle)

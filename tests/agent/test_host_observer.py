@@ -11,8 +11,10 @@ container they belong to (seed 000's ghost GPU, an OOM kill and Xids with two co
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import threading
@@ -441,3 +443,41 @@ def test_the_journal_is_read_only_when_it_moved(ct, tmp_path, monkeypatch) -> No
     moved = check(first.kernel_cursor)
     assert [e.xid for e in moved.kernel_events] == [79]
     assert moved.kernel_cursor != first.kernel_cursor
+
+
+def test_over_ssh_the_next_check_is_served_by_the_resident(ct) -> None:
+    """Through the sandbox's sshd, as ``orch check`` runs the observer: with no resident, the
+    one-shot answers and starts one, which outlives the SSH channel (the call returns) and
+    answers the next check with the same document (orchestrator/agent/resident.py)."""
+    from orchestrator.remote.hostlink import HostLink, parse_host_document
+    from orchestrator.remote.target import parse_answer
+
+    agent_dir = Path(inventory(ct).hosts["sandbox"].agent_dir)
+    for lock in agent_dir.glob(".orch/*/observer-*.lock"):
+        pid = int(lock.read_text().strip() or 0)
+        with contextlib.suppress(OSError):
+            if b"orchestrator.agent.resident" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                os.kill(pid, signal.SIGKILL)
+                gone = Path(f"/proc/{pid}")
+                wait_for(lambda p=gone: not p.exists(), 10, what="no resident")
+    link = HostLink(inventory(ct), "sandbox", ["ct200", "ct201"])
+
+    def check() -> dict:
+        res = link._run(link._request().to_argv(), 60)
+        assert res.ok, res.err
+        return parse_answer("sandbox", res)
+
+    first = check()
+    assert first["served_by"] == "oneshot"
+    later = wait_for(lambda: (d := check())["served_by"] == "resident" and d, 30, what="resident")
+    a, b = parse_host_document("sandbox", first), parse_host_document("sandbox", later)
+    assert a.container_status == b.container_status == {200: "running", 201: "running"}
+    assert {n: s.run and s.run.run_id for n, s in a.containers.items()} == {
+        n: s.run and s.run.run_id for n, s in b.containers.items()
+    }
+    assert (
+        a.nvml
+        and b.nvml
+        and (a.nvml.ok, a.nvml.driver_version) == (b.nvml.ok, b.nvml.driver_version)
+    )
+    assert [g.uuid for g in a.gpus] == [g.uuid for g in b.gpus] and len(a.gpus) == 8
