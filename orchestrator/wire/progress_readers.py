@@ -2,12 +2,9 @@
 
 Each :class:`Reader` was written from the format string that prints the line, named in its
 ``source`` (file and version). ``detect`` patterns name the framework from a line of its log;
-``fields`` map a printed key to a metric of :class:`orchestrator.wire.progress.Reading`:
-
-- ``step``/``total_steps``: integers; ``loss``: the instantaneous value where both it and
-  a running mean are printed (the first field row that matches wins, so order is priority);
-- ``rate``: a throughput kept in the unit printed (``UNITS``), ``scale`` brings it to the
-  unit's base (ms -> s); ``eta_s``: seconds left.
+``fields`` map a printed key to a metric (:mod:`~orchestrator.wire.progress_schema`). The
+detection and vision toolkits' tables are in :mod:`~orchestrator.wire.progress_readers_vision`;
+this module holds the rest and the detection order (``READERS``).
 
 ``skip`` lines are not the training loop (evaluation, validation, summaries): they give no
 loss and no rate. ``bars`` says the framework prints tqdm bars (its training bar's ``n/total``
@@ -16,59 +13,16 @@ is the step). Stdlib only: this module ships to the agent inside ``wire/``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-UNITS = (
-    "tokens/s",
-    "tokens/s/device",
-    "samples/s",
-    "samples/s/device",
-    "words/s",
-    "it/s",
-    "s/step",
-    "TFLOP/s/device",
+from orchestrator.wire.progress_readers_vision import (
+    DETECTRON2,
+    MASKRCNN_BENCHMARK,
+    METRIC_LOGGER,
+    MMENGINE,
+    PADDLE,
 )
-"""The throughput units a reading may carry. ``s/step`` is a time (higher is slower); the
-others are rates. ``it/s`` is tqdm's iteration: the training bar's iteration is a step."""
+from orchestrator.wire.progress_schema import UNITS, Field, Reader, loss_fields
 
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One printed key: ``key`` is a regex for the key text (matched case-insensitively,
-    not preceded by a word character, ``/`` or ``.``); the value follows after ``=``, ``:``,
-    quotes or a space. ``value_first`` reads ``21.5 Ktok/s`` (the number before the key)."""
-
-    metric: str
-    key: str
-    unit: str = ""
-    scale: float = 1.0
-    value_first: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Reader:
-    """A framework's progress lines; see the module docstring."""
-
-    name: str
-    source: str
-    detect: tuple[str, ...]
-    fields: tuple[Field, ...]
-    skip: tuple[str, ...] = ()
-    bars: bool = False
-    also: tuple[str, ...] = ()
-    """Readers whose lines share this log (HF Trainer under DeepSpeed): a line showing one of
-    their signatures is read with that reader."""
-    hints: tuple[str, ...] = ()
-    """Literal text every ``detect`` match contains (one of them): a line without any is not
-    searched (a substring test costs far less than a regex)."""
-    counter: str | None = None
-    """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
-    ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
-
-
-def _loss(*keys: str) -> tuple[Field, ...]:
-    return tuple(Field("loss", k) for k in keys)
-
+__all__ = ["BY_NAME", "GENERIC", "READERS", "UNITS", "Field", "Reader"]
 
 # The bundled trainer and the common shapes (``step 120``, ``loss: 2.3``, ``tok/s=...``).
 _COMMON_STEP = (Field("step", r"global_step|step|iter|iteration|num_updates"),)
@@ -87,7 +41,7 @@ GENERIC = Reader(
     detect=(),
     fields=(
         *_COMMON_STEP,
-        *_loss("loss", "train_loss", "training_loss", "step_loss", "lm loss"),
+        *loss_fields("loss", "train_loss", "training_loss", "step_loss", "lm loss"),
         *_COMMON_RATE,
     ),
     skip=(r"\b(?:eval|val|valid|validation|test)[ _](?:loss|on)\b",),
@@ -110,7 +64,7 @@ HF_TRAINER = Reader(
         r"'train_runtime': ",
         r"\*\*\*\*\* Running training \*\*\*\*\*",
     ),
-    fields=(*_loss("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
+    fields=(*loss_fields("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
     skip=(r"'train_runtime'", r"'eval_", r"\{'eval"),
     bars=True,
     also=("deepspeed",),
@@ -128,7 +82,7 @@ LLAMA_FACTORY = Reader(
     fields=(
         Field("step", "current_steps"),
         Field("total_steps", "total_steps"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "throughput", "tokens/s"),
     ),
 )
@@ -144,7 +98,7 @@ LIGHTNING = Reader(
     hints=("v_num",),
     detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
     fields=(
-        *_loss(
+        *loss_fields(
             "train_loss_step", "loss_step", "train/loss_step", "train_loss", "loss", "train/loss"
         ),
         Field("rate", "it/s", "it/s", value_first=True),
@@ -171,7 +125,7 @@ DEEPSPEED = Reader(
     fields=(
         Field("step", "global_step"),
         Field("step", "step"),
-        *_loss("lm loss", "lm_loss", "loss"),
+        *loss_fields("lm loss", "lm_loss", "loss"),
         Field("rate", "CurrSamplesPerSec", "samples/s"),
         Field("rate", "RunningAvgSamplesPerSec", "samples/s"),
         Field("rate", "SamplesPerSec", "samples/s"),
@@ -196,7 +150,7 @@ MEGATRON = Reader(
     hints=("iteration ",),
     detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
     fields=(
-        *_loss("lm loss", "loss"),
+        *loss_fields("lm loss", "loss"),
         Field("rate", r"tokens per gpu per second \(tgs\)", "tokens/s/device"),
         Field("rate", r"samples per second", "samples/s"),
         Field("rate", r"throughput per GPU \(TFLOP/s/GPU\)", "TFLOP/s/device"),
@@ -218,7 +172,7 @@ TORCHTITAN = Reader(
     detect=(r"\bstep:\s*\d+\s+loss:\s*\S+\s+.*\b(?:tps|wps):\s*[\d,]+",),
     fields=(
         Field("step", "step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "tps", "tokens/s/device"),
         Field("rate", "wps", "tokens/s/device"),
         Field("rate", "tflops", "TFLOP/s/device"),
@@ -238,26 +192,8 @@ TORCHTUNE = Reader(
     detect=(r"^Step \d+ \| [a-z_]+:",),
     fields=(
         Field("step", "Step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "tokens_per_second_per_gpu", "tokens/s/device"),
-    ),
-)
-
-DETECTRON2 = Reader(
-    name="detectron2",
-    source=(
-        "detectron2 v0.6 detectron2/utils/events.py CommonMetricPrinter.write "
-        "(' {eta}iter: {iter}  {losses}  {time}{data_time}lr: {lr}  {memory}': losses as "
-        "'{k}: {median:.4g}' with total_loss first, time as 'time: {:.4f}', the global average of "
-        "seconds per iteration: the only time v0.6 prints)"
-    ),
-    hints=("iter: ",),
-    detect=(r"\biter: \d+\s+total_loss: ",),
-    fields=(
-        Field("step", "iter"),
-        *_loss("total_loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
     ),
 )
 
@@ -272,59 +208,8 @@ MODDED_NANOGPT = Reader(
     ),
     hints=("step_avg:",),
     detect=(r"^step:\d+/\d+ .*\bstep_avg:",),
-    fields=(*_loss("train_loss"), Field("rate", "step_avg", "s/step", 1e-3)),
+    fields=(*loss_fields("train_loss"), Field("rate", "step_avg", "s/step", 1e-3)),
     counter=r"^step:(?P<step>\d+)/(?P<total>\d+)\b",
-)
-
-PADDLE = Reader(
-    name="paddle",
-    source=(
-        "PaddleDetection release/2.6 ppdet/engine/callbacks.py LogPrinter ('Epoch: [{}]', "
-        "'[{i}/{n}]', 'learning_rate: {lr:.6f}', '{meters}', 'eta: {eta}', 'batch_cost: {btime}', "
-        "'data_cost: {dtime}', 'ips: {ips:.4f} images/s'; ips = batch_size / batch_time.avg); "
-        "PaddleSeg release/2.8 paddleseg/core/train.py ('[TRAIN] epoch: {}, iter: {}/{}, loss: "
-        "{:.4f}, lr: {:.6f}, batch_cost: {:.4f}, reader_cost: {:.5f}, ips: {:.4f} samples/sec "
-        "| ETA {}'); PaddleOCR tools/program.py ('ips: {:.5f} samples/s'); PaddleSpeech "
-        "paddlespeech/s2t/exps/deepspeech2/model.py ('step: {}, ', 'train time: {:>.3f}s, ', "
-        "'batch size: {}, ', then '{}: {:>.6f}' per loss: train_loss); an image is a sample"
-    ),
-    hints=("ips: ", "train time: "),
-    detect=(
-        r"\bips: [\d.]+ (?:images|samples)/s(?:ec)?\b",
-        r"\btrain time: [\d.]+s, batch size: ",
-    ),
-    fields=(
-        Field("step", "global_step"),
-        Field("step", "iter"),
-        Field("step", "step"),
-        *_loss("loss", "train_loss", "total_loss"),
-        Field("rate", "ips", "samples/s"),
-        Field("rate", "train time", "s/step"),
-    ),
-    skip=(r"\[EVAL\]", r"\bEval iter\b"),
-    counter=(
-        r"\biter: (?P<step>\d+)/(?P<total>\d+)"
-        r"|\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
-    ),
-)
-
-MASKRCNN_BENCHMARK = Reader(
-    name="maskrcnn-benchmark",
-    source=(
-        "maskrcnn-benchmark (facebookresearch, 2019) maskrcnn_benchmark/engine/trainer.py "
-        "do_train (meters.delimiter.join(['eta: {eta}', 'iter: {iter}', '{meters}', "
-        "'lr: {lr:.6f}', 'max mem: {memory:.0f}'])) with utils/metric_logger.py "
-        "MetricLogger.__str__ ('{}: {:.4f} ({:.4f})'.format(name, meter.median, "
-        "meter.global_avg)): the window median is the step's figure, time in s/iter"
-    ),
-    hints=("iter: ",),
-    detect=(r"\biter: \d+\s+loss: [-\d.naif]+ \([-\d.naif]+\)",),
-    fields=(
-        Field("step", "iter"),
-        *_loss("loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
-    ),
 )
 
 NANOGPT = Reader(
@@ -339,7 +224,7 @@ NANOGPT = Reader(
     fields=(
         Field("step", "iter"),
         Field("step", "step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "time", "s/step", 1e-3),
     ),
     skip=(r"\bval loss\b",),
@@ -371,58 +256,13 @@ FAIRSEQ = Reader(
         Field("step", "num_updates"),
         Field("step", "train_num_updates"),
         Field("step", "updates", value_first=True),
-        *_loss("loss", "trainloss", "train_loss"),
+        *loss_fields("loss", "trainloss", "train_loss"),
         Field("rate", "wps", "words/s"),
         Field("rate", "train_wps", "words/s"),
         Field("rate", "words/s", "words/s"),
     ),
     skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b", r"\| checkpoint \d+ \|"),
     counter=r"^\| epoch (?P<epoch>\d+):?\s+(?P<i>\d+) / (?P<n>\d+)\b",
-)
-
-MMENGINE = Reader(
-    name="mmengine",
-    source=(
-        "mmengine v0.10.4 mmengine/runner/log_processor.py LogProcessor.get_log_after_iter "
-        "('Epoch(train) [{epoch}][{iter}/{n}]' or 'Iter(train) [{iter}/{max_iters}]', "
-        "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}'); mmcv v1.7 "
-        "mmcv/runner/hooks/logger/text.py TextLoggerHook ('Epoch [{}][{}/{}]\\tlr: ..., eta: ...', "
-        "by iteration (IterBasedRunner) 'Iter [{iter}/{max_iters}]\\t{lr}, eta: {}, time: {:.3f}, ')"
-    ),
-    hints=("(train)", "Epoch [", "Iter ["),
-    detect=(
-        r"\b(?:Epoch|Iter)\(train\)\s*\[",
-        r"\bEpoch \[\d+\]\[\d+/\d+\]\s+lr: ",
-        r"\bIter \[\d+/\d+\]\s+lr: ",
-    ),
-    fields=(
-        *_loss("loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
-    ),
-    skip=(r"\b(?:Epoch|Iter)\((?:val|test)\)",),
-    counter=(
-        r"\bEpoch\(train\)\s*\[(?P<epoch>\d+)\]\s*\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
-        r"|\bIter\(train\)\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
-        r"|\bEpoch \[(?P<epoch2>\d+)\]\[(?P<i2>\d+)/(?P<n2>\d+)\]"
-        r"|\bIter \[(?P<step2>\d+)/(?P<total2>\d+)\]"
-    ),
-)
-
-METRIC_LOGGER = Reader(
-    name="metric-logger",
-    source=(
-        "torchvision (721a6ae1) references/classification/utils.py MetricLogger.log_every "
-        "(header 'Epoch: [{epoch}]', then '[{i}/{n}]  eta: {}  {name}: {median:.4f} "
-        "({global_avg:.4f})  time: {}  data: {}  max mem: {}'; the first number is the median "
-        "of the last 20, the parenthesised one the mean so far), copied by DeiT, MAE and "
-        "LLaMA2-Accessory "
-        "(whose loss meter is closs)"
-    ),
-    hints=("Epoch: [",),
-    detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
-    fields=(*_loss("loss", "closs"), Field("rate", "time", "s/step")),
-    counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
 )
 
 KERAS = Reader(
@@ -436,7 +276,7 @@ KERAS = Reader(
     hints=("[=", "[>", "[.", "━", "s - "),
     detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)", r"^\s*\d+/\d+ - \d+s - "),
     fields=(
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "ms/step", "s/step", 1e-3, value_first=True),
         Field("rate", "(?:us|μs)/step", "s/step", 1e-6, value_first=True),
         Field("rate", "s/step", "s/step", value_first=True),
@@ -458,7 +298,7 @@ MAXTEXT = Reader(
     detect=(r"\bcompleted step: \d+, seconds: ",),
     fields=(
         Field("step", "completed step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "Tokens/s/device", "tokens/s/device"),
         Field("rate", "TFLOP/s/device", "TFLOP/s/device"),
         Field("rate", "TFLOP/s", "TFLOP/s/device"),
@@ -493,7 +333,7 @@ TORCH_XLA = Reader(
     ),
     hints=("| Training Device=",),
     detect=(r"^\| Training Device=\S+ .*\bLoss=",),
-    fields=(*_loss("Loss"), Field("rate", "Rate", "samples/s")),
+    fields=(*loss_fields("Loss"), Field("rate", "Rate", "samples/s")),
     counter=(
         r"\bEpoch=(?P<epoch>\d+) Step=(?P<i>\d+)/(?P<n>\d+)"
         r"|\bStep=(?P<step>\d+)\b(?!/)"
