@@ -220,8 +220,9 @@ def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
     if m is None:
         return
     g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
-    if "step" in g:
-        out.setdefault("step", integer(g["step"]))
+    if "step" in g or ("total" in g and "i" not in g):
+        if "step" in g:
+            out.setdefault("step", integer(g["step"]))
         if "total" in g:
             out.setdefault("total_steps", integer(g["total"]))
         return

@@ -93,13 +93,20 @@ LIGHTNING = Reader(
         "lightning 2.4.0 src/lightning/pytorch/callbacks/progress/tqdm_progress.py "
         "(train bar desc f'Epoch {trainer.current_epoch}', postfix from get_metrics: v_num, "
         "train_loss_step...) and rich_progress.py (f'Epoch {current_epoch}/{max_epochs - 1}' "
-        "... f'{task_speed}it/s' {metrics})"
+        "... f'{task_speed}it/s' {metrics}); NeMo 1 logs reduced_train_loss, the step's, beside "
+        "Lightning 1.x's running-mean loss="
     ),
     hints=("v_num",),
     detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
     fields=(
         *loss_fields(
-            "train_loss_step", "loss_step", "train/loss_step", "train_loss", "loss", "train/loss"
+            "reduced_train_loss",
+            "train_loss_step",
+            "loss_step",
+            "train/loss_step",
+            "train_loss",
+            "loss",
+            "train/loss",
         ),
         Field("rate", "it/s", "it/s", value_first=True),
     ),
@@ -137,6 +144,27 @@ DEEPSPEED = Reader(
     ),
 )
 
+NEMO = Reader(
+    name="nemo",
+    source=(
+        "NVIDIA/NeMo (01f7dbc5) nemo/lightning/pytorch/callbacks/progress_printer.py "
+        "ProgressPrinter.on_train_batch_end (f'Training epoch {trainer.current_epoch}, iteration "
+        "{n}/{self.total}' then f' | {metric}: {val:.4}' per logged metric, each averaged over the "
+        "log interval but global_step: lr, consumed_samples, global_step, reduced_train_loss, "
+        "'train_step_timing in s', val_loss); the total is max_steps when set, else the epoch's "
+        "batches; not Megatron's ' iteration {:8d}/{:8d} |' (no 'Training epoch E,' before it)"
+    ),
+    hints=("Training epoch ",),
+    detect=(r"^Training epoch \d+, iteration \d+/\d+ \|",),
+    fields=(
+        Field("step", "global_step"),
+        *loss_fields("reduced_train_loss"),
+        Field("rate", r"train_step_timing in s", "s/step"),
+    ),
+    skip=(r"^(?:Sanity checking )?Validation: iteration", r"^Testing: iteration"),
+    counter=r"^Training epoch \d+, iteration \d+/(?P<total>\d+) \|",
+)
+
 MEGATRON = Reader(
     name="megatron",
     source=(
@@ -148,7 +176,7 @@ MEGATRON = Reader(
         "' TFLOPs: {:.2f} |' (per GPU)"
     ),
     hints=("iteration ",),
-    detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
+    detect=(r"(?<!, )\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
     fields=(
         *loss_fields("lm loss", "loss"),
         Field("rate", r"tokens per gpu per second \(tgs\)", "tokens/s/device"),
@@ -342,6 +370,7 @@ TORCH_XLA = Reader(
 
 READERS: tuple[Reader, ...] = (
     MAXTEXT,
+    NEMO,
     MEGATRON,
     TORCHTITAN,
     DEEPSPEED,

@@ -60,7 +60,8 @@ class Reader:
     searched (a substring test costs far less than a regex)."""
     counter: str | None = None
     """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
-    ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
+    ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields; ``total`` alone
+    (NeMo's ``iteration i/max_steps`` beside its printed ``global_step``) gives the total only."""
 
 
 def loss_fields(*keys: str) -> tuple[Field, ...]:
