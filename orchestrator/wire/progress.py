@@ -95,7 +95,7 @@ def _field_rx(f: Field) -> re.Pattern[str]:
         elif f.metric == "eta_s":
             body = rf"(?<![\w/.])(?:{f.key}){_SEP}({_DURATION})"
         else:
-            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})(ms|s)?(?![\w])"
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s)?(?![\w])"
         flags = 0 if f.metric == "rate" and f.value_first else re.IGNORECASE
         rx = _FIELD_RX[f] = re.compile(body, flags)
     return rx
@@ -138,6 +138,9 @@ def detect(line: str) -> str | None:
 # --- one line --------------------------------------------------------------------------------
 
 
+_LOOKAROUND = re.compile(r"\(\?<?[!=][^()]*\)")
+
+
 def field_hints(key: str) -> tuple[str, ...]:
     r"""Lower-case literal text one of which any match of ``key`` contains; ``()`` when the
     alternatives are not plain enough to tell (then the regex always runs).
@@ -146,8 +149,10 @@ def field_hints(key: str) -> tuple[str, ...]:
     (('global_step', 'step', 'iter'), ())
     >>> field_hints(r"throughput per GPU \(TFLOP/s/GPU\)")
     ('throughput per gpu (tflop/s/gpu)',)
+    >>> field_hints(r"(?<!avg )loss|train_time(?==)")  # lookarounds only narrow a match
+    ('loss', 'train_time')
     """
-    alts = key.split("|")
+    alts = _LOOKAROUND.sub("", key).split("|")
     if any(not a or re.search(r"[][()?*+{}^$.]", re.sub(r"\\.", "", a)) for a in alts):
         return ()
     return tuple(re.sub(r"\\(.)", r"\1", a).lower() for a in alts)
@@ -266,15 +271,19 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
         if not is_training_bar(bar) or skipped:
             return None
         out["_bar"] = bar
-        if bar.n is not None:
+        if bar.n is not None and "_i" not in out:
             out.setdefault("step", bar.n)
-        if bar.total is not None:
+        if bar.total is not None and "_i" not in out:
             out.setdefault("total_steps", bar.total)
         if bar.rate is not None:
             out["rate"], out["unit"] = bar.rate, bar.unit
         if bar.remaining_s is not None:
             out["eta_s"] = bar.remaining_s
         text = bar.postfix
+        if bar.tail.strip():
+            # a step or loss printed after the bar (dllogger's 'Training Iteration: 701') is newer
+            tail = _fields(reader, bar.tail, skipped)
+            out.update({k: tail[k] for k in ("step", "loss") if k in tail})
     for k, v in _fields(reader, text, skipped).items():
         out.setdefault(k, v)
     if "_i" in out and "step" not in out:

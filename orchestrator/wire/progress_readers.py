@@ -35,17 +35,52 @@ _COMMON_RATE = (
     Field("rate", r"sec/step|s/step", "s/step", value_first=True),
 )
 
+_NOT_A_MEAN = "".join(
+    f"(?<!{w} loss)" for w in ("avg", "ave", "average", "mean", "running", "smoothed")
+)
+"""After ``loss``: the key is not a running mean's (darkflow's ``moving ave loss`` after the
+step's ``loss``, darknet's ``avg loss``); checked only where ``loss`` matched."""
+
 GENERIC = Reader(
     name="generic",
-    source="orch's bundled trainer (trainer/loop.py) and common key=value shapes",
+    source=(
+        "orch's bundled trainer (trainer/loop.py) and common key=value shapes; loss under other "
+        "trainers' names: NeMo's reduced_train_loss, YOLOX's total_loss, OpenNMT-py "
+        "onmt/utils/statistics.py ('xent: %4.2f'), TF examples/speech_commands/train.py "
+        "('Step #%d: rate %f, accuracy %.1f%%, cross entropy %f'), DeepLearningExamples' "
+        "dllogger step_loss, kohya's avr_loss (its only loss), LitGPT finetune "
+        "('loss train (curr):', 'iter time: {:.2f} ms'); times per step: YOLOX iter_time, NeMo "
+        "'train_step_timing in s', ESPnet2 train_time=, OpenPCDet 'Batch time: a(b)'; rates: "
+        "Caffe solver.cpp ('Iteration N (x iter/s, ys/K iters), loss = '), chainer's "
+        "'iters/sec'"
+    ),
     detect=(),
     fields=(
         *_COMMON_STEP,
-        *loss_fields("loss", "train_loss", "training_loss", "step_loss", "lm loss"),
+        *loss_fields(
+            r"loss train \(curr\)|loss train",
+            "loss" + _NOT_A_MEAN,
+            "train_loss",
+            "training_loss",
+            "step_loss",
+            "reduced_train_loss",
+            "total_loss",
+            "lm loss",
+            "xent",
+            "cross entropy",
+            "avr_loss",
+        ),
         *_COMMON_RATE,
+        Field("rate", r"iter/s|iters/s|iters/sec", "it/s", value_first=True),
+        Field(
+            "rate",
+            r"iter time|iter_time|train_step_timing in s|batch time|train_time(?==)",
+            "s/step",
+        ),
     ),
     skip=(r"\b(?:eval|val|valid|validation|test)[ _](?:loss|on)\b",),
     bars=True,
+    counter=r"Step #(?P<step>\d+):",
 )
 
 HF_TRAINER = Reader(
