@@ -225,6 +225,11 @@ def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
     if m is None:
         return
     g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
+    if "loss" in g and (loss := number(g["loss"])) is not None:
+        out.setdefault("loss", loss)  # an unnamed column (darknet's, YOLOv5's)
+    if "sec" in g and (sec := number(g["sec"])) is not None and math.isfinite(sec) and sec >= 0:
+        out.setdefault("rate", sec)
+        out.setdefault("unit", "s/step")
     if "step" in g or ("total" in g and "i" not in g):
         if "step" in g:
             out.setdefault("step", integer(g["step"]))
@@ -340,12 +345,14 @@ class ProgressParser:
         where the newest lines carry the values); its clean text when there is more to read."""
         self.lines += 1
         text = clean(line)
-        if not text or not _DIGIT.search(text):
+        if not text:
             return None
-        if not self.detected:
+        if not self.detected:  # a header without digits may name it (Ultralytics' columns)
             name = detect(text)
             if name is not None:
                 self.reader, self.detected = BY_NAME[name], True
+        if not _DIGIT.search(text):
+            return None
         m = _EPOCH_LINE.match(text)
         if m is not None:
             self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
@@ -422,10 +429,12 @@ class ProgressParser:
         return with_eta(self.reading)
 
 
-_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla")
+_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla", "yolox", "flair", "ultralytics")
 """Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``,
-fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``)."""
-_EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
+fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``, YOLOX's ``epoch: 1/300``, flair's
+``epoch 1 - iter``, Ultralytics' ``1/1000``)."""
+_EPOCH_LINE = re.compile(r"^\s*(?:\S.* - )?Epoch (\d+)/(\d+)\s*$")
+"""An epoch header, alone or after a logger's prefix (AllenNLP's ``... trainer - Epoch 0/139``)."""
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
 
 

@@ -14,11 +14,16 @@ is the step). Stdlib only: this module ships to the agent inside ``wire/``.
 from __future__ import annotations
 
 from orchestrator.wire.progress_readers_vision import (
+    DARKNET,
     DETECTRON2,
     MASKRCNN_BENCHMARK,
     METRIC_LOGGER,
     MMENGINE,
+    OPENPCDET,
     PADDLE,
+    ULTRALYTICS,
+    YOLOV5,
+    YOLOX,
 )
 from orchestrator.wire.progress_schema import UNITS, Field, Reader, loss_fields
 
@@ -403,6 +408,76 @@ TORCH_XLA = Reader(
     ),
 )
 
+ESPNET2 = Reader(
+    name="espnet2",
+    source=(
+        "espnet/espnet (01d307c4) espnet2/train/reporter.py SubReporter.log_message "
+        "(f'{self.epoch}epoch:{self.key}:{self.prev_count + 1}-{self.count}batch: ' then "
+        "f'{key2}={v:.3f}' per stat, each the mean of the batches since the last message; count "
+        "is within the epoch, whose length is not printed) with espnet2/train/trainer.py's stats "
+        "(loss, loss_att, loss_ctc parts; iter_time is the data iterator's, train_time the "
+        "step's seconds)"
+    ),
+    hints=("epoch:train:",),
+    detect=(r"\b\d+epoch:train:\d+-\d+batch: ",),
+    fields=(*loss_fields("loss"), Field("rate", "train_time", "s/step")),
+    skip=(r"\d+epoch:valid:", r"\d+epoch results: "),
+    counter=r"\b\d+epoch:train:\d+-(?P<step>\d+)batch: ",
+)
+
+CHAINER = Reader(
+    name="chainer",
+    source=(
+        "chainer/chainer (d77868e9) chainer/training/extensions/progress_bar.py "
+        "ProgressBar ('{:10} iter, {} epoch / {} epochs' or '{:10} / {} iterations', then "
+        "'{:10.5g} iters/sec. Estimated time to finish: {}.'), ESPnet1's and ChainerMN's bar; "
+        "iteration is the run's"
+    ),
+    hints=(" iter, ", "iters/sec. ", " iterations"),
+    detect=(
+        r"^\s*\d+ iter, \d+ epoch / \d+ epochs\s*$",
+        r"^\s*\d+ / \d+ iterations\s*$",
+        r"^\s*\S+ iters/sec\. Estimated time to finish: ",
+    ),
+    fields=(Field("rate", "iters/sec", "it/s", value_first=True),),
+    counter=(
+        r"^\s*(?P<step>\d+) iter, \d+ epoch / \d+ epochs"
+        r"|^\s*(?P<step2>\d+) / (?P<total2>\d+) iterations\s*$"
+    ),
+)
+
+ALLENNLP = Reader(
+    name="allennlp",
+    source=(
+        "allenai/allennlp (2017, no_tqdm) allennlp/training/trainer.py Trainer._train_epoch "
+        "(logger.info('Batch %d/%d: %s', batch_num, num_training_batches, description), the "
+        "description '%s: %.2f' per metric joined by ', ' plus ' ||'; the loss is the epoch's "
+        "running mean, the only one printed) after logger.info('Epoch %d/%d', epoch, "
+        "self._num_epochs - 1) (epochs from 0)"
+    ),
+    hints=("Batch ",),
+    detect=(r"\bBatch \d+/\d+: .*\|\|\s*$",),
+    fields=loss_fields("loss"),
+    counter=r"\bBatch (?P<i>\d+)/(?P<n>\d+): ",
+)
+
+FLAIR = Reader(
+    name="flair",
+    source=(
+        "flairNLP/flair (3ab80887) flair/trainers/trainer.py ModelTrainer.train "
+        "(f'epoch {epoch} - iter {seen_batches}/{total_number_of_batches} - loss "
+        "{intermittent_loss:.8f} - samples/sec: {:.2f} - lr: {lr_info}', the loss the epoch's "
+        "running mean; 0.12 adds ' - time (sec): {:.2f}', the epoch's elapsed time), "
+        "'EPOCH {epoch} done: loss {:.4f} - lr {}', and the evaluation lines 'DEV : loss', "
+        "'TEST : loss' (epochs from 1)"
+    ),
+    hints=(" - iter ",),
+    detect=(r"\bepoch \d+ - iter \d+/\d+ - loss ",),
+    fields=(*loss_fields("loss"), Field("rate", "samples/sec", "samples/s")),
+    skip=(r"\b(?:DEV|TEST)\s*: loss\b",),
+    counter=r"\bepoch (?P<epoch>\d+) - iter (?P<i>\d+)/(?P<n>\d+)",
+)
+
 READERS: tuple[Reader, ...] = (
     MAXTEXT,
     NEMO,
@@ -424,6 +499,15 @@ READERS: tuple[Reader, ...] = (
     KERAS,
     TINYGRAD,
     TORCH_XLA,
+    ESPNET2,
+    CHAINER,
+    ALLENNLP,
+    FLAIR,
+    DARKNET,
+    YOLOX,
+    ULTRALYTICS,
+    YOLOV5,
+    OPENPCDET,
 )
 """Detection order: the most specific signature first (a MaxText or Megatron line is never
 taken for a generic ``step``/``loss`` line)."""

@@ -61,7 +61,9 @@ class Reader:
     counter: str | None = None
     """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
     ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields; ``total`` alone
-    (NeMo's ``iteration i/max_steps`` beside its printed ``global_step``) gives the total only."""
+    (NeMo's ``iteration i/max_steps`` beside its printed ``global_step``) gives the total only;
+    ``loss`` (an unnamed column: darknet's first number, YOLOv5's ``total``) and ``sec`` (seconds
+    per step, read as ``s/step``) where the line names no key for them."""
 
 
 def loss_fields(*keys: str) -> tuple[Field, ...]:
