@@ -428,28 +428,25 @@ ESPNET2 = Reader(
 CHAINER = Reader(
     name="chainer",
     source=(
-        "chainer/chainer (d77868e9) chainer/training/extensions/progress_bar.py "
-        "ProgressBar ('{:10} iter, {} epoch / {} epochs' or '{:10} / {} iterations', then "
-        "'{:10.5g} iters/sec. Estimated time to finish: {}.'), ESPnet1's and ChainerMN's bar; "
-        "iteration is the run's"
+        "chainer/chainer (228a86e4) chainer/training/extensions/progress_bar.py ProgressBar "
+        "('{0.iteration:10} iter, {0.epoch} epoch / %s %ss' % training_length: '/ 20 epochs' or "
+        "'/ 1000 iterations'), then '{:10.5g} iters/sec. Estimated time to finish: {}.'; "
+        "ESPnet1's and ChainerMN's bar; iteration is the run's"
     ),
-    hints=(" iter, ", "iters/sec. ", " iterations"),
+    hints=(" iter, ", "iters/sec. "),
     detect=(
-        r"^\s*\d+ iter, \d+ epoch / \d+ epochs\s*$",
-        r"^\s*\d+ / \d+ iterations\s*$",
+        r"^\s*\d+ iter, \d+ epoch / \d+ (?:epochs|iterations)\s*$",
         r"^\s*\S+ iters/sec\. Estimated time to finish: ",
     ),
     fields=(Field("rate", "iters/sec", "it/s", value_first=True),),
-    counter=(
-        r"^\s*(?P<step>\d+) iter, \d+ epoch / \d+ epochs"
-        r"|^\s*(?P<step2>\d+) / (?P<total2>\d+) iterations\s*$"
-    ),
+    counter=r"^\s*(?P<step>\d+) iter, \d+ epoch / (?:\d+ epochs|(?P<total>\d+) iterations)",
 )
 
 ALLENNLP = Reader(
     name="allennlp",
     source=(
-        "allenai/allennlp (2017, no_tqdm) allennlp/training/trainer.py Trainer._train_epoch "
+        "allenai/allennlp allennlp/training/trainer.py Trainer._train_epoch as of 2017 (no_tqdm; "
+        "read in a stored copy: the stored allennlp is later and prints tqdm) "
         "(logger.info('Batch %d/%d: %s', batch_num, num_training_batches, description), the "
         "description '%s: %.2f' per metric joined by ', ' plus ' ||'; the loss is the epoch's "
         "running mean, the only one printed) after logger.info('Epoch %d/%d', epoch, "
@@ -464,12 +461,12 @@ ALLENNLP = Reader(
 FLAIR = Reader(
     name="flair",
     source=(
-        "flairNLP/flair (3ab80887) flair/trainers/trainer.py ModelTrainer.train "
+        "flairNLP/flair (003ffa33) flair/trainers/trainer.py ModelTrainer.train_custom "
         "(f'epoch {epoch} - iter {seen_batches}/{total_number_of_batches} - loss "
-        "{intermittent_loss:.8f} - samples/sec: {:.2f} - lr: {lr_info}', the loss the epoch's "
-        "running mean; 0.12 adds ' - time (sec): {:.2f}', the epoch's elapsed time), "
-        "'EPOCH {epoch} done: loss {:.4f} - lr {}', and the evaluation lines 'DEV : loss', "
-        "'TEST : loss' (epochs from 1)"
+        "{intermittent_loss:.8f} - time (sec): {:.2f} - samples/sec: {:.2f} - lr: ...', the loss "
+        "the epoch's running mean, time the epoch's elapsed seconds; 0.4 printed no time), "
+        "f'EPOCH {epoch} done: loss {train_loss:.4f}{lr_info}', and the evaluation lines "
+        "f'{split.upper()} : loss {eval_result.loss} - ...' (DEV, TEST; epochs from 1)"
     ),
     hints=(" - iter ",),
     detect=(r"\bepoch \d+ - iter \d+/\d+ - loss ",),

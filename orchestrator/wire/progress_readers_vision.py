@@ -131,7 +131,8 @@ METRIC_LOGGER = Reader(
 DARKNET = Reader(
     name="darknet",
     source=(
-        "AlexeyAB/darknet (518780b3) src/detector.c train_detector "
+        "AlexeyAB/darknet src/detector.c train_detector (read in stored copies of the file, "
+        "2019-2021; no commit pinned) "
         "(printf('\\n %d: %f, %f avg loss, %f rate, %lf seconds, %d images, %f hours left\\n', "
         "iteration, loss, avg_loss, get_current_rate(net), what_time_is_it_now() - time, "
         "iteration*imgs, avg_time)): the first number is the step's loss, 'avg loss' the running "
@@ -172,7 +173,8 @@ _YOLO_BAR = r"\s+[\d.]+[GM]\s+(?:[\d.]+\s+)+\d+:\s+\d+%\|[^|]*\|\s*(?P<i>\d+)/(?
 YOLOV5 = Reader(
     name="yolov5",
     source=(
-        "ultralytics/yolov5 (5de4e25d) train.py: the training bar's description "
+        "ultralytics/yolov5 train.py (v3 to v6, read in stored copies): the training bar's "
+        "description "
         "(('%10s' * 2 + '%10.4g' * 6) % (f'{epoch}/{epochs - 1}', mem, *mloss, "
         "targets.shape[0], imgs.shape[-1]) under the header 'Epoch gpu_mem box obj cls total "
         "labels img_size'; v7.0 prints 3 losses, no total, under 'Epoch GPU_mem box_loss obj_loss "
@@ -193,7 +195,8 @@ YOLOV5 = Reader(
 ULTRALYTICS = Reader(
     name="ultralytics",
     source=(
-        "ultralytics/ultralytics ultralytics/engine/trainer.py BaseTrainer._do_train "
+        "ultralytics/ultralytics ultralytics/engine/trainer.py BaseTrainer._do_train (8.1, read "
+        "in stored copies) "
         "(pbar.set_description(('%11s' * 2 + '%11.4g' * (2 + loss_length)) % "
         "(f'{epoch + 1}/{self.epochs}', mem, *self.tloss, batch['cls'].shape[0], "
         "batch['img'].shape[-1])) under the header 'Epoch GPU_mem box_loss cls_loss dfl_loss "

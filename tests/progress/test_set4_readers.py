@@ -176,7 +176,7 @@ def test_kohya_bar_postfix_avr_loss() -> None:
             ],
             ("espnet2", 200, None, 40.5, 0.85, "s/step"),
         ),
-        # chainer progress_bar.py: '{:10} iter, {} epoch / {} epochs' and
+        # chainer progress_bar.py: '{0.iteration:10} iter, {0.epoch} epoch / %s %ss' and
         # '{:10.5g} iters/sec. Estimated time to finish: {}.'
         (
             [
@@ -185,8 +185,8 @@ def test_kohya_bar_postfix_avr_loss() -> None:
             ],
             ("chainer", 2500, None, None, 12.345, "it/s"),
         ),
-        # chainer with an iteration trigger: '{:10} / {} iterations'
-        (["       300 / 1000 iterations"], ("chainer", 300, 1000, None, None, None)),
+        # chainer with an iteration trigger: training_length (1000, 'iteration')
+        (["       300 iter, 0 epoch / 1000 iterations"], ("chainer", 300, 1000, None, None, None)),
         # allennlp trainer.py (2017): 'Epoch %d/%d' (epochs from 0, of num_epochs - 1), then
         # 'Batch %d/%d: %s' with the metrics '%s: %.2f' joined by ', ' plus ' ||'
         (
