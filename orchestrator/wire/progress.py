@@ -95,7 +95,7 @@ def _field_rx(f: Field) -> re.Pattern[str]:
         elif f.metric == "eta_s":
             body = rf"(?<![\w/.])(?:{f.key}){_SEP}({_DURATION})"
         else:
-            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})(ms|s)?(?![\w])"
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s)?(?![\w])"
         flags = 0 if f.metric == "rate" and f.value_first else re.IGNORECASE
         rx = _FIELD_RX[f] = re.compile(body, flags)
     return rx
@@ -138,6 +138,9 @@ def detect(line: str) -> str | None:
 # --- one line --------------------------------------------------------------------------------
 
 
+_LOOKAROUND = re.compile(r"\(\?<?[!=][^()]*\)")
+
+
 def field_hints(key: str) -> tuple[str, ...]:
     r"""Lower-case literal text one of which any match of ``key`` contains; ``()`` when the
     alternatives are not plain enough to tell (then the regex always runs).
@@ -146,8 +149,10 @@ def field_hints(key: str) -> tuple[str, ...]:
     (('global_step', 'step', 'iter'), ())
     >>> field_hints(r"throughput per GPU \(TFLOP/s/GPU\)")
     ('throughput per gpu (tflop/s/gpu)',)
+    >>> field_hints(r"(?<!avg )loss|train_time(?==)")  # lookarounds only narrow a match
+    ('loss', 'train_time')
     """
-    alts = key.split("|")
+    alts = _LOOKAROUND.sub("", key).split("|")
     if any(not a or re.search(r"[][()?*+{}^$.]", re.sub(r"\\.", "", a)) for a in alts):
         return ()
     return tuple(re.sub(r"\\(.)", r"\1", a).lower() for a in alts)
@@ -220,8 +225,14 @@ def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
     if m is None:
         return
     g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
-    if "step" in g:
-        out.setdefault("step", integer(g["step"]))
+    if "loss" in g and (loss := number(g["loss"])) is not None:
+        out.setdefault("loss", loss)  # an unnamed column (darknet's, YOLOv5's)
+    if "sec" in g and (sec := number(g["sec"])) is not None and math.isfinite(sec) and sec >= 0:
+        out.setdefault("rate", sec)
+        out.setdefault("unit", "s/step")
+    if "step" in g or ("total" in g and "i" not in g):
+        if "step" in g:
+            out.setdefault("step", integer(g["step"]))
         if "total" in g:
             out.setdefault("total_steps", integer(g["total"]))
         return
@@ -265,15 +276,19 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
         if not is_training_bar(bar) or skipped:
             return None
         out["_bar"] = bar
-        if bar.n is not None:
+        if bar.n is not None and "_i" not in out:
             out.setdefault("step", bar.n)
-        if bar.total is not None:
+        if bar.total is not None and "_i" not in out:
             out.setdefault("total_steps", bar.total)
         if bar.rate is not None:
             out["rate"], out["unit"] = bar.rate, bar.unit
         if bar.remaining_s is not None:
             out["eta_s"] = bar.remaining_s
         text = bar.postfix
+        if bar.tail.strip():
+            # a step or loss printed after the bar (dllogger's 'Training Iteration: 701') is newer
+            tail = _fields(reader, bar.tail, skipped)
+            out.update({k: tail[k] for k in ("step", "loss") if k in tail})
     for k, v in _fields(reader, text, skipped).items():
         out.setdefault(k, v)
     if "_i" in out and "step" not in out:
@@ -330,12 +345,14 @@ class ProgressParser:
         where the newest lines carry the values); its clean text when there is more to read."""
         self.lines += 1
         text = clean(line)
-        if not text or not _DIGIT.search(text):
+        if not text:
             return None
-        if not self.detected:
+        if not self.detected:  # a header without digits may name it (Ultralytics' columns)
             name = detect(text)
             if name is not None:
                 self.reader, self.detected = BY_NAME[name], True
+        if not _DIGIT.search(text):
+            return None
         m = _EPOCH_LINE.match(text)
         if m is not None:
             self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
@@ -412,10 +429,12 @@ class ProgressParser:
         return with_eta(self.reading)
 
 
-_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla")
+_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla", "yolox", "flair", "ultralytics")
 """Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``,
-fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``)."""
-_EPOCH_LINE = re.compile(r"^\s*Epoch (\d+)/(\d+)\s*$")
+fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``, YOLOX's ``epoch: 1/300``, flair's
+``epoch 1 - iter``, Ultralytics' ``1/1000``)."""
+_EPOCH_LINE = re.compile(r"^\s*(?:\S.* - )?Epoch (\d+)/(\d+)\s*$")
+"""An epoch header, alone or after a logger's prefix (AllenNLP's ``... trainer - Epoch 0/139``)."""
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
 
 

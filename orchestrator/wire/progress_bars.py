@@ -42,8 +42,10 @@ _BAR_UNITS = {
 
 @dataclass(frozen=True, slots=True)
 class Bar:
-    """A tqdm bar: ``desc`` is the text before it, ``rate`` already in ``unit`` (``s/it``
-    becomes it/s: tqdm inverts a rate below 1 for display only)."""
+    """A tqdm bar: ``desc`` is the text before it, ``tail`` the text after its closing ``]``
+    (another writer's line on the same terminal line: DeepLearningExamples' dllogger after the
+    bar), ``rate`` already in ``unit`` (``s/it`` becomes it/s: tqdm inverts a rate below 1 for
+    display only)."""
 
     desc: str
     n: int | None
@@ -53,6 +55,7 @@ class Bar:
     counts: str
     remaining_s: float | None
     postfix: str
+    tail: str = ""
 
 
 def read_bar(line: str) -> Bar | None:
@@ -60,7 +63,7 @@ def read_bar(line: str) -> Bar | None:
     [{elapsed}<{remaining}, {rate}{unit}/s{postfix}]``), else ``None``.
 
     >>> read_bar(" 45%|####5     | 450/1000 [02:10<02:39,  3.45it/s]")
-    Bar(desc='', n=450, total=1000, rate=3.45, unit='it/s', counts='it', remaining_s=159.0, postfix='')
+    Bar(desc='', n=450, total=1000, rate=3.45, unit='it/s', counts='it', remaining_s=159.0, postfix='', tail='')
     >>> read_bar("Map: 100%|██████████| 5000/5000 [00:01<00:00, 4000.00 examples/s]").counts
     'examples'
     >>> round(read_bar("Epoch 0: 3%|3| 3/100 [00:09<04:51,  3.00s/it, loss=2.1]").rate, 4)
@@ -96,6 +99,7 @@ def read_bar(line: str) -> Bar | None:
         counts=counts,
         remaining_s=duration_s(remaining) if remaining else None,
         postfix=g["postfix"].lstrip(", "),
+        tail=line[m.end() :],
     )
 
 

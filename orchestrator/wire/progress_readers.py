@@ -2,12 +2,9 @@
 
 Each :class:`Reader` was written from the format string that prints the line, named in its
 ``source`` (file and version). ``detect`` patterns name the framework from a line of its log;
-``fields`` map a printed key to a metric of :class:`orchestrator.wire.progress.Reading`:
-
-- ``step``/``total_steps``: integers; ``loss``: the instantaneous value where both it and
-  a running mean are printed (the first field row that matches wins, so order is priority);
-- ``rate``: a throughput kept in the unit printed (``UNITS``), ``scale`` brings it to the
-  unit's base (ms -> s); ``eta_s``: seconds left.
+``fields`` map a printed key to a metric (:mod:`~orchestrator.wire.progress_schema`). The
+detection and vision toolkits' tables are in :mod:`~orchestrator.wire.progress_readers_vision`;
+this module holds the rest and the detection order (``READERS``).
 
 ``skip`` lines are not the training loop (evaluation, validation, summaries): they give no
 loss and no rate. ``bars`` says the framework prints tqdm bars (its training bar's ``n/total``
@@ -16,59 +13,21 @@ is the step). Stdlib only: this module ships to the agent inside ``wire/``.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-UNITS = (
-    "tokens/s",
-    "tokens/s/device",
-    "samples/s",
-    "samples/s/device",
-    "words/s",
-    "it/s",
-    "s/step",
-    "TFLOP/s/device",
+from orchestrator.wire.progress_readers_vision import (
+    DARKNET,
+    DETECTRON2,
+    MASKRCNN_BENCHMARK,
+    METRIC_LOGGER,
+    MMENGINE,
+    OPENPCDET,
+    PADDLE,
+    ULTRALYTICS,
+    YOLOV5,
+    YOLOX,
 )
-"""The throughput units a reading may carry. ``s/step`` is a time (higher is slower); the
-others are rates. ``it/s`` is tqdm's iteration: the training bar's iteration is a step."""
+from orchestrator.wire.progress_schema import UNITS, Field, Reader, loss_fields
 
-
-@dataclass(frozen=True, slots=True)
-class Field:
-    """One printed key: ``key`` is a regex for the key text (matched case-insensitively,
-    not preceded by a word character, ``/`` or ``.``); the value follows after ``=``, ``:``,
-    quotes or a space. ``value_first`` reads ``21.5 Ktok/s`` (the number before the key)."""
-
-    metric: str
-    key: str
-    unit: str = ""
-    scale: float = 1.0
-    value_first: bool = False
-
-
-@dataclass(frozen=True, slots=True)
-class Reader:
-    """A framework's progress lines; see the module docstring."""
-
-    name: str
-    source: str
-    detect: tuple[str, ...]
-    fields: tuple[Field, ...]
-    skip: tuple[str, ...] = ()
-    bars: bool = False
-    also: tuple[str, ...] = ()
-    """Readers whose lines share this log (HF Trainer under DeepSpeed): a line showing one of
-    their signatures is read with that reader."""
-    hints: tuple[str, ...] = ()
-    """Literal text every ``detect`` match contains (one of them): a line without any is not
-    searched (a substring test costs far less than a regex)."""
-    counter: str | None = None
-    """A regex with named groups ``step``/``total`` or ``epoch``/``i``/``n`` (mmengine's
-    ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields."""
-
-
-def _loss(*keys: str) -> tuple[Field, ...]:
-    return tuple(Field("loss", k) for k in keys)
-
+__all__ = ["BY_NAME", "GENERIC", "READERS", "UNITS", "Field", "Reader"]
 
 # The bundled trainer and the common shapes (``step 120``, ``loss: 2.3``, ``tok/s=...``).
 _COMMON_STEP = (Field("step", r"global_step|step|iter|iteration|num_updates"),)
@@ -81,17 +40,52 @@ _COMMON_RATE = (
     Field("rate", r"sec/step|s/step", "s/step", value_first=True),
 )
 
+_NOT_A_MEAN = "".join(
+    f"(?<!{w} loss)" for w in ("avg", "ave", "average", "mean", "running", "smoothed")
+)
+"""After ``loss``: the key is not a running mean's (darkflow's ``moving ave loss`` after the
+step's ``loss``, darknet's ``avg loss``); checked only where ``loss`` matched."""
+
 GENERIC = Reader(
     name="generic",
-    source="orch's bundled trainer (trainer/loop.py) and common key=value shapes",
+    source=(
+        "orch's bundled trainer (trainer/loop.py) and common key=value shapes; loss under other "
+        "trainers' names: NeMo's reduced_train_loss, YOLOX's total_loss, OpenNMT-py "
+        "onmt/utils/statistics.py ('xent: %4.2f'), TF examples/speech_commands/train.py "
+        "('Step #%d: rate %f, accuracy %.1f%%, cross entropy %f'), DeepLearningExamples' "
+        "dllogger step_loss, kohya's avr_loss (its only loss), LitGPT finetune "
+        "('loss train (curr):', 'iter time: {:.2f} ms'); times per step: YOLOX iter_time, NeMo "
+        "'train_step_timing in s', ESPnet2 train_time=, OpenPCDet 'Batch time: a(b)'; rates: "
+        "Caffe solver.cpp ('Iteration N (x iter/s, ys/K iters), loss = '), chainer's "
+        "'iters/sec'"
+    ),
     detect=(),
     fields=(
         *_COMMON_STEP,
-        *_loss("loss", "train_loss", "training_loss", "step_loss", "lm loss"),
+        *loss_fields(
+            r"loss train \(curr\)|loss train",
+            "loss" + _NOT_A_MEAN,
+            "train_loss",
+            "training_loss",
+            "step_loss",
+            "reduced_train_loss",
+            "total_loss",
+            "lm loss",
+            "xent",
+            "cross entropy",
+            "avr_loss",
+        ),
         *_COMMON_RATE,
+        Field("rate", r"iter/s|iters/s|iters/sec", "it/s", value_first=True),
+        Field(
+            "rate",
+            r"iter time|iter_time|train_step_timing in s|batch time|train_time(?==)",
+            "s/step",
+        ),
     ),
     skip=(r"\b(?:eval|val|valid|validation|test)[ _](?:loss|on)\b",),
     bars=True,
+    counter=r"Step #(?P<step>\d+):",
 )
 
 HF_TRAINER = Reader(
@@ -110,7 +104,7 @@ HF_TRAINER = Reader(
         r"'train_runtime': ",
         r"\*\*\*\*\* Running training \*\*\*\*\*",
     ),
-    fields=(*_loss("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
+    fields=(*loss_fields("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
     skip=(r"'train_runtime'", r"'eval_", r"\{'eval"),
     bars=True,
     also=("deepspeed",),
@@ -128,7 +122,7 @@ LLAMA_FACTORY = Reader(
     fields=(
         Field("step", "current_steps"),
         Field("total_steps", "total_steps"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "throughput", "tokens/s"),
     ),
 )
@@ -139,13 +133,20 @@ LIGHTNING = Reader(
         "lightning 2.4.0 src/lightning/pytorch/callbacks/progress/tqdm_progress.py "
         "(train bar desc f'Epoch {trainer.current_epoch}', postfix from get_metrics: v_num, "
         "train_loss_step...) and rich_progress.py (f'Epoch {current_epoch}/{max_epochs - 1}' "
-        "... f'{task_speed}it/s' {metrics})"
+        "... f'{task_speed}it/s' {metrics}); NeMo 1 logs reduced_train_loss, the step's, beside "
+        "Lightning 1.x's running-mean loss="
     ),
     hints=("v_num",),
     detect=(r"^\s*Epoch \d+(?:/\d+)?:?\s.*\bv_num[=:]", r"\bv_num[=:] ?\d"),
     fields=(
-        *_loss(
-            "train_loss_step", "loss_step", "train/loss_step", "train_loss", "loss", "train/loss"
+        *loss_fields(
+            "reduced_train_loss",
+            "train_loss_step",
+            "loss_step",
+            "train/loss_step",
+            "train_loss",
+            "loss",
+            "train/loss",
         ),
         Field("rate", "it/s", "it/s", value_first=True),
     ),
@@ -171,7 +172,7 @@ DEEPSPEED = Reader(
     fields=(
         Field("step", "global_step"),
         Field("step", "step"),
-        *_loss("lm loss", "lm_loss", "loss"),
+        *loss_fields("lm loss", "lm_loss", "loss"),
         Field("rate", "CurrSamplesPerSec", "samples/s"),
         Field("rate", "RunningAvgSamplesPerSec", "samples/s"),
         Field("rate", "SamplesPerSec", "samples/s"),
@@ -181,6 +182,27 @@ DEEPSPEED = Reader(
         r"\biteration\s+(?P<step>\d+)/\s*(?P<total>\d+)"
         r"|(?<![\w/.])\d+/(?P<step2>\d+), (?:RunningAvg)?SamplesPerSec="
     ),
+)
+
+NEMO = Reader(
+    name="nemo",
+    source=(
+        "NVIDIA/NeMo (01f7dbc5) nemo/lightning/pytorch/callbacks/progress_printer.py "
+        "ProgressPrinter.on_train_batch_end (f'Training epoch {trainer.current_epoch}, iteration "
+        "{n}/{self.total}' then f' | {metric}: {val:.4}' per logged metric, each averaged over the "
+        "log interval but global_step: lr, consumed_samples, global_step, reduced_train_loss, "
+        "'train_step_timing in s', val_loss); the total is max_steps when set, else the epoch's "
+        "batches; not Megatron's ' iteration {:8d}/{:8d} |' (no 'Training epoch E,' before it)"
+    ),
+    hints=("Training epoch ",),
+    detect=(r"^Training epoch \d+, iteration \d+/\d+ \|",),
+    fields=(
+        Field("step", "global_step"),
+        *loss_fields("reduced_train_loss"),
+        Field("rate", r"train_step_timing in s", "s/step"),
+    ),
+    skip=(r"^(?:Sanity checking )?Validation: iteration", r"^Testing: iteration"),
+    counter=r"^Training epoch \d+, iteration \d+/(?P<total>\d+) \|",
 )
 
 MEGATRON = Reader(
@@ -194,9 +216,9 @@ MEGATRON = Reader(
         "' TFLOPs: {:.2f} |' (per GPU)"
     ),
     hints=("iteration ",),
-    detect=(r"\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
+    detect=(r"(?<!, )\biteration\s+\d+/\s*\d+ \|", r"elapsed time per iteration \(ms\)"),
     fields=(
-        *_loss("lm loss", "loss"),
+        *loss_fields("lm loss", "loss"),
         Field("rate", r"tokens per gpu per second \(tgs\)", "tokens/s/device"),
         Field("rate", r"samples per second", "samples/s"),
         Field("rate", r"throughput per GPU \(TFLOP/s/GPU\)", "TFLOP/s/device"),
@@ -218,7 +240,7 @@ TORCHTITAN = Reader(
     detect=(r"\bstep:\s*\d+\s+loss:\s*\S+\s+.*\b(?:tps|wps):\s*[\d,]+",),
     fields=(
         Field("step", "step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "tps", "tokens/s/device"),
         Field("rate", "wps", "tokens/s/device"),
         Field("rate", "tflops", "TFLOP/s/device"),
@@ -238,26 +260,8 @@ TORCHTUNE = Reader(
     detect=(r"^Step \d+ \| [a-z_]+:",),
     fields=(
         Field("step", "Step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "tokens_per_second_per_gpu", "tokens/s/device"),
-    ),
-)
-
-DETECTRON2 = Reader(
-    name="detectron2",
-    source=(
-        "detectron2 v0.6 detectron2/utils/events.py CommonMetricPrinter.write "
-        "(' {eta}iter: {iter}  {losses}  {time}{data_time}lr: {lr}  {memory}': losses as "
-        "'{k}: {median:.4g}' with total_loss first, time as 'time: {:.4f}', the global average of "
-        "seconds per iteration: the only time v0.6 prints)"
-    ),
-    hints=("iter: ",),
-    detect=(r"\biter: \d+\s+total_loss: ",),
-    fields=(
-        Field("step", "iter"),
-        *_loss("total_loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
     ),
 )
 
@@ -272,59 +276,8 @@ MODDED_NANOGPT = Reader(
     ),
     hints=("step_avg:",),
     detect=(r"^step:\d+/\d+ .*\bstep_avg:",),
-    fields=(*_loss("train_loss"), Field("rate", "step_avg", "s/step", 1e-3)),
+    fields=(*loss_fields("train_loss"), Field("rate", "step_avg", "s/step", 1e-3)),
     counter=r"^step:(?P<step>\d+)/(?P<total>\d+)\b",
-)
-
-PADDLE = Reader(
-    name="paddle",
-    source=(
-        "PaddleDetection release/2.6 ppdet/engine/callbacks.py LogPrinter ('Epoch: [{}]', "
-        "'[{i}/{n}]', 'learning_rate: {lr:.6f}', '{meters}', 'eta: {eta}', 'batch_cost: {btime}', "
-        "'data_cost: {dtime}', 'ips: {ips:.4f} images/s'; ips = batch_size / batch_time.avg); "
-        "PaddleSeg release/2.8 paddleseg/core/train.py ('[TRAIN] epoch: {}, iter: {}/{}, loss: "
-        "{:.4f}, lr: {:.6f}, batch_cost: {:.4f}, reader_cost: {:.5f}, ips: {:.4f} samples/sec "
-        "| ETA {}'); PaddleOCR tools/program.py ('ips: {:.5f} samples/s'); PaddleSpeech "
-        "paddlespeech/s2t/exps/deepspeech2/model.py ('step: {}, ', 'train time: {:>.3f}s, ', "
-        "'batch size: {}, ', then '{}: {:>.6f}' per loss: train_loss); an image is a sample"
-    ),
-    hints=("ips: ", "train time: "),
-    detect=(
-        r"\bips: [\d.]+ (?:images|samples)/s(?:ec)?\b",
-        r"\btrain time: [\d.]+s, batch size: ",
-    ),
-    fields=(
-        Field("step", "global_step"),
-        Field("step", "iter"),
-        Field("step", "step"),
-        *_loss("loss", "train_loss", "total_loss"),
-        Field("rate", "ips", "samples/s"),
-        Field("rate", "train time", "s/step"),
-    ),
-    skip=(r"\[EVAL\]", r"\bEval iter\b"),
-    counter=(
-        r"\biter: (?P<step>\d+)/(?P<total>\d+)"
-        r"|\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
-    ),
-)
-
-MASKRCNN_BENCHMARK = Reader(
-    name="maskrcnn-benchmark",
-    source=(
-        "maskrcnn-benchmark (facebookresearch, 2019) maskrcnn_benchmark/engine/trainer.py "
-        "do_train (meters.delimiter.join(['eta: {eta}', 'iter: {iter}', '{meters}', "
-        "'lr: {lr:.6f}', 'max mem: {memory:.0f}'])) with utils/metric_logger.py "
-        "MetricLogger.__str__ ('{}: {:.4f} ({:.4f})'.format(name, meter.median, "
-        "meter.global_avg)): the window median is the step's figure, time in s/iter"
-    ),
-    hints=("iter: ",),
-    detect=(r"\biter: \d+\s+loss: [-\d.naif]+ \([-\d.naif]+\)",),
-    fields=(
-        Field("step", "iter"),
-        *_loss("loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
-    ),
 )
 
 NANOGPT = Reader(
@@ -339,7 +292,7 @@ NANOGPT = Reader(
     fields=(
         Field("step", "iter"),
         Field("step", "step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "time", "s/step", 1e-3),
     ),
     skip=(r"\bval loss\b",),
@@ -371,58 +324,13 @@ FAIRSEQ = Reader(
         Field("step", "num_updates"),
         Field("step", "train_num_updates"),
         Field("step", "updates", value_first=True),
-        *_loss("loss", "trainloss", "train_loss"),
+        *loss_fields("loss", "trainloss", "train_loss"),
         Field("rate", "wps", "words/s"),
         Field("rate", "train_wps", "words/s"),
         Field("rate", "words/s", "words/s"),
     ),
     skip=(r"\bvalid on\b", r'"valid_', r"\| valid \|", r"\bvalid_loss\b", r"\| checkpoint \d+ \|"),
     counter=r"^\| epoch (?P<epoch>\d+):?\s+(?P<i>\d+) / (?P<n>\d+)\b",
-)
-
-MMENGINE = Reader(
-    name="mmengine",
-    source=(
-        "mmengine v0.10.4 mmengine/runner/log_processor.py LogProcessor.get_log_after_iter "
-        "('Epoch(train) [{epoch}][{iter}/{n}]' or 'Iter(train) [{iter}/{max_iters}]', "
-        "then '  eta: {}  time: {:.4f}  ...  loss: {:.4f}'); mmcv v1.7 "
-        "mmcv/runner/hooks/logger/text.py TextLoggerHook ('Epoch [{}][{}/{}]\\tlr: ..., eta: ...', "
-        "by iteration (IterBasedRunner) 'Iter [{iter}/{max_iters}]\\t{lr}, eta: {}, time: {:.3f}, ')"
-    ),
-    hints=("(train)", "Epoch [", "Iter ["),
-    detect=(
-        r"\b(?:Epoch|Iter)\(train\)\s*\[",
-        r"\bEpoch \[\d+\]\[\d+/\d+\]\s+lr: ",
-        r"\bIter \[\d+/\d+\]\s+lr: ",
-    ),
-    fields=(
-        *_loss("loss"),
-        Field("rate", "time", "s/step"),
-        Field("eta_s", "eta"),
-    ),
-    skip=(r"\b(?:Epoch|Iter)\((?:val|test)\)",),
-    counter=(
-        r"\bEpoch\(train\)\s*\[(?P<epoch>\d+)\]\s*\[\s*(?P<i>\d+)/(?P<n>\d+)\]"
-        r"|\bIter\(train\)\s*\[\s*(?P<step>\d+)/(?P<total>\d+)\]"
-        r"|\bEpoch \[(?P<epoch2>\d+)\]\[(?P<i2>\d+)/(?P<n2>\d+)\]"
-        r"|\bIter \[(?P<step2>\d+)/(?P<total2>\d+)\]"
-    ),
-)
-
-METRIC_LOGGER = Reader(
-    name="metric-logger",
-    source=(
-        "torchvision (721a6ae1) references/classification/utils.py MetricLogger.log_every "
-        "(header 'Epoch: [{epoch}]', then '[{i}/{n}]  eta: {}  {name}: {median:.4f} "
-        "({global_avg:.4f})  time: {}  data: {}  max mem: {}'; the first number is the median "
-        "of the last 20, the parenthesised one the mean so far), copied by DeiT, MAE and "
-        "LLaMA2-Accessory "
-        "(whose loss meter is closs)"
-    ),
-    hints=("Epoch: [",),
-    detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
-    fields=(*_loss("loss", "closs"), Field("rate", "time", "s/step")),
-    counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
 )
 
 KERAS = Reader(
@@ -436,7 +344,7 @@ KERAS = Reader(
     hints=("[=", "[>", "[.", "━", "s - "),
     detect=(r"^\s*\d+/\d+ (?:\[[=>.]*\]|━+)", r"^\s*\d+/\d+ - \d+s - "),
     fields=(
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "ms/step", "s/step", 1e-3, value_first=True),
         Field("rate", "(?:us|μs)/step", "s/step", 1e-6, value_first=True),
         Field("rate", "s/step", "s/step", value_first=True),
@@ -458,7 +366,7 @@ MAXTEXT = Reader(
     detect=(r"\bcompleted step: \d+, seconds: ",),
     fields=(
         Field("step", "completed step"),
-        *_loss("loss"),
+        *loss_fields("loss"),
         Field("rate", "Tokens/s/device", "tokens/s/device"),
         Field("rate", "TFLOP/s/device", "TFLOP/s/device"),
         Field("rate", "TFLOP/s", "TFLOP/s/device"),
@@ -493,15 +401,83 @@ TORCH_XLA = Reader(
     ),
     hints=("| Training Device=",),
     detect=(r"^\| Training Device=\S+ .*\bLoss=",),
-    fields=(*_loss("Loss"), Field("rate", "Rate", "samples/s")),
+    fields=(*loss_fields("Loss"), Field("rate", "Rate", "samples/s")),
     counter=(
         r"\bEpoch=(?P<epoch>\d+) Step=(?P<i>\d+)/(?P<n>\d+)"
         r"|\bStep=(?P<step>\d+)\b(?!/)"
     ),
 )
 
+ESPNET2 = Reader(
+    name="espnet2",
+    source=(
+        "espnet/espnet (01d307c4) espnet2/train/reporter.py SubReporter.log_message "
+        "(f'{self.epoch}epoch:{self.key}:{self.prev_count + 1}-{self.count}batch: ' then "
+        "f'{key2}={v:.3f}' per stat, each the mean of the batches since the last message; count "
+        "is within the epoch, whose length is not printed) with espnet2/train/trainer.py's stats "
+        "(loss, loss_att, loss_ctc parts; iter_time is the data iterator's, train_time the "
+        "step's seconds)"
+    ),
+    hints=("epoch:train:",),
+    detect=(r"\b\d+epoch:train:\d+-\d+batch: ",),
+    fields=(*loss_fields("loss"), Field("rate", "train_time", "s/step")),
+    skip=(r"\d+epoch:valid:", r"\d+epoch results: "),
+    counter=r"\b\d+epoch:train:\d+-(?P<step>\d+)batch: ",
+)
+
+CHAINER = Reader(
+    name="chainer",
+    source=(
+        "chainer/chainer (228a86e4) chainer/training/extensions/progress_bar.py ProgressBar "
+        "('{0.iteration:10} iter, {0.epoch} epoch / %s %ss' % training_length: '/ 20 epochs' or "
+        "'/ 1000 iterations'), then '{:10.5g} iters/sec. Estimated time to finish: {}.'; "
+        "ESPnet1's and ChainerMN's bar; iteration is the run's"
+    ),
+    hints=(" iter, ", "iters/sec. "),
+    detect=(
+        r"^\s*\d+ iter, \d+ epoch / \d+ (?:epochs|iterations)\s*$",
+        r"^\s*\S+ iters/sec\. Estimated time to finish: ",
+    ),
+    fields=(Field("rate", "iters/sec", "it/s", value_first=True),),
+    counter=r"^\s*(?P<step>\d+) iter, \d+ epoch / (?:\d+ epochs|(?P<total>\d+) iterations)",
+)
+
+ALLENNLP = Reader(
+    name="allennlp",
+    source=(
+        "allenai/allennlp allennlp/training/trainer.py Trainer._train_epoch as of 2017 (no_tqdm; "
+        "read in a stored copy: the stored allennlp is later and prints tqdm) "
+        "(logger.info('Batch %d/%d: %s', batch_num, num_training_batches, description), the "
+        "description '%s: %.2f' per metric joined by ', ' plus ' ||'; the loss is the epoch's "
+        "running mean, the only one printed) after logger.info('Epoch %d/%d', epoch, "
+        "self._num_epochs - 1) (epochs from 0)"
+    ),
+    hints=("Batch ",),
+    detect=(r"\bBatch \d+/\d+: .*\|\|\s*$",),
+    fields=loss_fields("loss"),
+    counter=r"\bBatch (?P<i>\d+)/(?P<n>\d+): ",
+)
+
+FLAIR = Reader(
+    name="flair",
+    source=(
+        "flairNLP/flair (003ffa33) flair/trainers/trainer.py ModelTrainer.train_custom "
+        "(f'epoch {epoch} - iter {seen_batches}/{total_number_of_batches} - loss "
+        "{intermittent_loss:.8f} - time (sec): {:.2f} - samples/sec: {:.2f} - lr: ...', the loss "
+        "the epoch's running mean, time the epoch's elapsed seconds; 0.4 printed no time), "
+        "f'EPOCH {epoch} done: loss {train_loss:.4f}{lr_info}', and the evaluation lines "
+        "f'{split.upper()} : loss {eval_result.loss} - ...' (DEV, TEST; epochs from 1)"
+    ),
+    hints=(" - iter ",),
+    detect=(r"\bepoch \d+ - iter \d+/\d+ - loss ",),
+    fields=(*loss_fields("loss"), Field("rate", "samples/sec", "samples/s")),
+    skip=(r"\b(?:DEV|TEST)\s*: loss\b",),
+    counter=r"\bepoch (?P<epoch>\d+) - iter (?P<i>\d+)/(?P<n>\d+)",
+)
+
 READERS: tuple[Reader, ...] = (
     MAXTEXT,
+    NEMO,
     MEGATRON,
     TORCHTITAN,
     DEEPSPEED,
@@ -520,6 +496,15 @@ READERS: tuple[Reader, ...] = (
     KERAS,
     TINYGRAD,
     TORCH_XLA,
+    ESPNET2,
+    CHAINER,
+    ALLENNLP,
+    FLAIR,
+    DARKNET,
+    YOLOX,
+    ULTRALYTICS,
+    YOLOV5,
+    OPENPCDET,
 )
 """Detection order: the most specific signature first (a MaxText or Megatron line is never
 taken for a generic ``step``/``loss`` line)."""

@@ -49,8 +49,9 @@ def test_every_framework_reader_meets_real_lines() -> None:
     """Each table of progress_readers detects at least one real excerpt (of the corpus or of
     held-out set 2, whose misses the tinygrad and torch_xla readers were written for, or of set
     3, whose misses the torchtune, detectron2, modded-nanogpt, paddle and maskrcnn-benchmark
-    readers were written for)."""
-    seen = {read_log(c.lines)[0] for c in (*CASES, *HELDOUT2, *HELDOUT3)}
+    readers were written for, or of set 4, whose misses the nemo, darknet, espnet2, chainer,
+    allennlp, flair, yolox, yolov5 and openpcdet readers were written for)."""
+    seen = {read_log(c.lines)[0] for c in (*CASES, *HELDOUT2, *HELDOUT3, *HELDOUT4)}
     missing = [r.name for r in READERS if r.name not in seen]
     assert not missing, missing
 
@@ -95,9 +96,10 @@ def test_heldout2_after_adjusting() -> None:
 def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
     """Held-out set 3 (docs/progress.md): collected after the readers were frozen at dd362b7, no
     URL shared with the earlier sets; frozen score step 41, loss 44, throughput 31 of 48; after
-    the adjustment for its misses (docs/progress.md) 44, 46, 45: never worse than that."""
+    the adjustment for its misses (docs/progress.md) 44, 46, 45, and after set 4's (the
+    Ultralytics reader, the generic loss names) 45, 47, 45: never worse than that."""
     assert len(HELDOUT3) >= 40
-    _assert_new_and_at_least(HELDOUT3, (*CASES, *HELDOUT2), step=44, loss=46, throughput=45)
+    _assert_new_and_at_least(HELDOUT3, (*CASES, *HELDOUT2), step=45, loss=47, throughput=45)
 
 
 def _assert_new_and_at_least(
@@ -177,9 +179,10 @@ def test_set3_readers_read_their_format_strings(line: str, want: tuple[object, .
 
 def test_heldout4_is_new_and_not_below_its_frozen_score() -> None:
     """Held-out set 4 (docs/progress.md): collected after the readers were frozen at 30de210, no
-    URL shared with the earlier sets; frozen score step 23, loss 18, throughput 23 of 36: the
-    readers must never read it worse than that."""
+    URL shared with the earlier sets; frozen score step 23, loss 18, throughput 23 of 36; after
+    the adjustment for its misses (docs/progress.md; seen, so no longer held out) 36, 36, 36:
+    never worse than that."""
     assert len(HELDOUT4) == 36
     _assert_new_and_at_least(
-        HELDOUT4, (*CASES, *HELDOUT2, *HELDOUT3), step=23, loss=18, throughput=23
+        HELDOUT4, (*CASES, *HELDOUT2, *HELDOUT3), step=36, loss=36, throughput=36
     )
