@@ -43,6 +43,7 @@ def test_score_meets_the_target() -> None:
 HELDOUT2 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout2")
 HELDOUT3 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout3")
 HELDOUT4 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout4")
+HELDOUT5 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout5")
 
 
 def test_every_framework_reader_meets_real_lines() -> None:
@@ -185,4 +186,14 @@ def test_heldout4_is_new_and_not_below_its_frozen_score() -> None:
     assert len(HELDOUT4) == 36
     _assert_new_and_at_least(
         HELDOUT4, (*CASES, *HELDOUT2, *HELDOUT3), step=36, loss=36, throughput=36
+    )
+
+
+def test_heldout5_is_new_and_not_below_its_blind_score() -> None:
+    """Held-out set 5 (docs/progress.md): collected blind to the readers, no URL or line shared
+    with the earlier sets; scored step 16, loss 19, throughput 21 of 36 by the readers frozen at
+    30de210 and 17, 20, 21 by set 4's adjustment (090af0e): never worse than that."""
+    assert len(HELDOUT5) == 36
+    _assert_new_and_at_least(
+        HELDOUT5, (*CASES, *HELDOUT2, *HELDOUT3, *HELDOUT4), step=17, loss=20, throughput=21
     )
