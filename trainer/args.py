@@ -8,6 +8,10 @@ dependency (one ``error:`` line, no traceback); 128+signal after SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import os
+import signal
+from collections.abc import Callable
+from types import FrameType
 
 from trainer.config import ConfigError, TrainConfig, load_config, with_steps
 from trainer.faults import Fault, parse_fault
@@ -158,3 +162,22 @@ def closing_banner(
     if args.fault:
         lines.append("trainer: faults " + " ".join(f.spec() for f in args.fault))
     return lines
+
+
+def stop_on_signals(request_stop: Callable[[str], None]) -> list[int]:
+    """Handle SIGTERM and SIGINT: the first calls ``request_stop(name)`` (the run stops at the
+    next step boundary and checkpoints), a second one kills the process with that signal (the
+    clean stop could not finish, e.g. during a hang). Returns the list of signals seen."""
+    seen: list[int] = []
+
+    def on_signal(signum: int, _frame: FrameType | None) -> None:
+        if seen:  # second signal: give up on the clean stop
+            signal.signal(signum, signal.SIG_DFL)
+            os.kill(os.getpid(), signum)
+            return
+        seen.append(signum)
+        request_stop(signal.Signals(signum).name)
+
+    signal.signal(signal.SIGTERM, on_signal)
+    signal.signal(signal.SIGINT, on_signal)
+    return seen

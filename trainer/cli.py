@@ -11,10 +11,8 @@ import argparse
 import json
 import os
 import platform
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import torch
 
@@ -28,6 +26,7 @@ from trainer.args import (  # noqa: F401  (EXIT_CRASH, FOREVER_STEPS: trainer.cl
     build_parser,
     closing_banner,
     run_config,
+    stop_on_signals,
 )
 from trainer.config import ConfigError, DependencyError, TrainConfig
 from trainer.hf import check_dependencies
@@ -109,18 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for line in banner(cfg, trainer, args):
         say(line)
-    signals_seen: list[int] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if signals_seen:  # second signal: give up on the clean stop
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        signals_seen.append(signum)
-        trainer.request_stop(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals_seen = stop_on_signals(trainer.request_stop)
     try:
         if not args.plain:
             for dev, what, secs in trainer.warmup(args.warmup):

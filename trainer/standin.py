@@ -25,7 +25,6 @@ import signal
 import sys
 import time
 from pathlib import Path
-from types import FrameType
 
 from trainer._version import __version__
 from trainer.args import (
@@ -35,6 +34,7 @@ from trainer.args import (
     build_parser,
     closing_banner,
     run_config,
+    stop_on_signals,
 )
 from trainer.ckptfiles import list_checkpoints, warn_skipped, write_atomic
 from trainer.config import ConfigError, TrainConfig
@@ -148,17 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     start, schedule = (resumed[0], resumed[1]) if resumed else (0, t.steps)
     for line in banner(cfg, args, resumed):
         print(line, flush=True)
-    stop: list[int] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if stop:  # second signal: give up on the clean stop
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        stop.append(signum)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    stop = stop_on_signals(lambda _name: None)  # the loop reads ``stop`` itself
     if not args.plain:
         if args.warmup == "none":
             print(
