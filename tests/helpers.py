@@ -88,3 +88,19 @@ def cli_in_process(config: Path, capsys: Any) -> Callable[..., tuple[int, str, s
         return code, out, err
 
     return call
+
+
+STAND_IN = "TRAINER_STAND_IN"
+"""The environment variable that runs trainer/standin.py in place of the bundled trainer."""
+
+
+def stand_in_env(container: dict[str, Any]) -> dict[str, str]:
+    """A sandbox container's hosts.yaml ``env`` plus ``TRAINER_STAND_IN=1``: ``python -m
+    trainer`` there is the torch-free stand-in (same flags, lines, files, faults, exit codes;
+    docs/trainer.md), for tests that need only the trainer's behaviour. Pass it as
+    ``sandbox_config(..., env=stand_in_env)``. ``ORCH_TEST_TRAINER=real`` in the tests'
+    environment leaves the stand-in out: every such test runs the real trainer again."""
+    env = dict(container.get("env") or {})
+    if os.environ.get("ORCH_TEST_TRAINER") != "real":
+        env[STAND_IN] = "1"
+    return env

@@ -9,18 +9,21 @@ with a warning, never loaded. A state with a NaN or infinity in it is never writ
 from __future__ import annotations
 
 import logging
-import os
-import re
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from trainer.ckptfiles import (
+    checkpoint_dir,
+    list_checkpoints,
+    warn_skipped,
+    write_atomic,
+)
+
 log = logging.getLogger(__name__)
 
-_NAME = re.compile(r"^step_(\d+)\.pt$")
 FORMAT = "trainer-drafter-v1"
 
 
@@ -59,10 +62,6 @@ class Loaded:
     state: dict[str, Any]
 
 
-def checkpoint_dir(run_dir: Path) -> Path:
-    return run_dir / "checkpoints"
-
-
 def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
     """Write ``state`` for completed ``step`` atomically; keep the newest ``keep`` files.
 
@@ -76,35 +75,8 @@ def save(run_dir: Path, step: int, state: dict[str, Any], keep: int) -> Path:
             f"not writing the checkpoint of step {step}: {bad} holds NaN or infinity; "
             f"the newest checkpoint in {checkpoint_dir(run_dir)} is the last finite one"
         )
-    cdir = checkpoint_dir(run_dir)
-    cdir.mkdir(parents=True, exist_ok=True)
-    final = cdir / f"step_{step:07d}.pt"
-    tmp = cdir / f".{final.name}.tmp.{os.getpid()}"
-    try:
-        with tmp.open("wb") as fh:
-            torch.save({"format": FORMAT, "step": step, **state}, fh)
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, final)
-    finally:
-        tmp.unlink(missing_ok=True)
-    dir_fd = os.open(cdir, os.O_RDONLY)
-    try:
-        os.fsync(dir_fd)
-    finally:
-        os.close(dir_fd)
-    for old in list_checkpoints(run_dir)[keep:]:
-        old.unlink(missing_ok=True)
-    return final
-
-
-def list_checkpoints(run_dir: Path) -> list[Path]:
-    """Checkpoint files, newest step first."""
-    cdir = checkpoint_dir(run_dir)
-    if not cdir.is_dir():
-        return []
-    found = [(int(m.group(1)), p) for p in cdir.iterdir() if (m := _NAME.match(p.name))]
-    return [p for _, p in sorted(found, reverse=True)]
+    payload = {"format": FORMAT, "step": step, **state}
+    return write_atomic(run_dir, step, lambda fh: torch.save(payload, fh), keep)
 
 
 def load_latest(run_dir: Path) -> Loaded | None:
@@ -122,10 +94,5 @@ def load_latest(run_dir: Path) -> Loaded | None:
                 raise ValueError(f"{bad} holds NaN or infinity")
             return Loaded(int(state["step"]), path, state)
         except Exception as exc:  # noqa: BLE001  (any unreadable file is skipped, by contract)
-            reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-            print(
-                f"trainer: warning: skipping {what} checkpoint {path}: {reason}",
-                file=sys.stderr,
-                flush=True,
-            )
+            warn_skipped(what, path, exc)
     return None

@@ -11,124 +11,26 @@ import argparse
 import json
 import os
 import platform
-import signal
 import sys
 from pathlib import Path
-from types import FrameType
 
 import torch
 
 from trainer._version import __version__
-from trainer.config import ConfigError, DependencyError, TrainConfig, load_config, with_steps
-from trainer.faults import Fault, parse_fault
+from trainer.args import (  # noqa: F401  (EXIT_CRASH, FOREVER_STEPS: trainer.cli's names too)
+    EXIT_CRASH,
+    EXIT_OK,
+    EXIT_USAGE,
+    FOREVER_STEPS,
+    _steps_word,
+    build_parser,
+    closing_banner,
+    run_config,
+    stop_on_signals,
+)
+from trainer.config import ConfigError, DependencyError, TrainConfig
 from trainer.hf import check_dependencies
 from trainer.pipeline import RunOptions, Trainer
-
-EXIT_OK, EXIT_CRASH, EXIT_USAGE = 0, 1, 2
-FOREVER_STEPS = 2**62
-"""``--forever``: a step count no run reaches (at 1 µs a step, 146,000 years); the cosine decay
-over it stays at its start, so the learning rate holds at ``train.lr`` after the warm-up."""
-
-
-def _fault(text: str) -> Fault:
-    try:
-        return parse_fault(text)
-    except ValueError as exc:
-        raise argparse.ArgumentTypeError(str(exc)) from None
-
-
-def _seconds(text: str) -> float:
-    """``--dist-timeout``: a number of seconds > 0.
-
-    >>> _seconds("30"), _seconds("0.5")
-    (30.0, 0.5)
-    """
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"not a number of seconds: {text!r}") from None
-    if not value > 0 or value != value or value == float("inf"):
-        raise argparse.ArgumentTypeError(f"must be a number of seconds > 0, got {text!r}")
-    return value
-
-
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="python -m trainer",
-        description="Train a DFlash-style speculative-decoding drafter against a frozen target LM. "
-        "Output contract (log line, metrics.jsonl, heartbeat, exit codes): docs/trainer.md.",
-    )
-    p.add_argument(
-        "--config", required=True, help="YAML config, e.g. trainer/configs/tiny-cpu.yaml"
-    )
-    p.add_argument("--steps", type=int, help="total steps to reach (overrides train.steps)")
-    p.add_argument(
-        "--forever",
-        action="store_true",
-        help="train until stopped (SIGTERM/SIGINT, orch stop) instead of to a step count; the "
-        "learning rate holds at train.lr after the warm-up",
-    )
-    p.add_argument(
-        "--run-dir", default="trainer-run", help="metrics.jsonl, heartbeat and checkpoints/ go here"
-    )
-    p.add_argument(
-        "--resume",
-        choices=["auto"],
-        help="auto: continue from the newest valid checkpoint in --run-dir",
-    )
-    p.add_argument(
-        "--compile",
-        action="store_true",
-        help="torch.compile the drafter attention (flex_attention if available)",
-    )
-    p.add_argument(
-        "--warmup",
-        choices=["sequential", "none"],
-        default="sequential",
-        help="sequential (default): one forward+backward per drafter device before threads start; "
-        "none: skip it (only to reproduce the multi-threaded FX tracing race)",
-    )
-    p.add_argument(
-        "--fault",
-        type=_fault,
-        action="append",
-        default=[],
-        metavar="KIND@STEP[:ARG]",
-        help="inject a failure: crash@S, crash-once@S (only in a run started from step 0: a "
-        "resumed run gets past it), hang@S, silent-exit@S[:CODE], slow@S:FACTOR, "
-        "nan@S[:COUNT], oom@S, fx-race@S, kill@S[:RANK] (SIGKILL in that global rank)",
-    )
-    p.add_argument(
-        "--set",
-        dest="overrides",
-        action="append",
-        default=[],
-        metavar="SECTION.KEY=VALUE",
-        help="override a config value (YAML syntax), e.g. --set devices.drafter=[cpu,cpu]",
-    )
-    p.add_argument(
-        "--dist-timeout",
-        type=_seconds,
-        default=None,
-        metavar="SECONDS",
-        help="under torchrun: how long a collective waits for the other ranks before it fails "
-        "(default: torch's, 30 min for gloo, 10 min for NCCL)",
-    )
-    p.add_argument(
-        "--plain",
-        action="store_true",
-        help="single-threaded reference loop instead of the pipeline",
-    )
-    return p
-
-
-def _steps_word(steps: int) -> str:
-    """``steps=`` in the banner: the count, or ``forever``.
-
-    >>> _steps_word(200), _steps_word(FOREVER_STEPS)
-    ('200', 'forever')
-    """
-    return "forever" if steps >= FOREVER_STEPS else str(steps)
 
 
 def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list[str]:
@@ -168,30 +70,15 @@ def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list
             f"trainer: tau = greedy draft-and-verify every {cfg.train.eval_every} steps on "
             f"{cfg.train.eval_seqs} held-out sequences x {cfg.train.blocks_per_seq} anchors"
         )
-    if trainer.resumed_from is not None:
-        lines.append(
-            f"trainer: resumed from {trainer.resumed_from} at step={trainer.start_step} "
-            f"lr_schedule_steps={trainer.schedule_steps}"
-        )
-    elif args.resume:
-        lines.append("trainer: resume: no valid checkpoint, starting at step=0")
-    if args.fault:
-        lines.append("trainer: faults " + " ".join(f.spec() for f in args.fault))
-    return lines
+    return lines + closing_banner(
+        args, trainer.resumed_from, trainer.start_step, trainer.schedule_steps
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
-        cfg = load_config(args.config, args.overrides)
-        if args.steps is not None:
-            if args.steps < 0:
-                raise ConfigError("--steps", None, "steps", f"must be >= 0, got {args.steps}")
-            cfg = with_steps(cfg, args.steps)
-        if args.forever:
-            if args.steps is not None:
-                raise ConfigError("--forever", None, "steps", "trains until stopped; drop --steps")
-            cfg = with_steps(cfg, FOREVER_STEPS)
+        cfg = run_config(args)
         check_dependencies(cfg)
     except (ConfigError, DependencyError) as exc:
         print(f"error: {exc}", file=sys.stderr, flush=True)
@@ -221,18 +108,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for line in banner(cfg, trainer, args):
         say(line)
-    signals_seen: list[int] = []
-
-    def on_signal(signum: int, _frame: FrameType | None) -> None:
-        if signals_seen:  # second signal: give up on the clean stop
-            signal.signal(signum, signal.SIG_DFL)
-            os.kill(os.getpid(), signum)
-            return
-        signals_seen.append(signum)
-        trainer.request_stop(signal.Signals(signum).name)
-
-    signal.signal(signal.SIGTERM, on_signal)
-    signal.signal(signal.SIGINT, on_signal)
+    signals_seen = stop_on_signals(trainer.request_stop)
     try:
         if not args.plain:
             for dev, what, secs in trainer.warmup(args.warmup):

@@ -15,8 +15,6 @@ import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-import torch
-
 KINDS = ("crash", "crash-once", "hang", "silent-exit", "slow", "nan", "oom", "fx-race", "kill")
 
 # The text a real CUDA allocator failure prints (torch 2.x), so log signatures match both.
@@ -28,12 +26,6 @@ OOM_TEXT = (
     "PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True to avoid fragmentation.  See documentation "
     "for Memory Management  (https://pytorch.org/docs/stable/notes/cuda.html#environment-variables)"
 )
-
-
-_OOM = torch.OutOfMemoryError
-"""Raised under this name so the traceback's source line (``raise _OOM(OOM_TEXT)``) does not
-itself read like the error: log signatures match a line naming ``torch.OutOfMemoryError`` and
-must land on the error line, as in a real OOM traceback whose source line is the user's code."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -145,7 +137,16 @@ class FaultInjector:
 
     @staticmethod
     def raise_oom() -> None:
-        """Raise ``torch.OutOfMemoryError`` with the real allocator's text."""
+        """Raise ``torch.OutOfMemoryError`` with the real allocator's text.
+
+        Raised under the name ``_OOM`` so the traceback's source line (``raise _OOM(OOM_TEXT)``)
+        does not itself read like the error: log signatures match a line naming
+        ``torch.OutOfMemoryError`` and must land on the error line, as in a real OOM traceback
+        whose source line is the user's code. torch is imported here only: the rest of this
+        module is torch-free (trainer.standin).
+        """
+        from torch import OutOfMemoryError as _OOM
+
         raise _OOM(OOM_TEXT)
 
     def poison(self, step: int) -> bool:

@@ -17,8 +17,6 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TextIO
 
-import torch
-
 SCHEMA_VERSION = 2
 """2: ``acc_len`` became ``tau_tf`` (a 1-based proxy), ``tau`` and ``nonfinite_steps`` added."""
 
@@ -100,7 +98,11 @@ def parse_line(line: str) -> dict[str, float | int | None] | None:
 def gpu_mem_mib(devices: list[str]) -> int | None:
     """Peak memory allocated by this process over the CUDA devices in ``devices`` (MiB), or None."""
     cuda = sorted({d for d in devices if d.startswith("cuda")})
-    if not cuda or not torch.cuda.is_available():
+    if not cuda:
+        return None
+    import torch  # only here: the line format and Reporter stay torch-free (trainer.standin)
+
+    if not torch.cuda.is_available():
         return None
     return int(max(torch.cuda.max_memory_allocated(d) for d in cuda) // (1024 * 1024))
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import contextlib
 import copy
 import datetime
-import math
 import os
 import queue
 import sys
@@ -36,6 +35,7 @@ from trainer.fxrace import FxRace
 from trainer.metrics import Reporter, StepMetrics
 from trainer.model import Drafter, make_attention
 from trainer.objective import Shard, drafter_loss, run_target
+from trainer.schedule import lr_at
 from trainer.threads import Reducer, release
 from trainer.verify import TauEval, TauResult, drafter_drafts
 
@@ -74,25 +74,6 @@ class RunResult:
     def tok_s(self) -> float:
         """Target tokens per wall second over the whole run (warm-up excluded)."""
         return self.tokens / self.wall_s if self.wall_s > 0 else 0.0
-
-
-def lr_at(cfg: TrainConfig, step: int, total: int | None = None) -> float:
-    """Learning rate for 1-based ``step``: linear warm-up, then cosine down to 10 % at ``total``
-    (the schedule's length: ``train.steps``, or the one a resumed checkpoint saved), then flat.
-
-    >>> from trainer.config import TrainConfig
-    >>> c = TrainConfig()
-    >>> lr_at(c, 1) < lr_at(c, 10) == c.train.lr
-    True
-    >>> lr_at(c, 300, total=200) == lr_at(c, 200) == c.train.lr * 0.1
-    True
-    """
-    t = cfg.train
-    total = t.steps if total is None else total
-    if t.warmup_steps and step <= t.warmup_steps:
-        return t.lr * step / t.warmup_steps
-    frac = min(1.0, (step - t.warmup_steps) / max(1, total - t.warmup_steps))
-    return t.lr * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * frac)))
 
 
 class Trainer:

@@ -15,7 +15,7 @@ import pytest
 
 from orchestrator.cli import run
 from orchestrator.config.inventory import load_inventory
-from tests.helpers import wait_for
+from tests.helpers import stand_in_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -28,12 +28,17 @@ TICKER = (
 
 @pytest.fixture(scope="module")
 def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
-    """The sandbox's hosts.yaml with our session, two drafter GPUs and a private compile cache."""
+    """The sandbox's hosts.yaml with our session, two drafter GPUs, a private compile cache and
+    the trainer's torch-free stand-in (tests.helpers.stand_in_env): the bundled run here only
+    has to run until stopped, stop on SIGINT and print its warm-up line."""
     return sandbox_config(
         SESSION,
         gpus={"drafter": [6, 7]},
         trainer_config="tiny-cpu",
-        env=lambda ct: {"TORCHINDUCTOR_CACHE_DIR": f"{ct['workdir']}/inductor-cache"},
+        env=lambda ct: {
+            **stand_in_env(ct),
+            "TORCHINDUCTOR_CACHE_DIR": f"{ct['workdir']}/inductor-cache",
+        },
     )
 
 

@@ -1,6 +1,11 @@
 """Self-healing end to end through the sandbox (real sshd, pct stand-in, tmux, fake NVML, the
 bundled trainer): ``orch supervise`` as a real process and ``orch check --heal`` in a loop.
 
+The runs are the trainer's torch-free stand-in (``TRAINER_STAND_IN=1``, trainer/standin.py:
+the same flags, lines, files, faults and exit codes) except in two tests that need the real
+one: the loop of ``orch check --heal`` (a real checkpoint resumed) and seed 002's FX race
+(torch's own message; the stand-in hands an ``fx-race`` run to the real trainer).
+
 Own tmux session (``heal-e2e``), GPUs idle, small backoffs (hosts.yaml takes seconds), a
 private history database per test. Notices go to a command hook that appends each delivery
 (one JSON document) to a file, so "one notice", "one page" are counted, not assumed.
@@ -20,7 +25,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.monitor.history import History
-from tests.helpers import wait_for
+from tests.helpers import stand_in_env, wait_for
 
 pytestmark = pytest.mark.e2e
 
@@ -42,6 +47,19 @@ CRASH_ONCE = (
 
 @pytest.fixture(scope="module")
 def config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
+    """The stand-in trainer's hosts.yaml."""
+    return sandbox_config(
+        SESSION,
+        trainer_config="tiny-cpu",
+        gpus={"drafter": [6, 7]},
+        restart=POLICY,
+        env=stand_in_env,
+    )
+
+
+@pytest.fixture(scope="module")
+def real_config(sandbox_config) -> Path:  # type: ignore[no-untyped-def]
+    """The real trainer's hosts.yaml (torch, tiny-cpu)."""
     return sandbox_config(
         SESSION, trainer_config="tiny-cpu", gpus={"drafter": [6, 7]}, restart=POLICY
     )
@@ -238,7 +256,9 @@ def _shown_everywhere(heal: Heal, ct: str, old: str, new: str) -> None:
         watch.wait(timeout=20)
 
 
-def test_check_heal_from_a_loop_relaunches_once(heal: Heal) -> None:
+def test_check_heal_from_a_loop_relaunches_once(heal: Heal, real_config: Path) -> None:
+    """The real trainer: its torch checkpoint of step 20 is what the relaunch resumes from."""
+    heal.config = real_config
     old = heal.launch("ct201", "--", *CRASH_ONCE)
     outputs = []
 
@@ -314,10 +334,12 @@ def test_a_crash_loop_stops_at_max_and_pages_once(heal: Heal) -> None:
     assert events.count("give-up") == 1 and len(events) == 3, events  # two restart notices
 
 
-def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal) -> None:
+def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal, real_config: Path) -> None:
     """The trainer dies of seed 002's race (its real message, from torch's own check); the
     verdict names fx-tracing-race, whose playbook restarts through prewarm-relaunch: the
-    devices are warmed one at a time and the relaunch (``--warmup sequential``) runs to the end."""
+    devices are warmed one at a time and the relaunch (``--warmup sequential``) runs to the end.
+    The real trainer throughout."""
+    heal.config = real_config
     old = heal.launch(
         "ct202",
         "--",
@@ -365,6 +387,7 @@ def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:
         gpus={"drafter": [6, 7]},
         restart=POLICY,
         thresholds={"stall_timeout_s": 4},
+        env=stand_in_env,
     )
     old = heal.launch(
         "ct201",

@@ -25,9 +25,6 @@ from trainer.checkpoint import NonFiniteError
 from trainer.config import load_config
 from trainer.pipeline import RunOptions, Trainer
 
-# CPU-bound trainer runs with time limits: alone, after the parallel pass (./dev test)
-pytestmark = pytest.mark.serial
-
 
 def test_save_is_atomic_and_pruned(tmp_path: Path) -> None:
     for step in (5, 10, 15, 20):

@@ -8,8 +8,9 @@ import importlib
 import pytest
 
 MODULES = [
+    "trainer.args",
     "trainer.checkpoint",
-    "trainer.cli",
+    "trainer.ckptfiles",
     "trainer.config",
     "trainer.copytarget",
     "trainer.data",
@@ -18,8 +19,9 @@ MODULES = [
     "trainer.memwatch",
     "trainer.metrics",
     "trainer.objective",
-    "trainer.pipeline",
     "trainer.placement",
+    "trainer.schedule",
+    "trainer.standin",
     "trainer.verify",
 ]
 

@@ -51,10 +51,6 @@ TARGET_BOUND = (
 )
 
 
-# CPU-bound trainer runs with time limits: alone, after the parallel pass (./dev test)
-pytestmark = pytest.mark.serial
-
-
 def test_crash_prints_traceback_and_exits_1(tmp_path: Path) -> None:
     proc = run_trainer(tmp_path, "--steps", "6", "--fault", "crash@3", *FAST)
     assert proc.returncode == 1
@@ -169,6 +165,7 @@ def test_nonfinite_steps_in_a_row_stop_the_run_with_a_clear_message(tmp_path: Pa
         assert all(torch.isfinite(t).all() for t in state["drafter"].values()), path
 
 
+@pytest.mark.serial  # a throughput ratio within one run: load that changes mid-run reads as the factor
 def test_slow_drops_throughput_and_the_banner_names_the_factor(tmp_path: Path) -> None:
     proc = run_trainer(
         tmp_path, "--steps", "16", "--fault", "slow@9:6", "--set", "train.log_every=4"
@@ -181,6 +178,7 @@ def test_slow_drops_throughput_and_the_banner_names_the_factor(tmp_path: Path) -
     assert after < before / 2.5, tok_s
 
 
+@pytest.mark.serial  # a throughput ratio within one run: load that changes mid-run reads as the factor
 def test_slow_stretches_the_target_stage_too(tmp_path: Path) -> None:
     """A target-bound pipeline (big target, tiny drafter) slows by the factor as well: the
     coordinator's target forward is stretched, not only drafter worker 0's step."""
