@@ -16,7 +16,6 @@ An unreachable target tells nothing about its run: the markers are data for the 
 
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 import queue
 import threading
@@ -159,35 +158,55 @@ def gather(
     At most ``workers`` run at once (``workers=1`` is strictly sequential, the
     benchmark's baseline). A job still running after ``timeout_s`` seconds from
     the start gets a ``TimeoutError`` result; its thread is abandoned (each
-    transport call has its own deadline, so it ends on its own). ``meanwhile``
-    runs in the calling thread once every job is submitted (work that needs no
-    answer, done while the answers travel); what it raises propagates.
+    transport call has its own deadline, so it ends on its own) and jobs not yet
+    started never start. The workers are daemon threads, not a
+    ``ThreadPoolExecutor``'s: the executor's exit hook joins every worker, so an
+    abandoned call held ``orch check``'s exit, and a Ctrl-C of ``orch watch``,
+    until its own deadline. ``meanwhile`` runs in the calling thread once every
+    job is handed out (work that needs no answer, done while the answers travel);
+    what it raises propagates.
     """
     results: dict[str, Any] = {}
     if not jobs:
         if meanwhile is not None:
             meanwhile()
         return results
-    started = time.monotonic()
-    pool = concurrent.futures.ThreadPoolExecutor(
-        max_workers=max(1, min(workers, len(jobs))), thread_name_prefix="orch-gather"
-    )
+    deadline = time.monotonic() + timeout_s
+    todo: queue.SimpleQueue[tuple[str, Callable[[], Any]]] = queue.SimpleQueue()
+    for item in jobs.items():
+        todo.put(item)
+    answered = threading.Condition()
+    expired = threading.Event()
+
+    def work() -> None:
+        while not expired.is_set():
+            try:
+                name, fn = todo.get_nowait()
+            except queue.Empty:
+                return
+            try:
+                value = fn()
+            except BaseException as exc:  # noqa: BLE001 - the job's failure is its result
+                value = exc
+            with answered:
+                results[name] = value
+                answered.notify()
+
+    for i in range(max(1, min(workers, len(jobs)))):
+        threading.Thread(target=work, name=f"orch-gather-{i}", daemon=True).start()
     try:
-        futures = {pool.submit(fn): name for name, fn in jobs.items()}
         if meanwhile is not None:
             meanwhile()
-        left_s = max(0.0, timeout_s - (time.monotonic() - started))
-        done, _pending = concurrent.futures.wait(futures, timeout=left_s)
-        for fut, name in futures.items():
-            if fut in done:
-                exc = fut.exception()
-                results[name] = exc if exc is not None else fut.result()
-            else:
-                fut.cancel()
-                results[name] = TimeoutError(f"no answer within {timeout_s:g} s")
+        with answered:
+            while len(results) < len(jobs) and (left := deadline - time.monotonic()) > 0:
+                answered.wait(left)
+            got = dict(results)
     finally:
-        pool.shutdown(wait=False, cancel_futures=True)
-    return results
+        expired.set()
+    return {
+        name: got[name] if name in got else TimeoutError(f"no answer within {timeout_s:g} s")
+        for name in jobs
+    }
 
 
 def as_snapshot(name: str, value: object, at: float) -> Snapshot:

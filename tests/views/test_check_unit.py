@@ -3,14 +3,19 @@
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 import threading
 import time
+from pathlib import Path
 
 from orchestrator.monitor import observe, sweep
 from orchestrator.monitor.judge import Judgement, with_unreachable
 from orchestrator.views import check
 from orchestrator.wire.model import Finding, Severity, Snapshot
 from tests.views.snapshots import running
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_gather_runs_concurrently_and_sequentially():
@@ -49,6 +54,24 @@ def test_gather_returns_exceptions_and_timeouts():
     assert isinstance(got["a"], ConnectionRefusedError)
     assert isinstance(got["b"], TimeoutError) and "0.3 s" in str(got["b"])
     assert got["c"] == 1
+
+
+def test_an_abandoned_job_does_not_hold_the_process_exit():
+    """A job past its deadline is abandoned: the process exits without waiting for it (a
+    ThreadPoolExecutor's exit hook joined it, so Ctrl-C in ``orch watch`` or the end of
+    ``orch check`` waited for a stuck SSH call's own deadline)."""
+    code = (
+        "import threading, time\n"
+        "from orchestrator.monitor import observe\n"
+        "got = observe.gather({'stuck': threading.Event().wait, 'b': lambda: 1, 'c': lambda: 2},"
+        " workers=1, timeout_s=0.2)\n"
+        "assert isinstance(got['stuck'], TimeoutError), got\n"
+        "assert list(got) == ['stuck', 'b', 'c'] and isinstance(got['b'], TimeoutError), got\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60
+    )
+    assert proc.returncode == 0, proc.stderr
 
 
 def result(name, snap, *findings):
