@@ -109,7 +109,7 @@ GENERIC = Reader(
         *loss_fields(
             r"loss train \(curr\)|loss train",
             _NOT_A_PART + "loss" + _NOT_A_MEAN,
-            "train loss|training loss|current loss|total loss is|total loss",
+            "train loss|training loss|current loss|batch loss|step loss|total loss is|total loss",
             "train_loss",
             "training_loss",
             "step_loss",

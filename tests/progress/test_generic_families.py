@@ -280,6 +280,20 @@ def test_sole_star_loss_is_the_loss() -> None:
     )
 
 
+@pytest.mark.parametrize(
+    ("line", "loss"),
+    [
+        ("Iteration 10 | Batch loss: 0.75 | lr 1e-3", 0.75),
+        ("step 10 Train Loss: 1.25", 1.25),
+        ("Epoch 3 Loss 0.5", 0.5),
+        ("[1,0]<stdout>:Total loss is  2.5 ETA is  1:00:00", 2.5),
+    ],
+)
+def test_qualified_training_loss(line: str, loss: float) -> None:
+    """A training loss's qualifiers (train, batch, current, total) are the loss, not a part."""
+    assert read_log([line])[1].loss == loss
+
+
 def test_first_epoch_position_then_unknown() -> None:
     """A position whose epoch's length is not printed is the step in the first epoch only; in a
     later epoch the step is unknown (not the first epoch's last)."""
