@@ -45,6 +45,7 @@ from orchestrator.wire.progress_numbers import (
 from orchestrator.wire.progress_readers import BY_NAME, GENERIC, READERS, Field, Reader
 
 NUM = (
+    r"[-+]?1\.#(?:QNAN|SNAN|IND|INF)\d*|"  # the MSVC runtime's NaN and infinity (CNTK on Windows)
     r"[-+]?(?:\d{1,3}(?:,\d{3})+(?!\d)|\d+)(?:\.\d*)?(?:[eE][-+]?\d+)?|[-+]?\.\d+|[-+]?(?:nan|inf)"
 )
 _DURATION = r"(?:\d+ days?, )?\d+(?::\d\d){1,2}|\d+(?:\.\d+)?(?:ms|s|m|h)\b"
@@ -163,7 +164,7 @@ def _compiled(reader: Reader) -> list[tuple[Field, re.Pattern[str], tuple[str, .
     got = _COMPILED.get(reader.name)
     if got is None:
         got = _COMPILED[reader.name] = [
-            (f, _field_rx(f), field_hints(f.key)) for f in reader.fields
+            (f, _field_rx(f), (f.hint,) if f.hint else field_hints(f.key)) for f in reader.fields
         ]
     return got
 
@@ -173,7 +174,11 @@ _DIGIT = re.compile(r"\d")
 
 
 def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
-    m = last_match(rx, text)
+    if f.sole:
+        found = rx.findall(text)
+        m = rx.search(text) if len(found) == 1 else None
+    else:
+        m = last_match(rx, text)
     if m is None:
         return None
     if f.metric == "eta_s":
@@ -186,6 +191,8 @@ def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
         v *= SCALE.get(suffix, 1.0)
     elif suffix == "ms" and f.scale == 1.0:
         v *= 1e-3
+    if f.invert:
+        return 1.0 / v if v > 0 and math.isfinite(v) else None
     return v * f.scale
 
 
@@ -219,28 +226,45 @@ def _fields(reader: Reader, text: str, skipped: bool) -> dict[str, object]:
 
 
 def _counter(reader: Reader, text: str, out: dict[str, object]) -> None:
-    if reader.counter is None:
-        return
-    m = _rx(reader.counter).search(text)
-    if m is None:
-        return
-    g = {k.rstrip("2"): v for k, v in m.groupdict().items() if v is not None}
+    if reader.counter is not None:
+        m = _rx(reader.counter).search(text)
+        if m is not None:
+            _counted(m, out)
+    for hint, pattern in reader.shapes:
+        if hint in text:
+            m = _rx(pattern).search(text)
+            if m is not None:
+                _counted(m, out)
+                if "_i" in out:
+                    out["_shape"] = True
+
+
+def _counted(m: re.Match[str], out: dict[str, object]) -> None:
+    """A counter's named groups into ``out`` (a value already there wins)."""
+    if m.groupdict().get("epoch0") is not None:
+        out.setdefault("_base", 0)  # a format known to count epochs from 0 (MXNet's)
+    g = {k.rstrip("0123456789"): v for k, v in m.groupdict().items() if v is not None}
     if "loss" in g and (loss := number(g["loss"])) is not None:
         out.setdefault("loss", loss)  # an unnamed column (darknet's, YOLOv5's)
-    if "sec" in g and (sec := number(g["sec"])) is not None and math.isfinite(sec) and sec >= 0:
-        out.setdefault("rate", sec)
-        out.setdefault("unit", "s/step")
+    if "sec" in g:
+        sec = duration_s(g["sec"]) if ":" in g["sec"] else number(g["sec"])
+        if sec is not None and math.isfinite(sec) and sec >= 0:
+            out.setdefault("rate", sec)
+            out.setdefault("unit", "s/step")
     if "step" in g or ("total" in g and "i" not in g):
         if "step" in g:
             out.setdefault("step", integer(g["step"]))
         if "total" in g:
             out.setdefault("total_steps", integer(g["total"]))
         return
-    i, n = integer(g.get("i", "")), integer(g.get("n", ""))
+    i = integer(g.get("i", ""))
+    n = integer(g["n"]) if "n" in g else None
     epoch = integer(g["epoch"]) if "epoch" in g else None
-    if i is None or n is None:
+    if i is None or "_i" in out or (n is None and epoch is None):
         return
-    out["_i"], out["_n"] = i, n
+    out["_i"] = i
+    if n is not None:
+        out["_n"] = n
     if epoch is not None:
         out["_epoch"] = epoch
     if "epochs" in g:
@@ -293,6 +317,8 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
         out.setdefault(k, v)
     if "_i" in out and "step" not in out:
         out["step"], out["_from_i"] = out["_i"], True
+    elif out.get("_shape") and out.get("step") == out.get("_i"):
+        out["_from_i"] = True  # 'Epoch 3/10, Step 50/100': the step key printed the position
     return out if any(not k.startswith("_") for k in out) or "_i" in out else None
 
 
@@ -331,6 +357,7 @@ class ProgressParser:
         self.bar_total: int | None = None
         self.epoch: int | None = None
         self.epochs: int | None = None
+        self.zero_epoch = False  # the log showed an epoch 0 (the generic reader's epoch base)
         self.reading = Reading()
         self.lines = 0
         self.readings = 0  # lines that said something (a repeated value counts: the log moved)
@@ -355,7 +382,9 @@ class ProgressParser:
             return None
         m = _EPOCH_LINE.match(text)
         if m is not None:
-            self.epoch, self.epochs = integer(m.group(1)), integer(m.group(2))
+            self.epoch = integer(m.group(1))
+            self.epochs = integer(m.group(2)) if m.group(2) else None
+            self.zero_epoch = self.zero_epoch or self.epoch == 0
             return None
         return text
 
@@ -379,6 +408,8 @@ class ProgressParser:
         self.readings += 1
         rd = Reading(**{k: v for k, v in got.items() if not k.startswith("_")})  # type: ignore[arg-type]
         self.reading = self.reading.merged(rd)
+        if got.get("_no_step"):
+            self.reading = replace(self.reading, step=None, total_steps=None)
 
     def _train_bar(self, bar: Bar, got: dict[str, object]) -> bool:
         """The first bar seen is the training bar; a bar of another total is not (HF's
@@ -386,29 +417,66 @@ class ProgressParser:
         lightning = _LIGHTNING_DESC.match(bar.desc)
         if lightning is not None:
             got["_epoch"], got["_i"], got["_n"] = int(lightning.group(1)), bar.n, bar.total
+            got["_base"] = 0  # Lightning's current_epoch counts from 0
             got.pop("step", None)
             got.pop("total_steps", None)
         if self.bar_total is None:
             self.bar_total = bar.total
-            return True
-        return bar.total == self.bar_total
+        elif bar.total != self.bar_total:
+            return False
+        if (
+            lightning is None
+            and self.reader is GENERIC
+            and self.epoch is not None
+            and bar.n is not None
+            and bar.total is not None
+            and "_i" not in got
+            and got.get("step") == bar.n
+        ):
+            # an epoch's bar after an epoch header (SpeechBrain's 'Going into epoch 2',
+            # Ludwig's 'Epoch   4'): the bar's n is the position within that epoch
+            got["_i"], got["_n"], got["_from_i"] = bar.n, bar.total, True
+            got.pop("total_steps", None)
+        return True
 
     def _epochs(self, got: dict[str, object]) -> None:
         i, n = got.get("_i"), got.get("_n")
-        if not isinstance(i, int) or not isinstance(n, int):
+        if not isinstance(i, int):
             return
         if "step" in got and not got.pop("_from_i", False):
             return  # the line prints the step itself (fairseq's num_updates beside [i / n])
         epoch = got.get("_epoch", self.epoch)
         epochs = got.get("_epochs", self.epochs)
-        base = 1 if self.reader.name in _EPOCHS_FROM_1 else 0
+        if epoch == 0:
+            self.zero_epoch = True
+        base = self._epoch_base(got)
         if isinstance(epoch, int) and epoch >= base:
+            if not isinstance(n, int):  # the epoch's length is not printed
+                if epoch == base:
+                    got["step"] = i  # the first epoch: its position is the run's step
+                else:
+                    got.pop("step", None)
+                    got["_no_step"] = True  # the step is no longer known
+                return
             got["step"] = (epoch - base) * n + i
             if isinstance(epochs, int):
                 got["total_steps"] = epochs * n if base else (epochs + 1) * n
         else:
             got["step"] = i
-            got.setdefault("total_steps", n)
+            if isinstance(n, int):
+                got.setdefault("total_steps", n)
+
+    def _epoch_base(self, got: dict[str, object]) -> int:
+        """What the first epoch is numbered: the reader's framework says; the generic reader
+        takes 1 until the log shows an epoch 0 (or the format is known to count from 0)."""
+        base = got.get("_base")
+        if isinstance(base, int):
+            return base
+        if self.reader.name in _EPOCHS_FROM_1:
+            return 1
+        if self.reader is GENERIC and not self.zero_epoch:
+            return 1
+        return 0
 
     def tee(self, lines: Iterable[str]) -> Iterator[str]:
         """Yield ``lines`` unchanged, feeding each one (``orch diagnose`` reads a log once
@@ -433,8 +501,12 @@ _EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla", "yolox", "flair",
 """Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``,
 fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``, YOLOX's ``epoch: 1/300``, flair's
 ``epoch 1 - iter``, Ultralytics' ``1/1000``)."""
-_EPOCH_LINE = re.compile(r"^\s*(?:\S.* - )?Epoch (\d+)/(\d+)\s*$")
-"""An epoch header, alone or after a logger's prefix (AllenNLP's ``... trainer - Epoch 0/139``)."""
+_EPOCH_LINE = re.compile(
+    r"^\s*(?:\S.* - )?(?:Going into )?Epoch:? +(\d+)(?:/(\d+))?\s*$", re.IGNORECASE
+)
+"""An epoch header, alone or after a logger's prefix (AllenNLP's ``... trainer - Epoch 0/139``,
+SpeechBrain's ``epoch_loop - Going into epoch 2``, Ludwig's ``Epoch   4``, MONAI's tutorials'
+``epoch 15/300``, tacotron2's ``Epoch: 0``)."""
 _LIGHTNING_DESC = re.compile(r"^Epoch (\d+)$")
 
 

@@ -17,6 +17,7 @@ MAX_STEP = 2**53
 
 _ANSI = re.compile(r"[\x1b\ufffd]\[[0-9;?]*[A-Za-z]|\x1b\][^\x07]*\x07")
 """Colour codes, also as the agent's log reader leaves them (ESC replaced by U+FFFD)."""
+_MSVC = re.compile(r"([-+]?)1\.#(QNAN|SNAN|IND|INF)\d*")
 SCALE = {"": 1.0, "k": 1e3, "K": 1e3, "M": 1e6, "G": 1e9, "T": 1e12, "P": 1e15}
 
 
@@ -44,7 +45,19 @@ def number(text: str) -> float | None:
 
     >>> number("5,862"), number("2.345E+00"), number("-0"), number("1e309"), number("x")
     (5862.0, 2.345, -0.0, inf, None)
+
+    The MSVC runtime prints NaN and infinity as ``1.#QNAN0``, ``-1.#IND00``, ``1.#INF00``
+    (CNTK on Windows):
+
+    >>> number("1.#QNAN000"), number("-1.#IND00"), number("-1.#INF00")
+    (nan, nan, -inf)
     """
+    if "#" in text:
+        m = _MSVC.fullmatch(text)
+        if m is None:
+            return None
+        v = math.inf if m.group(2) == "INF" else math.nan
+        return -v if m.group(1) == "-" else v
     try:
         return float(text.replace(",", ""))
     except (ValueError, OverflowError):

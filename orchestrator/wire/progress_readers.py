@@ -13,6 +13,7 @@ is the step). Stdlib only: this module ships to the agent inside ``wire/``.
 
 from __future__ import annotations
 
+from orchestrator.wire.progress_generic import GENERIC
 from orchestrator.wire.progress_readers_vision import (
     DARKNET,
     DETECTRON2,
@@ -28,65 +29,6 @@ from orchestrator.wire.progress_readers_vision import (
 from orchestrator.wire.progress_schema import UNITS, Field, Reader, loss_fields
 
 __all__ = ["BY_NAME", "GENERIC", "READERS", "UNITS", "Field", "Reader"]
-
-# The bundled trainer and the common shapes (``step 120``, ``loss: 2.3``, ``tok/s=...``).
-_COMMON_STEP = (Field("step", r"global_step|step|iter|iteration|num_updates"),)
-_COMMON_RATE = (
-    Field("rate", r"tok/s|tokens/s|tokens_per_s|tok_per_s|tokens_per_sec|tps", "tokens/s"),
-    Field("rate", r"tok/s|tokens/s", "tokens/s", value_first=True),
-    Field("rate", r"samples/s|samples_per_second|samples/sec|samples_per_sec", "samples/s"),
-    Field("rate", r"tokens/sec|tok/sec", "tokens/s"),
-    Field("rate", r"samples?/sec|samples?/s", "samples/s", value_first=True),
-    Field("rate", r"sec/step|s/step", "s/step", value_first=True),
-)
-
-_NOT_A_MEAN = "".join(
-    f"(?<!{w} loss)" for w in ("avg", "ave", "average", "mean", "running", "smoothed")
-)
-"""After ``loss``: the key is not a running mean's (darkflow's ``moving ave loss`` after the
-step's ``loss``, darknet's ``avg loss``); checked only where ``loss`` matched."""
-
-GENERIC = Reader(
-    name="generic",
-    source=(
-        "orch's bundled trainer (trainer/loop.py) and common key=value shapes; loss under other "
-        "trainers' names: NeMo's reduced_train_loss, YOLOX's total_loss, OpenNMT-py "
-        "onmt/utils/statistics.py ('xent: %4.2f'), TF examples/speech_commands/train.py "
-        "('Step #%d: rate %f, accuracy %.1f%%, cross entropy %f'), DeepLearningExamples' "
-        "dllogger step_loss, kohya's avr_loss (its only loss), LitGPT finetune "
-        "('loss train (curr):', 'iter time: {:.2f} ms'); times per step: YOLOX iter_time, NeMo "
-        "'train_step_timing in s', ESPnet2 train_time=, OpenPCDet 'Batch time: a(b)'; rates: "
-        "Caffe solver.cpp ('Iteration N (x iter/s, ys/K iters), loss = '), chainer's "
-        "'iters/sec'"
-    ),
-    detect=(),
-    fields=(
-        *_COMMON_STEP,
-        *loss_fields(
-            r"loss train \(curr\)|loss train",
-            "loss" + _NOT_A_MEAN,
-            "train_loss",
-            "training_loss",
-            "step_loss",
-            "reduced_train_loss",
-            "total_loss",
-            "lm loss",
-            "xent",
-            "cross entropy",
-            "avr_loss",
-        ),
-        *_COMMON_RATE,
-        Field("rate", r"iter/s|iters/s|iters/sec", "it/s", value_first=True),
-        Field(
-            "rate",
-            r"iter time|iter_time|train_step_timing in s|batch time|train_time(?==)",
-            "s/step",
-        ),
-    ),
-    skip=(r"\b(?:eval|val|valid|validation|test)[ _](?:loss|on)\b",),
-    bars=True,
-    counter=r"Step #(?P<step>\d+):",
-)
 
 HF_TRAINER = Reader(
     name="hf-trainer",

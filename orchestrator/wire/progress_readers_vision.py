@@ -119,11 +119,17 @@ METRIC_LOGGER = Reader(
         "({global_avg:.4f})  time: {}  data: {}  max mem: {}'; the first number is the median "
         "of the last 20, the parenthesised one the mean so far), copied by DeiT, MAE and "
         "LLaMA2-Accessory "
-        "(whose loss meter is closs)"
+        "(whose loss meter is closs); references/classification/train.py train_one_epoch adds "
+        "the meter img/s (SmoothedValue fmt '{value}': the batch's images / its seconds), read "
+        "before time"
     ),
     hints=("Epoch: [",),
     detect=(r"\bEpoch: \[\d+\]\s+\[\s*\d+/\d+\]",),
-    fields=(*loss_fields("loss", "closs"), Field("rate", "time", "s/step")),
+    fields=(
+        *loss_fields("loss", "closs"),
+        Field("rate", "img/s", "samples/s"),
+        Field("rate", "time", "s/step"),
+    ),
     counter=r"\bEpoch: \[(?P<epoch>\d+)\]\s+\[\s*(?P<i>\d+)/(?P<n>\d+)\]",
 )
 

@@ -40,6 +40,14 @@ class Field:
     unit: str = ""
     scale: float = 1.0
     value_first: bool = False
+    invert: bool = False
+    """The printed value is the rate's inverse (tqdm's ``s/it`` read back as ``it/s``)."""
+    hint: str = ""
+    """Lower-case literal text every match contains, where ``key`` is a pattern too rich to
+    tell it (``progress.field_hints``); a line without it is not searched."""
+    sole: bool = False
+    """Read only where the key matches once in the line (a ``*_loss`` that is the only one;
+    two are parts of a loss that is not printed)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -63,7 +71,13 @@ class Reader:
     ``[epoch][i/n]``, Megatron's ``iteration N/M``) read before the fields; ``total`` alone
     (NeMo's ``iteration i/max_steps`` beside its printed ``global_step``) gives the total only;
     ``loss`` (an unnamed column: darknet's first number, YOLOv5's ``total``) and ``sec`` (seconds
-    per step, read as ``s/step``) where the line names no key for them."""
+    per step, read as ``s/step``; a ``H:MM:SS`` duration too) where the line names no key for them;
+    a group name may end in digits (``step2``) where two alternatives name the same thing."""
+    shapes: tuple[tuple[str, str], ...] = ()
+    """More counters, each ``(literal, regex)``: the regex runs only on a line that contains
+    the literal (the generic reader's families: MXNet's ``Epoch[e] Batch [i]``, Marian's
+    ``Up. N``); read after ``counter``, the first value of a metric wins. A shape's ``i``
+    (a position within an epoch) wins over a ``step`` key that printed the same number."""
 
 
 def loss_fields(*keys: str) -> tuple[Field, ...]:

@@ -75,6 +75,8 @@ def _same(want: str | None, got: float | None, rel: float) -> bool:
     if want is None or got is None:
         return want is None and got is None
     w = float(want)
+    if w == got:  # inf == inf (inf - inf is nan)
+        return True
     if math.isnan(w) or math.isnan(got):
         return math.isnan(w) and math.isnan(got)
     return abs(w - got) <= rel * max(abs(w), 1e-12)
