@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 import pytest
@@ -110,8 +111,15 @@ def test_heldout3_is_new_and_not_below_its_frozen_score() -> None:
 def _assert_new_and_at_least(
     cases: list[Case], earlier: tuple[Case, ...], *, step: int, loss: int, throughput: int
 ) -> None:
-    """A held-out set shares no URL with ``earlier`` and reads at least the given counts."""
+    """A held-out set shares no URL and no line with a number in it with ``earlier`` (a
+    paste's `...` may recur), and reads at least the given counts."""
     assert not {c.source for c in earlier} & {c.source for c in cases}
+
+    def numbered(group: Iterable[Case]) -> set[str]:
+        lines = (line.strip() for c in group for line in c.lines)
+        return {s for s in lines if any(ch.isdigit() for ch in s)}
+
+    assert not numbered(earlier) & numbered(cases)
     s = score(cases)
     right = {k: int(str(s[k])) for k in ("step", "loss", "throughput")}
     floor = {"step": step, "loss": loss, "throughput": throughput}
