@@ -8,11 +8,13 @@ dependency (one ``error:`` line, no traceback); 128+signal after SIGTERM/SIGINT.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import signal
 from collections.abc import Callable
 from types import FrameType
 
+from trainer._version import __version__
 from trainer.config import ConfigError, TrainConfig, load_config, with_steps
 from trainer.faults import Fault, parse_fault
 
@@ -139,6 +141,57 @@ def run_config(args: argparse.Namespace) -> TrainConfig:
             raise ConfigError("--forever", None, "steps", "trains until stopped; drop --steps")
         cfg = with_steps(cfg, FOREVER_STEPS)
     return cfg
+
+
+WARMUP_SKIPPED = (
+    "trainer: warm-up skipped (--warmup none): first compiles run concurrently in worker threads"
+)
+"""The line ``--warmup none`` prints where the warm-up lines would be."""
+
+
+def first_line(cfg: TrainConfig, args: argparse.Namespace) -> str:
+    """The banner's first line: version, config, run directory and pid."""
+    return (
+        f"trainer: version={__version__} config={cfg.source} run_dir={args.run_dir} "
+        f"pid={os.getpid()}"
+    )
+
+
+def run_line(
+    cfg: TrainConfig,
+    args: argparse.Namespace,
+    *,
+    world_size: int,
+    rank: int,
+    local_rank: int,
+    per_replica: int,
+    attention: str,
+) -> str:
+    """The banner's ``world_size=`` line: the run's shape (per_replica: sequences per replica
+    and step; attention: the kernel's name)."""
+    t = cfg.train
+    return (
+        f"trainer: world_size={world_size} rank={rank} local_rank={local_rank} "
+        f"batch={t.batch_size} per_replica={per_replica} seq_len={cfg.data.seq_len} "
+        f"data={cfg.data.kind} steps={_steps_word(t.steps)} attention={attention} "
+        f"warmup={args.warmup} grad_checkpoint={t.grad_checkpoint} "
+        f"loop={'plain' if args.plain else 'pipelined'}"
+    )
+
+
+def config_line(cfg: TrainConfig) -> str:
+    """The banner's ``config`` line: the whole config as sorted JSON."""
+    return f"trainer: config {json.dumps(cfg.to_dict(), sort_keys=True)}"
+
+
+def stopped_line(signal_name: str, step: int, saved: object) -> str:
+    """The last line after SIGTERM/SIGINT (``saved``: the checkpoint, or why there is none)."""
+    return f"trainer: stopped by {signal_name} at step={step}; checkpoint {saved}"
+
+
+def finished_line(step: int, wall_s: float, tok_s: float, saved: object) -> str:
+    """The last line of a run that reached its step count (wall in s, tokens per second)."""
+    return f"trainer: finished step={step} wall_s={wall_s:.2f} tok/s={tok_s:.0f} checkpoint={saved}"
 
 
 def closing_banner(

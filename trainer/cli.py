@@ -8,25 +8,27 @@ Exit codes: 0 all steps done (never with ``--forever``); 1 an exception (traceba
 from __future__ import annotations
 
 import argparse
-import json
-import os
 import platform
 import sys
 from pathlib import Path
 
 import torch
 
-from trainer._version import __version__
 from trainer.args import (  # noqa: F401  (EXIT_CRASH, FOREVER_STEPS: trainer.cli's names too)
     EXIT_CRASH,
     EXIT_OK,
     EXIT_USAGE,
     FOREVER_STEPS,
-    _steps_word,
+    WARMUP_SKIPPED,
     build_parser,
     closing_banner,
+    config_line,
+    finished_line,
+    first_line,
     run_config,
+    run_line,
     stop_on_signals,
+    stopped_line,
 )
 from trainer.config import ConfigError, DependencyError, TrainConfig
 from trainer.hf import check_dependencies
@@ -43,7 +45,7 @@ def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list
     n_rep = len(trainer.replicas)
     per_rep = cfg.train.batch_size // (trainer.world_size * n_rep)
     lines = [
-        f"trainer: version={__version__} config={cfg.source} run_dir={args.run_dir} pid={os.getpid()}",
+        first_line(cfg, args),
         f"trainer: python={platform.python_version()} torch={torch.__version__} cuda={cuda} "
         f"cuda_available={torch.cuda.is_available()} gpus_visible={n_gpu}",
         f"trainer: target={'hf:' + str(cfg.target.hf_path) if cfg.target.hf_path else 'builtin'} "
@@ -51,13 +53,16 @@ def banner(cfg: TrainConfig, trainer: Trainer, args: argparse.Namespace) -> list
         f"trainer: drafter layers={cfg.drafter.n_layers} d_model={cfg.drafter.d_model} "
         f"trainable_params={drafter_params} block_size={cfg.drafter.block_size} "
         f"target_layers={cfg.drafter.target_layers} replicas={n_rep} devices={','.join(cfg.devices.drafter)}",
-        f"trainer: world_size={trainer.world_size} rank={trainer.rank} "
-        f"local_rank={trainer.local_rank} "
-        f"batch={cfg.train.batch_size} per_replica={per_rep} "
-        f"seq_len={cfg.data.seq_len} data={cfg.data.kind} steps={_steps_word(cfg.train.steps)} "
-        f"attention={trainer.attention_name} warmup={args.warmup} "
-        f"grad_checkpoint={cfg.train.grad_checkpoint} loop={'plain' if args.plain else 'pipelined'}",
-        f"trainer: config {json.dumps(cfg.to_dict(), sort_keys=True)}",
+        run_line(
+            cfg,
+            args,
+            world_size=trainer.world_size,
+            rank=trainer.rank,
+            local_rank=trainer.local_rank,
+            per_replica=per_rep,
+            attention=trainer.attention_name,
+        ),
+        config_line(cfg),
     ]
     if cfg.data.kind == "target":
         lines.append(
@@ -114,9 +119,7 @@ def main(argv: list[str] | None = None) -> int:
             for dev, what, secs in trainer.warmup(args.warmup):
                 say(f"trainer: warm-up {dev} {what} {secs:.2f}s")
             if args.warmup == "none":
-                say(
-                    "trainer: warm-up skipped (--warmup none): first compiles run concurrently in worker threads"
-                )
+                say(WARMUP_SKIPPED)
         result = (
             trainer.run_plain(cfg.train.steps)
             if args.plain
@@ -126,11 +129,8 @@ def main(argv: list[str] | None = None) -> int:
         trainer.close()
     if result.stopped_by:
         saved = result.checkpoint or ("up to date" if trainer.rank == 0 else "kept by rank 0")
-        say(f"trainer: stopped by {result.stopped_by} at step={result.step}; checkpoint {saved}")
+        say(stopped_line(result.stopped_by, result.step, saved))
         return 128 + signals_seen[0]
     saved = result.checkpoint or ("up to date" if trainer.rank == 0 else "kept by rank 0")
-    say(
-        f"trainer: finished step={result.step} wall_s={result.wall_s:.2f} "
-        f"tok/s={result.tok_s:.0f} checkpoint={saved}"
-    )
+    say(finished_line(result.step, result.wall_s, result.tok_s, saved))
     return EXIT_OK

@@ -26,15 +26,19 @@ import sys
 import time
 from pathlib import Path
 
-from trainer._version import __version__
 from trainer.args import (
     EXIT_OK,
     EXIT_USAGE,
-    _steps_word,
+    WARMUP_SKIPPED,
     build_parser,
     closing_banner,
+    config_line,
+    finished_line,
+    first_line,
     run_config,
+    run_line,
     stop_on_signals,
+    stopped_line,
 )
 from trainer.ckptfiles import list_checkpoints, warn_skipped, write_atomic
 from trainer.config import ConfigError, TrainConfig
@@ -116,13 +120,18 @@ def banner(
     t = cfg.train
     n_rep = len(cfg.devices.drafter)
     lines = [
-        f"trainer: version={__version__} config={cfg.source} run_dir={args.run_dir} pid={os.getpid()}",
+        first_line(cfg, args),
         f"trainer: stand-in ({ENV}=1): no torch, no model; a step is a {step_seconds():g} s sleep",
-        f"trainer: world_size=1 rank=0 local_rank=0 batch={t.batch_size} "
-        f"per_replica={t.batch_size // n_rep} seq_len={cfg.data.seq_len} data={cfg.data.kind} "
-        f"steps={_steps_word(t.steps)} attention=none warmup={args.warmup} "
-        f"grad_checkpoint={t.grad_checkpoint} loop={'plain' if args.plain else 'pipelined'}",
-        f"trainer: config {json.dumps(cfg.to_dict(), sort_keys=True)}",
+        run_line(
+            cfg,
+            args,
+            world_size=1,
+            rank=0,
+            local_rank=0,
+            per_replica=t.batch_size // n_rep,
+            attention="none",
+        ),
+        config_line(cfg),
     ]
     at, schedule, path = resumed if resumed is not None else (0, t.steps, None)
     return lines + closing_banner(args, path, at, schedule)
@@ -151,10 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     stop = stop_on_signals(lambda _name: None)  # the loop reads ``stop`` itself
     if not args.plain:
         if args.warmup == "none":
-            print(
-                "trainer: warm-up skipped (--warmup none): first compiles run concurrently in worker threads",
-                flush=True,
-            )
+            print(WARMUP_SKIPPED, flush=True)
         for dev in cfg.devices.drafter if args.warmup == "sequential" else ():
             print(f"trainer: warm-up {dev} forward+backward 0.00s", flush=True)
     return _train(cfg, args, run_dir, start, schedule, stop)
@@ -204,15 +210,8 @@ def _train(
     path = save(run_dir, done, schedule, t.keep_ckpts) if done > saved else None
     if stop:
         name = signal.Signals(stop[0]).name
-        print(
-            f"trainer: stopped by {name} at step={done}; checkpoint {path or 'up to date'}",
-            flush=True,
-        )
+        print(stopped_line(name, done, path or "up to date"), flush=True)
         return 128 + stop[0]
     tok_s = (done - start) * reporter.tokens_per_step / wall if wall > 0 else 0.0
-    print(
-        f"trainer: finished step={done} wall_s={wall:.2f} tok/s={tok_s:.0f} "
-        f"checkpoint={path or 'up to date'}",
-        flush=True,
-    )
+    print(finished_line(done, wall, tok_s, path or "up to date"), flush=True)
     return EXIT_OK
