@@ -175,8 +175,8 @@ _DIGIT = re.compile(r"\d")
 
 def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
     if f.sole:
-        found = rx.findall(text)
-        m = rx.search(text) if len(found) == 1 else None
+        found = list(rx.finditer(text))
+        m = found[0] if len(found) == 1 else None
     else:
         m = last_match(rx, text)
     if m is None:
