@@ -412,7 +412,7 @@ class NodeReader:
     def _restart_value(self, name: str, node: yaml.Node, key: str) -> Any:
         if name == "max":
             return self.integer(node, key, 0, 1000, "an integer from 0 to 1000")
-        if name in ("window", "settle_timeout"):
+        if name in ("window", "settle_timeout", "stop_grace"):
             return self._duration(node, key, zero_ok=False)
         if name == "backoff":
             if not isinstance(node, yaml.SequenceNode):

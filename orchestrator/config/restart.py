@@ -67,6 +67,8 @@ class RestartPolicy:
     ``retry_unknown``: restart a death whose cause no playbook names (default: page).
     ``settle_timeout_s``: the longest wait for the dead run's processes to end and its GPUs to
     read free (memory back near zero, no compute process, no ghost reading) before paging.
+    ``stop_grace_s``: how long a restart's stop step waits for a still-living (stalled) run to
+    end (SIGINT; SIGTERM at half of it; SIGKILL at the end), as ``orch stop --grace``.
     """
 
     max_restarts: int = 3
@@ -75,6 +77,7 @@ class RestartPolicy:
     on: tuple[str, ...] = TRIGGERS
     retry_unknown: bool = False
     settle_timeout_s: float = 600.0
+    stop_grace_s: float = 60.0
 
     def backoff_for(self, restarts_in_window: int) -> float:
         """Seconds to wait before the next restart, ``restarts_in_window`` having happened.
@@ -93,6 +96,7 @@ class RestartPolicy:
             "on": list(self.on),
             "retry_unknown": self.retry_unknown,
             "settle_timeout": format_duration(self.settle_timeout_s),
+            "stop_grace": format_duration(self.stop_grace_s),
         }
 
 
@@ -153,6 +157,14 @@ RESTART_KEYS: tuple[KeySpec, ...] = (
         "`10m`",
         "Longest wait for the dead run's processes to end and its GPUs to read free (memory "
         "back near zero, no compute process, no ghost reading) before paging instead.",
+    ),
+    KeySpec(
+        "stop_grace",
+        "stop_grace_s",
+        "duration > 0",
+        "`60s`",
+        "How long a restart gives a run that still lives (a stall) to stop: SIGINT, SIGTERM at "
+        "half of it, SIGKILL at the end (as `orch stop --grace`).",
     ),
 )
 """Every key of ``restart:``, in documentation order (docs/hosts-yaml.md is generated from it)."""

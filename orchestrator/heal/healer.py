@@ -294,6 +294,7 @@ class Healer:
                 by=f"orch restart by {self.opts.by}",
                 expect_run=d.run_id,
                 settle_timeout_s=r.config.restart.settle_timeout_s,
+                stop_grace_s=r.config.restart.stop_grace_s,
                 launched=launched,
             )
             new = launched[-1] if launched else None

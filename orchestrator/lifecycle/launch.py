@@ -39,6 +39,7 @@ from orchestrator.lifecycle.bundle import (
     check_trainer_args,
     configured_command,
     runs_on_cpu,
+    stand_in_without_torch,
     trainer_bundle,
     trainer_command,
     trainer_config,
@@ -271,6 +272,7 @@ def launch(
     if config is not None and runs_on_cpu(config):
         user_env = {**user_env, CPU_RUN_ENV: "cpu"}  # no GPU memory to expect (detect/gpu.py)
     run_id = new_run_id(run_name)
+    stand_in = bundled and stand_in_without_torch(user_env, config or "", trainer_args)
 
     replaced = None
     try:
@@ -283,6 +285,7 @@ def launch(
                 force=force,
                 config=config,
                 gpus_given=bool(gpus),
+                torch=bundled and not stand_in,
             )
         except OrchError as exc:
             phase("preflight", "fail", str(exc).splitlines()[0])
@@ -306,7 +309,8 @@ def launch(
                 "preflight",
                 "ok",
                 "container running, GPUs idle, disk free"
-                + (", imports ok" if pre["imports"] else ""),
+                + (f", imports ok ({', '.join(pre['imports'])})" if pre["imports"] else "")
+                + (", the trainer stand-in: torch not checked" if stand_in else ""),
             )
 
         run_dir = f"{c.workdir.rstrip('/')}/runs/{run_id}"

@@ -273,6 +273,7 @@ def preflight(
     force: bool,
     config: str | None = None,
     gpus_given: bool = False,
+    torch: bool | None = None,
 ) -> dict[str, Any]:
     """Check the container before anything starts; ``PreflightRefused`` lists every problem.
 
@@ -282,15 +283,17 @@ def preflight(
     ``config``: the bundled trainer's config (:func:`trainer_config`); ``dflash-8gpu`` is
     refused where torch sees fewer CUDA devices than it uses. Returns the facts, the
     snapshot's session, the import results and torch's CUDA device count.
+
+    ``torch``: check that torch imports (default: ``bundled``); ``False`` for a bundled run
+    that is the torch-free stand-in (:func:`~orchestrator.lifecycle.bundle.stand_in_without_torch`).
     """
     c = target.container
     host = c.host
     state = container_status(target)
     if state != "running":
         raise ContainerNotRunning(host, c.vmid or 0)
-    modules = (["torch"] if bundled else []) + [
-        m for m in c.requires if m != "torch" or not bundled
-    ]
+    torch = bundled if torch is None else torch
+    modules = (["torch"] if torch else []) + [m for m in c.requires if m != "torch" or not torch]
     with ThreadPoolExecutor(max_workers=3) as pool:
         f_snap = pool.submit(target.snapshot)
         f_facts = pool.submit(target.facts)

@@ -286,6 +286,7 @@ class _Runner:
     by: str | None = None
     expect_run: str | None = None
     settle_timeout_s: float | None = None
+    stop_grace_s: float = 60.0
     results: list[dict[str, Any]] = field(default_factory=list)
 
     def python(self) -> list[str]:
@@ -423,7 +424,12 @@ class _Runner:
         if step.action == "stop":
             self.remember_run()
             doc = stop_mod.stop(
-                self.inventory, self.name, target=self.tgt, by=self.by, run_id=self.expect_run
+                self.inventory,
+                self.name,
+                target=self.tgt,
+                by=self.by,
+                run_id=self.expect_run,
+                grace_s=self.stop_grace_s,
             )
             if not doc.stopped:
                 return "nothing was running"
@@ -457,6 +463,7 @@ def run_procedure(
     by: str | None = None,
     expect_run: str | None = None,
     settle_timeout_s: float | None = None,
+    stop_grace_s: float = 60.0,
     launched: list[str] | None = None,
 ) -> list[dict[str, Any]]:
     """Carry out planned steps in order on ``target``; stops at the first failure.
@@ -464,7 +471,8 @@ def run_procedure(
     Returns one ``{"number", "name", "status": "done", "output"}`` per step. Each step is
     echoed before it runs and its output (last lines) after. A restart (``orch supervise``)
     passes ``by`` (who stops, for ``stop_requested``), ``expect_run`` (the dead run: refused
-    when another is current), ``settle_timeout_s`` (its policy's) and ``launched``, a list
+    when another is current), ``settle_timeout_s`` and ``stop_grace_s`` (its policy's: the stop
+    step's grace, seconds) and ``launched``, a list
     that gets the id of the run the ``launch`` step started, even when it died at once.
 
     Raises:
@@ -482,6 +490,7 @@ def run_procedure(
         by=by,
         expect_run=expect_run,
         settle_timeout_s=settle_timeout_s,
+        stop_grace_s=stop_grace_s,
     )
     r.tgt = Target(inventory, target)
     guarded = [s for s in steps if s.overwrites]

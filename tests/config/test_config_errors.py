@@ -324,6 +324,12 @@ CASES = [
         "6h) (got a list)",
     ),
     (
+        "restart-stop-grace-zero",
+        CT + "    restart:\n      stop_grace: 0\n",
+        "5: containers.ct.restart.stop_grace: must be a duration > 0 (seconds, or 90s, 15m, "
+        "6h) (got 0)",
+    ),
+    (
         "poll-interval-zero",
         "defaults: {poll_interval: 0}\n",
         "1: defaults.poll_interval: must be a number of seconds > 0 (got 0.0)",

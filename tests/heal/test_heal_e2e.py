@@ -73,6 +73,7 @@ class Heal:
         self.notices = tmp / "notices.jsonl"
         self.env = {**os.environ, "ORCH_STATE_DIR": str(tmp / "state")}
         self.procs: list[subprocess.Popen[str]] = []
+        self.preflight = ""  # the last launch's preflight "ok" line
         self.hook = ["--notify-cmd", f"sh -c 'cat >> {self.notices}; echo >> {self.notices}'"]
 
     def orch(self, *args: str, timeout_s: float = 180.0) -> subprocess.CompletedProcess[str]:
@@ -88,7 +89,11 @@ class Heal:
     def launch(self, ct: str, *extra: str) -> str:
         res = self.orch("launch", ct, "--no-verify", "--json", *extra)
         assert res.returncode == 0, res.stderr + res.stdout
-        return str(json.loads(res.stdout)["run_id"])
+        doc = json.loads(res.stdout)
+        self.preflight = next(
+            p["detail"] for p in doc["phases"] if (p["phase"], p["status"]) == ("preflight", "ok")
+        )
+        return str(doc["run_id"])
 
     def supervise(self, *targets: str, interval: float = 0.5) -> subprocess.Popen[str]:
         p = subprocess.Popen(
@@ -166,6 +171,7 @@ def _resumed_at(log: str) -> int:
 
 def test_supervise_relaunches_a_crash_with_resume_auto_once(heal: Heal) -> None:
     old = heal.launch("ct200", "--", *CRASH_ONCE)
+    assert "the trainer stand-in: torch not checked" in heal.preflight, heal.preflight
     sup = heal.supervise("ct200")
     wait_for(
         lambda: "restarted" in heal.actions("ct200") or "give-up" in heal.actions("ct200"),
@@ -256,9 +262,10 @@ def _shown_everywhere(heal: Heal, ct: str, old: str, new: str) -> None:
         watch.wait(timeout=20)
 
 
-def test_check_heal_from_a_loop_relaunches_once(heal: Heal, real_config: Path) -> None:
-    """The real trainer: its torch checkpoint of step 20 is what the relaunch resumes from."""
-    heal.config = real_config
+def test_check_heal_from_a_loop_relaunches_once(heal: Heal) -> None:
+    """The stand-in trainer (same flags, checkpoint steps, resume line and exit codes; the real
+    trainer's torch checkpoint and resume: tests/trainer/test_checkpoint.py): its checkpoint of
+    step 20 is what the relaunch resumes from."""
     old = heal.launch("ct201", "--", *CRASH_ONCE)
     outputs = []
 
@@ -352,6 +359,7 @@ def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal, real_config:
         "--set",
         "train.log_every=1",
     )
+    assert "imports ok (torch)" in heal.preflight and "stand-in" not in heal.preflight
     sup = heal.supervise("ct202")
     wait_for(
         lambda: {"restarted", "give-up", "restart-failed"} & set(heal.actions("ct202")),
@@ -379,13 +387,15 @@ def test_seed_002_fx_race_is_healed_by_prewarm_relaunch(heal: Heal, real_config:
 def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:  # type: ignore[no-untyped-def]
     """``hang@5``: the run lives but makes no progress (4 s stall timeout here). A stall is
     exempt from the settle-first rule (its run holds its GPUs by definition): the procedure
-    stops it (``stop_requested`` by orch's restart, so it never reads as an operator's stop),
-    settles, and relaunches it resuming from its checkpoint of step 4."""
+    stops it (``stop_requested`` by orch's restart, so it never reads as an operator's stop;
+    with the policy's ``stop_grace``: 4 s here, not the default 60 s, of which the hung run
+    waited out half before its SIGTERM), settles, and relaunches it resuming from its checkpoint
+    of step 4."""
     heal.config = sandbox_config(
         SESSION,
         trainer_config="tiny-cpu",
         gpus={"drafter": [6, 7]},
-        restart=POLICY,
+        restart={**POLICY, "stop_grace": "4s"},
         thresholds={"stall_timeout_s": 4},
         env=stand_in_env,
     )
@@ -418,6 +428,7 @@ def test_a_stall_is_stopped_then_relaunched(heal: Heal, sandbox_config) -> None:
     old_dir = heal.run_dir("ct201", old)
     stop = json.loads((old_dir / "stop_requested").read_text())
     assert stop["by"].startswith("orch restart by orch supervise pid "), stop
+    assert stop["grace_s"] == 4, stop
     assert _exited(old_dir) in (130, 143)
     new_dir = heal.run_dir("ct201", journal[2].new_run_id)
     wait_for(
