@@ -118,12 +118,37 @@ def parse_proc_cgroup(text: str) -> dict[str, str]:
 
 
 def read_text(path: str, limit: int = 65536) -> str | None:
-    """A small file of /proc or /sys, or ``None`` when it is gone or unreadable."""
+    """A small file of /proc or /sys, or ``None`` when it is gone or unreadable.
+
+    Read with ``os.read`` (no buffered file object: a check reads some 250 of these).
+    """
     try:
-        with open(path, "rb") as fh:
-            return fh.read(limit).decode("utf-8", "replace")
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
+    try:
+        return read_fd(fd, limit).decode("utf-8", "replace")
+    except OSError:
+        return None
+    finally:
+        os.close(fd)
+
+
+def read_fd(fd: int, limit: int) -> bytes:
+    """Up to ``limit`` bytes of ``fd`` from where it is (fewer only at its end), as a buffered
+    file's ``read(limit)`` gives them; ``OSError`` as ``os.read`` raises it."""
+    data = os.read(fd, limit)
+    if not data or len(data) >= limit:
+        return data
+    parts = [data]
+    got = len(data)
+    while got < limit:
+        chunk = os.read(fd, limit - got)
+        if not chunk:
+            break
+        parts.append(chunk)
+        got += len(chunk)
+    return b"".join(parts)
 
 
 class CgroupMounts:
@@ -147,18 +172,29 @@ class CgroupMounts:
 
 
 def members(directory: str, limit: int = MAX_MEMBERS) -> Iterator[int]:
-    """The PIDs in cgroup ``directory`` and every cgroup below it (at most ``limit``).
+    """The PIDs in cgroup ``directory`` and every cgroup below it (at most ``limit``): each
+    cgroup's ``cgroup.procs``, then its child cgroups in name order, depth first (the order
+    ``os.walk`` with sorted directories gives; one ``scandir`` a cgroup, no file list).
 
     A cgroup that vanishes while it is read (the container stopping) just ends the walk.
     """
     seen = 0
-    for root, dirs, files in os.walk(directory, onerror=lambda _e: None):
-        dirs.sort()
-        if "cgroup.procs" not in files:
-            continue
-        for word in (read_text(os.path.join(root, "cgroup.procs"), 1 << 20) or "").split():
+    for root in _cgroup_dirs(directory):
+        for word in (read_text(root + "/cgroup.procs", 1 << 20) or "").split():
             if word.isdigit():
                 yield int(word)
                 seen += 1
                 if seen >= limit:
                     return
+
+
+def _cgroup_dirs(directory: str) -> Iterator[str]:
+    """``directory`` and every directory below it, top-down, children sorted by name."""
+    try:
+        with os.scandir(directory) as it:
+            subdirs = sorted(e.name for e in it if e.is_dir(follow_symlinks=False))
+    except OSError:
+        return
+    yield directory
+    for name in subdirs:
+        yield from _cgroup_dirs(os.path.join(directory, name))

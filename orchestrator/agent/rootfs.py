@@ -28,6 +28,8 @@ import stat
 from collections.abc import Callable
 from typing import BinaryIO
 
+from orchestrator.agent.cgroups import read_fd
+
 RESOLVE_NO_MAGICLINKS = 0x02
 RESOLVE_IN_ROOT = 0x10
 SYS_OPENAT2 = 437
@@ -44,27 +46,32 @@ class _OpenHow(ctypes.Structure):
     )
 
 
-_libc: ctypes.CDLL | None = None
+_syscall: Callable[..., int] | None = None
 
 
 def _openat2(dirfd: int, path: str, flags: int, resolve: int) -> int:
     """openat2(2); raises ``OSError`` (``ENOSYS`` where the kernel or a filter lacks it)."""
-    global _libc
-    if _libc is None:
-        _libc = ctypes.CDLL(None, use_errno=True)
-        _libc.syscall.restype = ctypes.c_long
+    global _syscall
+    if _syscall is None:
+        fn = ctypes.CDLL(None, use_errno=True).syscall
+        fn.restype = ctypes.c_long
+        fn.argtypes = (
+            ctypes.c_long,
+            ctypes.c_int,
+            ctypes.c_char_p,
+            ctypes.c_void_p,
+            ctypes.c_size_t,
+        )
+        _syscall = fn
     how = _OpenHow(flags, 0, resolve)
-    fd = _libc.syscall(
-        ctypes.c_long(SYS_OPENAT2),
-        ctypes.c_int(dirfd),
-        ctypes.c_char_p(os.fsencode(path)),
-        ctypes.byref(how),
-        ctypes.c_size_t(ctypes.sizeof(how)),
-    )
+    fd = _syscall(SYS_OPENAT2, dirfd, os.fsencode(path), ctypes.addressof(how), _HOW_SIZE)
     if fd < 0:
         err = ctypes.get_errno()
         raise OSError(err, os.strerror(err), path)
     return int(fd)
+
+
+_HOW_SIZE = ctypes.sizeof(_OpenHow)
 
 
 def split_path(path: str) -> list[str]:
@@ -174,6 +181,10 @@ class ContainerRoot:
 
     def open(self, path: str) -> BinaryIO:
         """``path`` opened for reading; only a regular file (else ``OSError`` ``EINVAL``)."""
+        return os.fdopen(self._open_fd(path), "rb")
+
+    def _open_fd(self, path: str) -> int:
+        """A read-only descriptor of regular file ``path`` (the caller closes it)."""
         fd = self.resolve(path)
         try:
             st = os.fstat(fd)
@@ -186,16 +197,21 @@ class ContainerRoot:
         if (got.st_dev, got.st_ino) != (st.st_dev, st.st_ino):  # never: the same open file
             os.close(rd)
             raise OSError(errno.ESTALE, "file changed while opened", path)
-        return os.fdopen(rd, "rb")
+        return rd
 
     def read(self, path: str, limit: int = 65536) -> tuple[bytes | None, float | None]:
         """(content up to ``limit`` bytes, mtime) of a small file; ``(None, None)`` when it is
-        missing or refused."""
+        missing or refused. Read with ``os.read`` (no file object: a check reads ~50)."""
         try:
-            with self.open(path) as fh:
-                return fh.read(limit), os.fstat(fh.fileno()).st_mtime
+            rd = self._open_fd(path)
         except OSError:
             return None, None
+        try:
+            return read_fd(rd, limit), os.fstat(rd).st_mtime
+        except OSError:
+            return None, None
+        finally:
+            os.close(rd)
 
     def listdir(self, path: str) -> list[str]:
         """The names in directory ``path`` (``OSError`` when it is none)."""

@@ -38,8 +38,14 @@ def _hints(cls: type) -> dict[str, Any]:
     return _HINTS[cls]
 
 
+_AS_IS = frozenset({str, int, float, bool, type(None)})
+"""Types :func:`dump` writes as they are: most values of a document (no dataclass check for each)."""
+
+
 def dump(value: Any) -> Any:
     """``value`` (dataclasses, enums, lists, dicts) as JSON-native data."""
+    if type(value) in _AS_IS:
+        return value
     names = _NAMES.get(type(value))
     if names is None and dataclasses.is_dataclass(value) and not isinstance(value, type):
         names = _NAMES[type(value)] = tuple(f.name for f in dataclasses.fields(value))
