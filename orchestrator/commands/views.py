@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
 
 import typer
 
@@ -14,10 +13,8 @@ from orchestrator.commands._app import (
     notify_cmd_option,
     notify_option,
     out_console,
-    print_json,
     real_console,
 )
-from orchestrator.errors import OrchError
 
 
 @app.command("watch")
@@ -109,71 +106,23 @@ def check_cmd(
     With --heal, each restart decision follows as a HEAL line (a "heal" list in --json);
     the exit code stays the check's, from what it observed before acting.
     """
-    import shlex
+    from orchestrator.commands.checking import check
 
-    from orchestrator.monitor import sweep
-    from orchestrator.views import check
-
-    opts = sweep.CheckOptions(
-        names=targets or [],
-        db_path=db,
-        timeout_s=timeout,
-        workers=jobs,
-        renotify_h=renotify,
-        webhook_url=notify,
-        notify_cmd=shlex.split(notify_cmd) if notify_cmd else None,
-        critical_kinds=[k for k in critical if k != "none"],
+    raise typer.Exit(
+        check(
+            targets or [],
+            as_json=as_json,
+            notify=notify,
+            notify_cmd=notify_cmd,
+            renotify=renotify,
+            db=db,
+            timeout=timeout,
+            jobs=jobs,
+            critical=critical,
+            heal=heal,
+            perfdata=perfdata,
+        )
     )
-    try:  # a check that cannot run is UNKNOWN (3) to Nagios, whatever the cause
-        inventory = load_inventory()
-        report = sweep.run_check(inventory, opts)
-    except OrchError as exc:
-        if as_json:
-            print_json({"status": "UNKNOWN", "targets": [], "problems": [str(exc)]})
-        else:
-            print(f"ORCH UNKNOWN - {exc}")
-        raise typer.Exit(sweep.UNKNOWN) from None
-    containers = [inventory.container(r.name) for r in report.targets]
-    healed = _heal(inventory, report, opts) if heal else None
-    if as_json:
-        doc = check.to_json(report)
-        if healed is not None:
-            doc["heal"] = [e.to_dict() for e in healed[0]]
-            doc["problems"] += healed[1]
-        print_json(check.redact_report(doc, containers))
-    else:
-        lines = check.lines(report, sweep.playbook_titles())
-        if healed is not None:
-            lines += [f"HEAL {e.line()}" for e in healed[0]]
-            lines += [f"UNKNOWN heal: {p}" for p in healed[1]]
-        if perfdata:
-            from orchestrator.views.perfdata import with_perfdata
-
-            limits = {r.name: inventory.container(r.name).limits for r in report.targets}
-            lines = with_perfdata(lines, report, limits)
-        print(check.redact_report("\n".join(lines), containers), flush=True)
-    raise typer.Exit(report.status)
-
-
-def _heal(inventory: Any, report: Any, opts: Any) -> tuple[list[Any], list[str]]:
-    """``--heal``: decide for the checked targets, carry out the restarts (here, in turn), send
-    the notices; the journal entries written and the problems."""
-    from orchestrator.heal.healer import Healer, HealOptions, whoami
-
-    entries: list[Any] = []
-    healer = Healer(
-        inventory,
-        HealOptions(
-            db_path=opts.db_path,
-            by=whoami("orch check --heal"),
-            webhook_url=opts.webhook_url,
-            notify_cmd=opts.notify_cmd,
-        ),
-        on_entry=entries.append,
-    )
-    for restart in healer.round(report.targets):
-        healer.execute(restart)
-    return entries, healer.notify()
 
 
 @app.command("export")

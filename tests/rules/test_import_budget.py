@@ -32,6 +32,10 @@ NOT_ON_THE_CHECK_PATH = (
     "orchestrator.sandbox",
     "urllib.request",  # alerts post only when there is something to deliver
     "http.client",
+    "typer",  # check's plain argv is parsed without typer (commands/fastcheck.py)
+    "click",
+    "pydantic",
+    "importlib.metadata",  # paramiko's __version__ without it (transport/sshlib.py)
 )
 
 
