@@ -46,6 +46,7 @@ HELDOUT3 = load(Path(__file__).resolve().parent.parent / "data" / "progress_held
 HELDOUT4 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout4")
 HELDOUT5 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout5")
 HELDOUT6 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout6")
+HELDOUT7 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout7")
 
 
 def test_every_framework_reader_meets_real_lines() -> None:
@@ -224,4 +225,19 @@ def test_heldout6_is_new_and_not_below_its_blind_score() -> None:
         step=24,
         loss=32,
         throughput=28,
+    )
+
+
+def test_heldout7_is_new_and_not_below_its_blind_score() -> None:
+    """Held-out set 7 (docs/progress.md): collected blind to the readers, no URL or line shared
+    with the earlier sets; scored before any change by the readers of 3dd8239 (set 6's misses
+    not yet adjusted): step 28, loss 29 (27 through the CLI, whose JSON writes a NaN loss as
+    null), throughput 32 of 36."""
+    assert len(HELDOUT7) == 36
+    _assert_new_and_at_least(
+        HELDOUT7,
+        (*CASES, *HELDOUT2, *HELDOUT3, *HELDOUT4, *HELDOUT5, *HELDOUT6),
+        step=28,
+        loss=29,
+        throughput=32,
     )
