@@ -38,6 +38,9 @@ def test_a_killed_group_leaves_no_job_report_of_the_wrapper_on_the_pane(
         res = local_agent.tmux("capture-pane", "-p", "-J", "-S", "-", "-t", "=train:run")
         return res.stdout if "[orch] command exited with status 137" in res.stdout else ""
 
+    # The wrapper prints its exit line, then writes exit_status (so whoever sees the status
+    # finds the line): wait for the status, not for the line, before asserting both.
+    status = wait_for(lambda: rundir.run_state(run_dir).exit_status, 10, what="exit_status")
+    assert status == 137
     shown = wait_for(pane, 10, what="the wrapper's exit line")
     assert [x for x in shown.splitlines() if "Killed" in x] == [], shown
-    assert rundir.run_state(run_dir).exit_status == 137
