@@ -18,12 +18,15 @@ torchrun's ``WORLD_SIZE`` > 1) runs the real trainer instead: the banner says so
 from __future__ import annotations
 
 import argparse
+import contextlib
+import io
 import json
 import math
 import os
 import signal
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from trainer.args import (
@@ -51,8 +54,12 @@ STEP_ENV = "TRAINER_STAND_IN_STEP_S"
 FORMAT = "trainer-stand-in-v1"
 
 
-def needs_torch(args: argparse.Namespace, cfg: TrainConfig) -> str | None:
+def needs_torch(
+    args: argparse.Namespace, cfg: TrainConfig, env: Mapping[str, str] = os.environ
+) -> str | None:
     """Why this run needs the real trainer (what the stand-in cannot imitate), else None.
+    ``env`` is the run's environment (torchrun's ``WORLD_SIZE``). The one rule: launch asks it
+    too, through :func:`argv_needs_torch`, before it skips preflight's ``import torch``.
 
     >>> from trainer.config import TrainConfig
     >>> args = build_parser().parse_args(["--config", "c.yaml", "--fault", "fx-race@1"])
@@ -68,9 +75,37 @@ def needs_torch(args: argparse.Namespace, cfg: TrainConfig) -> str | None:
         return "--compile needs torch"
     if cfg.target.hf_path:
         return "a Hugging Face target needs torch"
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+    if env.get("WORLD_SIZE", "1") not in ("", "1"):
         return "torchrun (WORLD_SIZE > 1) needs torch.distributed"
     return None
+
+
+def argv_needs_torch(argv: Sequence[str], env: Mapping[str, str]) -> str | None:
+    """:func:`needs_torch` for a command line not run yet: why ``python -m trainer ARGV`` with
+    ``TRAINER_STAND_IN=1`` in ``env`` would run the real trainer, else None. Torch-free (the
+    operator asks it before launch). An argument list or config the stand-in cannot read counts
+    as needing torch: the real trainer is the one that reports it.
+
+    >>> tiny = str(Path(__file__).parent / "configs" / "tiny-cpu.yaml")
+    >>> argv_needs_torch(["--config", tiny], {}) is None
+    True
+    >>> argv_needs_torch(["--config", tiny, "--compile"], {})
+    '--compile needs torch'
+    >>> argv_needs_torch(["--config", tiny], {"WORLD_SIZE": "2"})
+    'torchrun (WORLD_SIZE > 1) needs torch.distributed'
+    >>> argv_needs_torch(["--no-such-flag"], {})
+    'arguments the stand-in cannot parse'
+    """
+    try:
+        with contextlib.redirect_stderr(io.StringIO()):  # argparse's usage text is not ours
+            args = build_parser().parse_args(list(argv))
+    except SystemExit:
+        return "arguments the stand-in cannot parse"
+    try:
+        cfg = run_config(args)
+    except ConfigError as exc:
+        return f"a config the stand-in cannot read ({exc})"
+    return needs_torch(args, cfg, env)
 
 
 def step_seconds() -> float:

@@ -184,17 +184,15 @@ STAND_IN_ENV = "TRAINER_STAND_IN"
 """``TRAINER_STAND_IN=1`` in a container's ``env`` runs the torch-free stand-in of the bundled
 trainer (``trainer/__main__.py``, ``trainer/standin.py``; the test sandbox sets it)."""
 
-_NEEDS_TORCH = ("fx-race", "nan@", "--compile", "hf_path")
-"""What in the trainer's arguments makes the stand-in run the real trainer (trainer/standin.py,
-``needs_torch``: the ``fx-race@``/``nan@`` faults, ``--compile``, a Hugging Face target)."""
-
 
 def stand_in_without_torch(env: dict[str, str], config: str, trainer_args: Sequence[str]) -> bool:
     """Whether this bundled run is the stand-in and never imports torch, so launch preflight
     need not time ``import torch`` (~2 CPU-s) for it. Conservative: ``False`` unless ``env``
     selects the stand-in, ``config`` is a bundled all-CPU config (:func:`runs_on_cpu`; a GPU
     config keeps its CUDA check), ``env`` sets no ``WORLD_SIZE`` above 1 and no argument
-    mentions what the stand-in hands to the real trainer (:data:`_NEEDS_TORCH`).
+    makes the stand-in hand the run to the real trainer (``trainer/standin.py``'s one rule,
+    :func:`trainer.standin.argv_needs_torch`: a fault only torch fires, ``--compile``, a Hugging
+    Face target, torchrun, or arguments it cannot read).
 
     >>> on = {"TRAINER_STAND_IN": "1"}
     >>> stand_in_without_torch(on, "tiny-cpu", ["--fault", "crash@4"])
@@ -206,8 +204,9 @@ def stand_in_without_torch(env: dict[str, str], config: str, trainer_args: Seque
     >>> stand_in_without_torch({**on, "WORLD_SIZE": "2"}, "tiny-cpu", [])
     False
     """
-    if env.get(STAND_IN_ENV) != "1" or env.get("WORLD_SIZE", "1") not in ("", "1"):
+    if env.get(STAND_IN_ENV) != "1" or not runs_on_cpu(config):
         return False
-    if any(word in a for a in trainer_args for word in _NEEDS_TORCH):
-        return False
-    return runs_on_cpu(config)
+    from trainer.standin import argv_needs_torch  # torch-free; only bundled launches ask
+
+    path = trainer_root() / "configs" / f"{config.removesuffix('.yaml')}.yaml"
+    return argv_needs_torch([*trainer_args, "--config", str(path)], env) is None
