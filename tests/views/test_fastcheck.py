@@ -127,3 +127,14 @@ def test_same_output_and_exit_through_both_paths(
         code = run(argv)
         outs.append((code, capsys.readouterr()))
     assert outs[0] == outs[1] and outs[0][0] == 3, outs
+
+
+def test_cli_forwards_every_name_typercli_exports() -> None:
+    """cli.py lists typercli's names by hand (importing typercli to read ``__all__`` would load
+    typer on the fast path): the two lists must not drift apart."""
+    from orchestrator import cli
+    from orchestrator.commands import typercli
+
+    assert set(cli._FROM_TYPER) == set(typercli.__all__) - {"run"}
+    for name in cli._FROM_TYPER:
+        assert getattr(cli, name) is getattr(typercli, name)
