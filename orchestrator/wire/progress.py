@@ -43,6 +43,7 @@ from orchestrator.wire.progress_numbers import (
     number,
 )
 from orchestrator.wire.progress_readers import BY_NAME, GENERIC, READERS, Field, Reader
+from orchestrator.wire.progress_tables import Cells, Tables
 
 NUM = (
     r"[-+]?1\.#(?:QNAN|SNAN|IND|INF)\d*|"  # the MSVC runtime's NaN and infinity (CNTK on Windows)
@@ -361,6 +362,8 @@ class ProgressParser:
         self.reading = Reading()
         self.lines = 0
         self.readings = 0  # lines that said something (a repeated value counts: the log moved)
+        self.tables = Tables()  # progress_tables: rows read under a header seen before
+        self.cells: Cells | None = None
 
     @property
     def framework(self) -> str | None:
@@ -372,8 +375,9 @@ class ProgressParser:
         where the newest lines carry the values); its clean text when there is more to read."""
         self.lines += 1
         text = clean(line)
-        if not text:
-            return None
+        self.cells = self.tables.feed(text)
+        if not text or self.cells is not None:
+            return None  # a table's row is read by feed from self.cells, not as a line
         if not self.detected:  # a header without digits may name it (Ultralytics' columns)
             name = detect(text)
             if name is not None:
@@ -392,6 +396,12 @@ class ProgressParser:
         """Read one line (oldest first) into :attr:`reading`; never raises."""
         text = self.skim(line)
         if text is None:
+            c = self.cells
+            if c is not None and c.said:
+                self.readings += 1
+                self.reading = self.reading.merged(
+                    Reading(c.step, None, c.loss, c.rate, c.unit, c.eta_s)
+                )
             return
         reader = self.reader
         for name in reader.also:
