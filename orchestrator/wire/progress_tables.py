@@ -169,6 +169,7 @@ _NERF_HEADER = "Step (% Done)"
 _YOLO_HEADER = re.compile(
     r"^\s*Epoch\s+gpu_mem\s+box\s+obj\s+cls\s+total\s+(?:labels|targets)\s+img_size\s*$"
 )
+_DIGIT = re.compile(r"\d")
 _FASTAI_NAME = re.compile(r"^[A-Za-z_][\w@.:%-]*$")
 _LOSSES = ("trn_loss", "train_loss")
 """fastai's training-loss columns: 0.7's ``trn_loss`` (``old/fastai/model.py`` fit), 1 and 2's
@@ -224,13 +225,13 @@ def read_header(line: str) -> Header | None:
         if _YOLO_HEADER.match(line):
             return Header("yolov5", tuple(line.split()))
         return None
-    if "_loss" in line and "epoch" in line:
+    if "_loss" in line and "epoch" in line and _DIGIT.search(line) is None:
         names = tuple(line.split())
         if (
             len(names) >= 2
             and names[0] == "epoch"
             and any(n in _LOSSES for n in names)
-            and all(_FASTAI_NAME.match(n) and not any(ch.isdigit() for ch in n) for n in names)
+            and all(_FASTAI_NAME.match(n) for n in names)
         ):
             return Header("fastai", names)
     return None
@@ -406,7 +407,7 @@ class Tables:
     def feed(self, line: str) -> Cells | None:
         """``line``'s cells when it is a row of the table being read, else ``None``;
         never raises."""
-        if not line.strip():
+        if not line or line.isspace():
             return None  # a blank line neither reads nor ends a table
         if self._kv or self._armed:
             got = self._kv_row(line)
@@ -427,11 +428,12 @@ class Tables:
             if "%|" in line:
                 return None  # a tqdm bar redrawn between rows
             self._header = None
-        header = read_header(line)
-        if header is not None:
-            self._header = header
-            return None
-        return read_catboost(line) if "learn" in line else None
+        if "_loss" in line or "Img/sec" in line or _NERF_HEADER in line or "Epoch" in line:
+            header = read_header(line)  # (each header has one of these words)
+            if header is not None:
+                self._header = header
+                return None
+        return read_catboost(line) if line[:1].isdigit() and "learn" in line else None
 
     def _kv_row(self, line: str) -> Cells | None:
         kv = read_kv(line)
