@@ -311,3 +311,14 @@ def test_nan_and_huge_values_are_kept_or_dropped_as_numbers() -> None:
     assert math.isnan(kv_cells("train/", "loss", "nan").loss or 0.0)
     assert kv_cells("train/", "loss", "1e309").loss == math.inf
     assert kv_cells("time/", "iterations", "9" * 30).step is None
+
+
+def test_a_header_skimmed_still_names_the_rows_fed_after_it() -> None:
+    """The agent skims a long read's older lines and feeds its newest: a header among the
+    skimmed lines still names the columns of the rows fed."""
+    p = ProgressParser()
+    p.skim("epoch      trn_loss   val_loss")
+    p.skim("    0      3.925804   3.971093")
+    assert p.reading.loss is None  # a skimmed row gives no value
+    p.feed("    1      3.857519   3.951696")
+    assert (p.reading.loss, p.readings) == (3.857519, 1)
