@@ -205,3 +205,16 @@ def test_nonfinite_loss_through_the_cli(tmp_path: Path) -> None:
     p = _diagnose(case, tmp_path, sys.executable)
     assert (p["step"], p["loss"], p["loss_nonfinite"]) == (220, None, "nan")
     assert json.loads(json.dumps(p)) == p  # plain JSON, no NaN
+
+
+def test_hf_speed_metrics_samples_per_second() -> None:
+    """transformers trainer_utils.py speed_metrics: result[f"{split}_samples_per_second"] =
+    round(num_samples / runtime, 3); a fork logs split 'train_step' each step, after the bar."""
+    split = "train_step"
+    logs = {f"{split}_runtime": 0.6717, f"{split}_samples_per_second": round(36 / 0.6717, 3)}
+    bar = " 99%|█████████▊| 2090/2120 [26:04<00:20,  1.43it/s]"
+    fw, r = read_log([bar, str({**logs, "epoch": 0.99})])
+    assert (fw, r.step, r.total_steps, r.rate, r.unit) == (None, 2090, 2120, 53.595, "samples/s")
+    root = DATA / "progress_heldout6" / "hf-trainer"
+    (case,) = [c for c in load(root.parent) if c.name == "hf-trainer/hf-fork-step-throughput-dicts"]
+    assert all(judge(case, read_log(case.lines)[1]).values())
