@@ -310,12 +310,20 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
         if bar.remaining_s is not None:
             out["eta_s"] = bar.remaining_s
         text = bar.postfix
+        if "oss" in bar.desc:  # 'Loss'/'loss': a word check before the fields' regexes
+            # tqdm's desc (format_meter: f'{desc}: ' before the bar) may carry the loss
+            # (set_description(f'Loss: {loss}')); the postfix's, read below, wins
+            desc_loss = _fields(reader, bar.desc, skipped).get("loss")
+            if desc_loss is not None:
+                out["_desc_loss"] = desc_loss
         if bar.tail.strip():
             # a step or loss printed after the bar (dllogger's 'Training Iteration: 701') is newer
             tail = _fields(reader, bar.tail, skipped)
             out.update({k: tail[k] for k in ("step", "loss") if k in tail})
     for k, v in _fields(reader, text, skipped).items():
         out.setdefault(k, v)
+    if "_desc_loss" in out:
+        out.setdefault("loss", out.pop("_desc_loss"))
     if "_i" in out and "step" not in out:
         out["step"], out["_from_i"] = out["_i"], True
     elif out.get("_shape") and out.get("step") == out.get("_i"):

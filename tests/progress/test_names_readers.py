@@ -218,3 +218,15 @@ def test_hf_speed_metrics_samples_per_second() -> None:
     root = DATA / "progress_heldout6" / "hf-trainer"
     (case,) = [c for c in load(root.parent) if c.name == "hf-trainer/hf-fork-step-throughput-dicts"]
     assert all(judge(case, read_log(case.lines)[1]).values())
+
+
+def test_a_tqdm_description_carries_the_loss() -> None:
+    """tqdm std.py format_meter writes f'{desc}: ' before the bar; a loop's
+    pbar.set_description(f"Loss: {running_loss}") puts the loss there (wav2lip_288x288)."""
+    desc = f"Loss: {0.5230060680346056}"
+    line = f"{desc}: : 11it [00:06,  1.58it/s]"
+    fw, r = read_log([line])
+    assert (r.loss, r.rate, r.unit) == (0.5230060680346056, 1.58, "it/s")
+    both = f"Loss: {0.9}:  50%|█████     | 5/10 [00:01<00:01,  4.00it/s, loss=0.7]"
+    assert read_log([both])[1].loss == 0.7  # the postfix's value wins
+    assert read_log(["Epoch 3:  50%|█████     | 5/10 [00:01<00:01,  4.00it/s]"])[1].loss is None
