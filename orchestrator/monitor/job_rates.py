@@ -28,6 +28,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 PER_DEVICE = "/device"
+PER_THREAD = "/thread"
 PACE_UNITS = {"it/s": min, "s/step": max}
 """Units a job's nodes share rather than add, and which node's value is the job's (slowest)."""
 
@@ -71,6 +72,8 @@ def job_rates(rates: Iterable[tuple[float, str, int | None]]) -> tuple[JobRate, 
             out.append(JobRate(PACE_UNITS[unit](values), unit, len(values), "slowest node"))
         elif unit.endswith(PER_DEVICE):
             out.append(JobRate(sum(values) / len(values), unit, len(values), "mean per device"))
+        elif unit.endswith(PER_THREAD):  # fastText's words/s/thread: the thread count unknown
+            out.append(JobRate(sum(values) / len(values), unit, len(values), "mean per thread"))
         else:
             out.append(JobRate(sum(values), unit, len(values), "sum"))
     return tuple(out)

@@ -310,12 +310,20 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
         if bar.remaining_s is not None:
             out["eta_s"] = bar.remaining_s
         text = bar.postfix
+        if "oss" in bar.desc:  # 'Loss'/'loss': a word check before the fields' regexes
+            # tqdm's desc (format_meter: f'{desc}: ' before the bar) may carry the loss
+            # (set_description(f'Loss: {loss}')); the postfix's, read below, wins
+            desc_loss = _fields(reader, bar.desc, skipped).get("loss")
+            if desc_loss is not None:
+                out["_desc_loss"] = desc_loss
         if bar.tail.strip():
             # a step or loss printed after the bar (dllogger's 'Training Iteration: 701') is newer
             tail = _fields(reader, bar.tail, skipped)
             out.update({k: tail[k] for k in ("step", "loss") if k in tail})
     for k, v in _fields(reader, text, skipped).items():
         out.setdefault(k, v)
+    if "_desc_loss" in out:
+        out.setdefault("loss", out.pop("_desc_loss"))
     if "_i" in out and "step" not in out:
         out["step"], out["_from_i"] = out["_i"], True
     elif out.get("_shape") and out.get("step") == out.get("_i"):
@@ -507,10 +515,19 @@ class ProgressParser:
         return with_eta(self.reading)
 
 
-_EPOCHS_FROM_1 = ("keras", "mmengine", "fairseq", "torch-xla", "yolox", "flair", "ultralytics")
+_EPOCHS_FROM_1 = (
+    "keras",
+    "mmengine",
+    "fairseq",
+    "torch-xla",
+    "yolox",
+    "flair",
+    "ultralytics",
+    "opennmt-py",
+)
 """Readers whose frameworks count epochs from 1 (``Epoch 1/10``, ``Epoch(train) [1]``,
 fairseq's ``| epoch 001``, torch_xla's ``Epoch=1``, YOLOX's ``epoch: 1/300``, flair's
-``epoch 1 - iter``, Ultralytics' ``1/1000``)."""
+``epoch 1 - iter``, Ultralytics' ``1/1000``, OpenNMT-py 0.x's ``Epoch  1,``)."""
 _EPOCH_LINE = re.compile(
     r"^\s*(?:\S.* - )?(?:Going into )?Epoch:? +(\d+)(?:/(\d+))?\s*$", re.IGNORECASE
 )
@@ -540,10 +557,15 @@ def with_eta(r: Reading) -> Reading:
 
 def summary(framework: str | None, r: Reading) -> dict[str, object]:
     """The ``progress`` object of ``orch diagnose --json`` and the docs: ``None`` where the
-    log does not say; ``throughput`` is ``{"value", "unit"}`` or ``None``.
+    log does not say; ``throughput`` is ``{"value", "unit"}`` or ``None``; ``loss_nonfinite``
+    is ``"nan"``, ``"inf"`` or ``"-inf"`` where the loss is not finite (JSON has none of them:
+    ``--json`` writes that loss as ``null``, :func:`~orchestrator.wire.text.json_safe`), else
+    ``None``.
 
     >>> summary("torchtitan", Reading(step=3, loss=2.5, rate=5862.0, unit="tokens/s/device"))
-    {'framework': 'torchtitan', 'step': 3, 'total_steps': None, 'loss': 2.5, 'throughput': {'value': 5862.0, 'unit': 'tokens/s/device'}, 'eta_s': None}
+    {'framework': 'torchtitan', 'step': 3, 'total_steps': None, 'loss': 2.5, 'loss_nonfinite': None, 'throughput': {'value': 5862.0, 'unit': 'tokens/s/device'}, 'eta_s': None}
+    >>> summary(None, Reading(loss=float("-inf")))["loss_nonfinite"]
+    '-inf'
     """
     rate = {"value": r.rate, "unit": r.unit} if r.rate is not None else None
     return {
@@ -551,9 +573,21 @@ def summary(framework: str | None, r: Reading) -> dict[str, object]:
         "step": r.step,
         "total_steps": r.total_steps,
         "loss": r.loss,
+        "loss_nonfinite": nonfinite(r.loss),
         "throughput": rate,
         "eta_s": r.eta_s,
     }
+
+
+def nonfinite(v: float | None) -> str | None:
+    """``"nan"``, ``"inf"`` or ``"-inf"`` for a value JSON cannot hold, else ``None``.
+
+    >>> nonfinite(float("nan")), nonfinite(float("inf")), nonfinite(2.5), nonfinite(None)
+    ('nan', 'inf', None, None)
+    """
+    if v is None or math.isfinite(v):
+        return None
+    return "nan" if math.isnan(v) else ("inf" if v > 0 else "-inf")
 
 
 def read_log(lines: Iterable[str], framework: str | None = None) -> tuple[str | None, Reading]:

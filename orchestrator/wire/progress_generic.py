@@ -99,7 +99,9 @@ GENERIC = Reader(
         "NVIDIA tacotron2 train.py ('Train loss {} {:.6f} Grad Norm {:.6f} {:.2f}s/it'), "
         "TensorFlow word2vec_basic.py ('Average loss at step ', step, ': ', average_loss), "
         "llama.cpp common/train.cpp train_opt_callback ('iter=%6d ... loss=%f dt=%s'), "
-        "MindYOLO ('step time: %.2f ms'), MONAI tutorials ('{step}/{epoch_len}, train_loss: "
+        "MindYOLO ('step time: %.2f ms'), transformers trainer_utils.py speed_metrics "
+        "(f'{split}_samples_per_second': 'train' at the run's end, a fork's per-step "
+        "'train_step'; under the hf-trainer reader the final dict stays skipped), MONAI tutorials ('{step}/{epoch_len}, train_loss: "
         "{:.4f} step time: {:.4f}'), horovod's TF examples ('Total loss is')"
     ),
     detect=(),
@@ -126,6 +128,7 @@ GENERIC = Reader(
         ),
         Field("loss", _NOT_EVAL + r"[a-z][a-z0-9]*_loss", hint="_loss", sole=True),
         *_COMMON_RATE,
+        Field("rate", r"train(?:_step)?_samples_per_second", "samples/s", hint="_samples_per_sec"),
         Field("rate", r"iter/s|iters/s|iters/sec", "it/s", value_first=True),
         Field("rate", r"s/it", "it/s", value_first=True, invert=True),
         Field("rate", r"steps_per_second", "it/s"),

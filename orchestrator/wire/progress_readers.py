@@ -4,6 +4,8 @@ Each :class:`Reader` was written from the format string that prints the line, na
 ``source`` (file and version). ``detect`` patterns name the framework from a line of its log;
 ``fields`` map a printed key to a metric (:mod:`~orchestrator.wire.progress_schema`). The
 detection and vision toolkits' tables are in :mod:`~orchestrator.wire.progress_readers_vision`;
+the readers of frameworks that print their values under their own names (BasicSR, ParlAI,
+fastText, Detectron, OpenNMT-py) in :mod:`~orchestrator.wire.progress_readers_names`;
 this module holds the rest and the detection order (``READERS``).
 
 ``skip`` lines are not the training loop (evaluation, validation, summaries): they give no
@@ -14,6 +16,13 @@ is the step). Stdlib only: this module ships to the agent inside ``wire/``.
 from __future__ import annotations
 
 from orchestrator.wire.progress_generic import GENERIC
+from orchestrator.wire.progress_readers_names import (
+    BASICSR,
+    DETECTRON,
+    FASTTEXT,
+    OPENNMT_PY,
+    PARLAI,
+)
 from orchestrator.wire.progress_readers_vision import (
     DARKNET,
     DETECTRON2,
@@ -424,6 +433,7 @@ READERS: tuple[Reader, ...] = (
     TORCHTITAN,
     DEEPSPEED,
     MMENGINE,
+    PARLAI,
     FAIRSEQ,
     LLAMA_FACTORY,
     LIGHTNING,
@@ -447,6 +457,10 @@ READERS: tuple[Reader, ...] = (
     ULTRALYTICS,
     YOLOV5,
     OPENPCDET,
+    DETECTRON,
+    BASICSR,
+    FASTTEXT,
+    OPENNMT_PY,
 )
 """Detection order: the most specific signature first (a MaxText or Megatron line is never
 taken for a generic ``step``/``loss`` line)."""

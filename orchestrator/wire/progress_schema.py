@@ -21,12 +21,14 @@ UNITS = (
     "samples/s",
     "samples/s/device",
     "words/s",
+    "words/s/thread",
     "it/s",
     "s/step",
     "TFLOP/s/device",
 )
 """The throughput units a reading may carry. ``s/step`` is a time (higher is slower); the
-others are rates. ``it/s`` is tqdm's iteration: the training bar's iteration is a step."""
+others are rates. ``it/s`` is tqdm's iteration: the training bar's iteration is a step.
+``words/s/thread`` is fastText's per-thread rate, as printed (the thread count is not)."""
 
 
 @dataclass(frozen=True, slots=True)

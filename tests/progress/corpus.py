@@ -113,7 +113,8 @@ def score_cli(cases: list[Case], python: str = sys.executable) -> dict[str, obje
     """:func:`score` read through ``orch diagnose LOG --json``'s ``progress`` object, one
     process per excerpt, exactly as a user would check a log (``{"n", "step", "loss",
     "throughput", "frameworks", "misses"}``; ``frameworks`` counts the reader named by each
-    file's ``# framework: ... (reader: X)`` that the CLI reported).
+    file's ``# framework: ... (reader: X)`` that the CLI reported). A ``loss=nan`` or
+    ``loss=inf`` label is judged against ``loss_nonfinite``, JSON's ``loss`` being null then.
 
     Raises:
         subprocess.CalledProcessError: ``orch diagnose`` failed on an excerpt.
@@ -124,7 +125,9 @@ def score_cli(cases: list[Case], python: str = sys.executable) -> dict[str, obje
         for c in cases:
             p = _diagnose(c, Path(tmp), python)
             rate = p["throughput"] or {}
-            r = Reading(p["step"], p["total_steps"], p["loss"], rate.get("value"), rate.get("unit"))
+            nonfinite = p.get("loss_nonfinite")  # JSON's null loss where it is nan or inf
+            loss = p["loss"] if nonfinite is None else float(str(nonfinite))
+            r = Reading(p["step"], p["total_steps"], loss, rate.get("value"), rate.get("unit"))
             verdict = judge(c, r)
             for k, ok in verdict.items():
                 right[k] += ok

@@ -116,7 +116,7 @@ def test_numbers_at_the_edges() -> None:
     assert r is not None and r.loss == math.inf and r.rate is None  # a rate must be finite
     assert json.dumps(summary(None, read_line("step=1 loss=nan") or Reading())) == (
         '{"framework": null, "step": 1, "total_steps": null, "loss": NaN, '
-        '"throughput": null, "eta_s": null}'
+        '"loss_nonfinite": "nan", "throughput": null, "eta_s": null}'
     )
 
 
