@@ -41,7 +41,8 @@ def diagnose(
         match_log,
     )
     from orchestrator.views.progress import format_progress
-    from orchestrator.wire.progress import ProgressParser, summary
+    from orchestrator.wire.progress import ProgressParser
+    from orchestrator.wire.progress_summary import summary
 
     pbs = load_playbooks(playbooks_dir)
     progress = ProgressParser()

@@ -20,7 +20,7 @@ from orchestrator.lifecycle.preflight import container_status
 from orchestrator.remote.target import Target
 from orchestrator.wire.answers import LogAnswer, RunsAnswer, run_phase
 from orchestrator.wire.model import Snapshot
-from orchestrator.wire.progress import metrics_progress
+from orchestrator.wire.progress_summary import metrics_progress
 from orchestrator.wire.quoting import command_line, with_env
 from orchestrator.wire.requests import LaunchRequest, LogsRequest, RunRequest, RunsRequest
 

@@ -11,7 +11,7 @@ from typing import Any
 from orchestrator.monitor.jobs import finding_dict
 from orchestrator.monitor.sweep import STATUS_NAMES, CheckReport
 from orchestrator.wire.model import Finding, Severity
-from orchestrator.wire.progress import metrics_progress
+from orchestrator.wire.progress_summary import metrics_progress
 from orchestrator.wire.text import visible
 
 

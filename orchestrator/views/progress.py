@@ -35,7 +35,8 @@ def format_eta(seconds: float) -> str:
 def format_progress(p: dict[str, object]) -> str:
     """The one line ``orch diagnose`` prints under its matches, from :func:`summary`.
 
-    >>> from orchestrator.wire.progress import Reading, summary
+    >>> from orchestrator.wire.progress import Reading
+    >>> from orchestrator.wire.progress_summary import summary
     >>> format_progress(summary("megatron", Reading(300, 500000, 7.12, 0.8125, "s/step")))
     'progress (megatron): step 300/500000, loss 7.12, 812 ms/step'
     >>> format_progress(summary(None, Reading()))

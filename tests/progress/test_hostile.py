@@ -11,9 +11,10 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from orchestrator.agent.metrics import MetricParser
-from orchestrator.wire.progress import ProgressParser, Reading, detect, read_line, summary
+from orchestrator.wire.progress import ProgressParser, Reading, detect, read_line
 from orchestrator.wire.progress_bars import read_bar
 from orchestrator.wire.progress_readers import BY_NAME
+from orchestrator.wire.progress_summary import summary
 
 READERS = tuple(BY_NAME.values())
 FRAGMENTS = st.sampled_from(

@@ -15,7 +15,8 @@ from pathlib import Path
 import pytest
 
 from orchestrator.monitor.job_rates import job_rates
-from orchestrator.wire.progress import Reading, detect, read_log, summary
+from orchestrator.wire.progress import Reading, detect, read_log
+from orchestrator.wire.progress_summary import summary
 from tests.progress.corpus import Case, _diagnose, judge, load
 
 DATA = Path(__file__).resolve().parent.parent / "data"
