@@ -35,10 +35,13 @@ _NOT_A_MEAN = "".join(
 """After ``loss``: the key is not a running mean's (darkflow's ``moving ave loss`` after the
 step's ``loss``, darknet's ``avg loss``); checked only where ``loss`` matched."""
 
-_NOT_A_PART = r"(?<![A-Za-z] )"
+_NOT_A_PART = r"(?:(?<![A-Za-z] )|(?<=\d(?-i:s) )(?<![A-Za-z]\ds )|(?<=\d(?-i:ms) ))"
 """Before a bare ``loss``: no word before it. ``Mel Loss``, ``Mean value loss``, ``RPN loss``
 name one part of a loss (StyleTTS2-style loops, rsl_rl); the qualifiers of a training loss
-(``train loss``, ``total loss``) are rows of their own."""
+(``train loss``, ``total loss``) are rows of their own. A number's unit (``s``, ``ms``, lower
+case, after a number that is not part of a word such as ``S2S``) is not a word: the TF
+Object Detection API's ``'Step {} per-step time {:.3f}s loss={:.3f}'`` (tensorflow/models
+9400d73c research/object_detection/model_lib_v2.py train_loop)."""
 
 _NOT_EVAL = r"(?!(?:val|valid|eval|test|dev|tot|avg|mean|running|smoothed)_)"
 
@@ -102,7 +105,9 @@ GENERIC = Reader(
         "MindYOLO ('step time: %.2f ms'), transformers trainer_utils.py speed_metrics "
         "(f'{split}_samples_per_second': 'train' at the run's end, a fork's per-step "
         "'train_step'; under the hf-trainer reader the final dict stays skipped), MONAI tutorials ('{step}/{epoch_len}, train_loss: "
-        "{:.4f} step time: {:.4f}'), horovod's TF examples ('Total loss is')"
+        "{:.4f} step time: {:.4f}'), horovod's TF examples ('Total loss is'), the TF Object Detection API (tensorflow/models 9400d73c "
+        "research/object_detection/model_lib_v2.py train_loop: 'Step {} per-step time {:.3f}s "
+        "loss={:.3f}')"
     ),
     detect=(),
     fields=(

@@ -31,6 +31,7 @@ from orchestrator.wire.progress_readers_vision import (
     MMENGINE,
     OPENPCDET,
     PADDLE,
+    TIMM,
     ULTRALYTICS,
     YOLOV5,
     YOLOX,
@@ -445,6 +446,7 @@ READERS: tuple[Reader, ...] = (
     MASKRCNN_BENCHMARK,
     NANOGPT,
     METRIC_LOGGER,
+    TIMM,
     KERAS,
     TINYGRAD,
     TORCH_XLA,
@@ -470,10 +472,13 @@ BY_NAME: dict[str, Reader] = {r.name: r for r in (*READERS, GENERIC)}
 NOT_TRAINING_BARS = (
     r"map|filter|tokeniz|download|loading|load|checkpoint|shards|preprocess|generating"
     r"|saving|evaluat|eval|valid|test|predict|sanity|processing|fetching|extract|running"
-    r"|packing|resolving|uploading|merging"
+    r"|packing|resolving|uploading|merging|processed prompts"
 )
 """A tqdm bar whose description names one of these is not the training loop (datasets'
-``Map``, transformers' ``Loading checkpoint shards``, an evaluation loop)."""
+``Map``, transformers' ``Loading checkpoint shards``, an evaluation loop, vLLM's generation:
+vllm-project/vllm 10fdb8f0 vllm/entrypoints/llm.py ``LLM._run_engine``'s
+``tqdm(total=num_requests, desc="Processed prompts", ...)``, which RLHF loops (OpenRLHF,
+verl) print between their own training bars)."""
 
 NOT_TRAINING_UNITS = ("examples", "ba", "B", "kB", "MB", "GB", "shards", "files")
 """tqdm ``unit`` names that count data, not steps (datasets' ``examples/s``, ``ba/s``,

@@ -134,6 +134,31 @@ METRIC_LOGGER = Reader(
 )
 
 
+TIMM = Reader(
+    name="timm",
+    source=(
+        "huggingface/pytorch-image-models 004fb5f8 train.py train_one_epoch "
+        "(_logger.info('Train: {} [{:>4d}/{} ({:>3.0f}%)]  Loss: {loss.val:#.4g} "
+        "({loss.avg:#.3g})  Time: {batch_time.val:.3f}s, {rate:>7.2f}/s  ({batch_time.avg:.3f}s, "
+        "{rate_avg:>7.2f}/s)  LR: {lr:.3e}  Data: {data_time.val:.3f} ({data_time.avg:.3f})' "
+        "with epoch, batch_idx, len(loader); rate = input.size(0) * world_size / "
+        "batch_time.val: the newest batch's samples per second over all ranks, the "
+        "parenthesised pair the means so far; earlier releases print the loss as "
+        "'{loss.val:>9.6f} ({loss.avg:>6.4f})', later ones build the same line with an "
+        "f-string); epochs from 0; validate() prints 'Test: [{:>4d}/{}]' (also 'Test (EMA)'), "
+        "an evaluation"
+    ),
+    hints=("Train: ",),
+    detect=(r"\bTrain: \d+ \[\s*\d+/\d+ \(\s*\d+%\)\]",),
+    fields=(
+        *loss_fields("loss"),
+        Field("rate", r"time: [\d.]+s,", "samples/s", hint="time: "),
+    ),
+    skip=(r"\bTest(?: \(EMA\))?: \[\s*\d+/\d+\]",),
+    counter=r"\bTrain: (?P<epoch>\d+) \[\s*(?P<i>\d+)/(?P<n>\d+) \(",
+)
+
+
 DARKNET = Reader(
     name="darknet",
     source=(
