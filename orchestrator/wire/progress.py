@@ -319,7 +319,12 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
             # a step or loss printed after the bar (dllogger's 'Training Iteration: 701') is newer
             tail = _fields(reader, bar.tail, skipped)
             out.update({k: tail[k] for k in ("step", "loss") if k in tail})
-    for k, v in _fields(reader, text, skipped).items():
+    fields = _fields(reader, text, skipped)
+    if bar is not None and out.get("unit") == "it/s" and fields.get("unit") not in _ITS:
+        # a rate of the work in the postfix (ColossalAI's 'throughput=8.2 sample_per_sec')
+        # over the bar's iterations: the model keeps the work's unit where both are printed
+        out["rate"], out["unit"] = fields["rate"], fields["unit"]
+    for k, v in fields.items():
         out.setdefault(k, v)
     if "_desc_loss" in out:
         out.setdefault("loss", out.pop("_desc_loss"))
@@ -328,6 +333,10 @@ def _read(reader: Reader, text: str) -> dict[str, object] | None:
     elif out.get("_shape") and out.get("step") == out.get("_i"):
         out["_from_i"] = True  # 'Epoch 3/10, Step 50/100': the step key printed the position
     return out if any(not k.startswith("_") for k in out) or "_i" in out else None
+
+
+_ITS = (None, "it/s", "s/step")
+"""Units that count the loop's iterations, not its work."""
 
 
 # --- a log -----------------------------------------------------------------------------------

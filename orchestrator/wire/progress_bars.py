@@ -28,6 +28,17 @@ _BAR_NOTOTAL = re.compile(
     r"(?<![\w/])(?P<n>\d+(?:\.\d+)?[kMGTP]?)(?P<unitn>[A-Za-z]*) \[(?P<elapsed>[\d:]+),\s*"
     r"(?P<rate>[\d.]+[kMGTP]?|\?)\s*(?P<unit>[^\s,\]]+)(?P<postfix>[^\]]*)\]"
 )
+_BAR_ULTRALYTICS = re.compile(
+    r"(?P<pct>\d{1,3})% [━─╸]{1,40} (?P<n>\d+)/(?P<total>\d+) "
+    r"(?:(?P<rate>\d+(?:\.\d+)?)(?P<scale>[KMG]?)(?P<unit>[A-Za-z]+/s) )?"
+    r"(?P<elapsed>\d+(?:\.\d+)?s|\d+(?::\d\d){1,2})(?:<(?P<remaining>\d+(?:\.\d+)?s|\d+(?::\d\d){1,2}))?"
+)
+"""Ultralytics' own bar (8.3, ultralytics/ultralytics 002363f1 ``ultralytics/utils/tqdm.py``
+``TQDM._display``: ``f"{desc}: {percent:.0f}% {bar} {n_str}/{t_str} {rate_str}
+{elapsed_str}{remaining_str}"``, the bar 12 of ``━``/``─``/``╸``, ``rate_str``
+``f"{rate:.1f}{unit}/s"`` or with a ``K``/``M``/``G`` prefix (empty at rate 0), times
+``56.0s``, ``M:SS`` or ``H:MM:SS``, ``remaining`` ``<...`` before the end): no brackets."""
+
 _BAR_UNITS = {
     "it": "it/s",
     "tok": "tokens/s",
@@ -69,6 +80,8 @@ def read_bar(line: str) -> Bar | None:
     >>> round(read_bar("Epoch 0: 3%|3| 3/100 [00:09<04:51,  3.00s/it, loss=2.1]").rate, 4)
     0.3333
     """
+    if "% ━" in line or "% ─" in line:
+        return _ultralytics_bar(line)
     if "[" not in line or ("/s" not in line and "s/" not in line and "?" not in line):
         return None  # every bar has "[elapsed..., rate]" and a rate "x/s", "s/x" or "?"
     m = last_match(_BAR, line) or last_match(_BAR_NOTOTAL, line)
@@ -99,6 +112,37 @@ def read_bar(line: str) -> Bar | None:
         counts=counts,
         remaining_s=duration_s(remaining) if remaining else None,
         postfix=g["postfix"].lstrip(", "),
+        tail=line[m.end() :],
+    )
+
+
+def _ultralytics_bar(line: str) -> Bar | None:
+    """Ultralytics 8.3's bar (:data:`_BAR_ULTRALYTICS`), else ``None``.
+
+    >>> read_bar("  15/20  8.03G  1.605  1.123  1.6  11  512: 100% ━━━━━━━━━━━━ 86/86 1.5it/s 56.0s")
+    Bar(desc='15/20  8.03G  1.605  1.123  1.6  11  512', n=86, total=86, rate=1.5, unit='it/s', counts='it', remaining_s=None, postfix='', tail='')
+    >>> read_bar("Epoch 3: 40% ━━━━╸─────── 40/100 1.2Kit/s 1:05<0:49").rate
+    1200.0
+    """
+    m = last_match(_BAR_ULTRALYTICS, line)
+    if m is None:
+        return None
+    g = m.groupdict()
+    counts, rate = "", None
+    if g["rate"] is not None:
+        counts = g["unit"][:-2]
+        rate = float(g["rate"]) * {"": 1.0, "K": 1e3, "M": 1e6, "G": 1e9}[g["scale"]]
+    unit = _BAR_UNITS.get(counts)
+    remaining = g.get("remaining")
+    return Bar(
+        desc=line[: m.start()].strip().rstrip(":").strip(),
+        n=integer(g["n"]),
+        total=integer(g["total"]),
+        rate=rate if unit is not None else None,
+        unit=unit if rate is not None else None,
+        counts=counts,
+        remaining_s=duration_s(remaining) if remaining else None,
+        postfix="",
         tail=line[m.end() :],
     )
 

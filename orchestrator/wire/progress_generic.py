@@ -22,7 +22,12 @@ _COMMON_RATE = (
     Field("rate", r"CurSamplesPerSec|SamplesPerSecond", "samples/s"),
     Field("rate", r"samples/s|samples_per_second|samples/sec|samples_per_sec", "samples/s"),
     Field("rate", r"tokens/sec|tok/sec", "tokens/s"),
-    Field("rate", r"samples?/sec|samples?/s", "samples/s", value_first=True),
+    Field(
+        "rate",
+        r"samples?/sec|samples?/s|examples/sec|sample_per_sec",
+        "samples/s",
+        value_first=True,
+    ),
     Field("rate", r"img/s|images/s|images/sec", "samples/s"),
     Field("rate", r"words_per_sec/labels:0", "words/s"),
     Field("rate", r"words/s|words/sec", "words/s", value_first=True),
@@ -105,7 +110,11 @@ GENERIC = Reader(
         "MindYOLO ('step time: %.2f ms'), transformers trainer_utils.py speed_metrics "
         "(f'{split}_samples_per_second': 'train' at the run's end, a fork's per-step "
         "'train_step'; under the hf-trainer reader the final dict stays skipped), MONAI tutorials ('{step}/{epoch_len}, train_loss: "
-        "{:.4f} step time: {:.4f}'), horovod's TF examples ('Total loss is'), the TF Object Detection API (tensorflow/models 9400d73c "
+        "{:.4f} step time: {:.4f}'), horovod's TF examples ('Total loss is'), TensorFlow's cifar10 tutorial (tensorflow/models "
+        "b76bc7cc tutorials/image/cifar10/cifar10_train.py: '%s: step %d, loss = %.2f (%.1f "
+        "examples/sec; %.3f sec/batch)'), ColossalAI's legacy trainer (hpcaitech/ColossalAI "
+        "c8fbe0cb colossalai/trainer/hooks/_metric_hook.py ThroughputMetric: "
+        "f'{sample_per_sec} sample_per_sec', in its bar's postfix as 'throughput='), the TF Object Detection API (tensorflow/models 9400d73c "
         "research/object_detection/model_lib_v2.py train_loop: 'Step {} per-step time {:.3f}s "
         "loss={:.3f}')"
     ),

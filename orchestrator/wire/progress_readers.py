@@ -47,7 +47,11 @@ HF_TRAINER = Reader(
         "(training_bar.write(str(shallow_logs)): the logs dict, floats as Python prints them, "
         "epoch rounded to 2 places; 5.x (read at 5.25.0) writes floats as f'{v:.4g}' strings) "
         "and on_train_begin (tqdm(total=state.max_steps, dynamic_ncols=True)); also TRL, "
-        "axolotl and LLaMA-Factory, which print through the same callback"
+        "axolotl and LLaMA-Factory, which print through the same callback. The run's closing "
+        "summary ('train_runtime', 'train_loss', no 'loss') is skipped; a step's dict with "
+        "include_num_input_tokens_seen carries 'train_runtime' and 'train_tokens_per_second' too "
+        "(transformers 000945a9 src/transformers/trainer.py Trainer.log: "
+        "logs.update(speed_metrics('train', start_time, num_tokens=...))) and is read"
     ),
     hints=("'loss': ", "'learning_rate': ", "'train_runtime': ", "Running training"),
     detect=(
@@ -57,7 +61,7 @@ HF_TRAINER = Reader(
         r"\*\*\*\*\* Running training \*\*\*\*\*",
     ),
     fields=(*loss_fields("loss"), Field("rate", r"train_tokens_per_second", "tokens/s")),
-    skip=(r"'train_runtime'", r"'eval_", r"\{'eval"),
+    skip=(r"^(?!.*'loss': ).*'train_runtime'", r"'eval_", r"\{'eval"),
     bars=True,
     also=("deepspeed",),
 )
@@ -262,7 +266,9 @@ FAIRSEQ = Reader(
         "(e734b0fa, 2017-09) fairseq/progress_bar.py ('{desc} {i:5d} / {n:d} {postfix}', desc "
         "'| epoch {:03d}') with train.py's postfix ('loss', '{:.2f} ({:.2f})' value then mean; "
         "'wps'), no num_updates; fairseq-lua (7a6fff0) train.lua "
-        "('| epoch %03d | %07d updates | words/s %7d| trainloss %8.2f | train ppl %8.2f')"
+        "('| epoch %03d | %07d updates | words/s %7d| trainloss %8.2f | train ppl %8.2f'); "
+        "fairseq v0.8.0 fairseq/progress_bar.py SimpleProgressBar.print, the end-of-epoch "
+        "stats through _str_pipes (' | '.join(key + ' ' + value), after '| epoch 033')"
     ),
     hints=("num_updates", "wps", "| epoch ", " updates | "),
     detect=(
@@ -271,6 +277,7 @@ FAIRSEQ = Reader(
         r"\bwps[=\"':]\s*\"?[\d.]+.*\bups[=\"':]",
         r"^\| epoch \d{3}:?\s+\d+ / \d+ loss=",
         r"^\| epoch \d{3} \| \d+ updates \| words/s ",
+        r"^\| epoch \d{3} \| (?:.* \| )?num_updates \d+",
     ),
     fields=(
         Field("step", "num_updates"),

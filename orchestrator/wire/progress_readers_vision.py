@@ -198,8 +198,11 @@ YOLOX = Reader(
     counter=r"\bepoch: (?P<epoch>\d+)/(?P<epochs>\d+), iter: (?P<i>\d+)/(?P<n>\d+),",
 )
 
-_YOLO_BAR = r"\s+[\d.]+[GM]\s+(?:[\d.]+\s+)+\d+:\s+\d+%\|[^|]*\|\s*(?P<i>\d+)/(?P<n>\d+)"
-"""After the epoch: memory, the loss columns, instances and image size, then tqdm's ``n/total``."""
+_YOLO_BAR = (
+    r"\s+[\d.]+[GM]\s+(?:[\d.]+\s+)+\d+:\s+\d+%"
+    r"(?:\|[^|]*\|\s*(?P<i>\d+)/(?P<n>\d+)|\s[━─╸]+\s(?P<i2>\d+)/(?P<n2>\d+))"
+)
+"""After the epoch: memory, the loss columns, instances and image size, then the bar's ``n/total`` (tqdm's, or 8.3's own bar)."""
 
 YOLOV5 = Reader(
     name="yolov5",
@@ -227,7 +230,7 @@ ULTRALYTICS = Reader(
     name="ultralytics",
     source=(
         "ultralytics/ultralytics ultralytics/engine/trainer.py BaseTrainer._do_train (8.1, read "
-        "in stored copies) "
+        "in stored copies; 8.3's own bar without brackets: progress_bars._BAR_ULTRALYTICS) "
         "(pbar.set_description(('%11s' * 2 + '%11.4g' * (2 + loss_length)) % "
         "(f'{epoch + 1}/{self.epochs}', mem, *self.tloss, batch['cls'].shape[0], "
         "batch['img'].shape[-1])) under the header 'Epoch GPU_mem box_loss cls_loss dfl_loss "
