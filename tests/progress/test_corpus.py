@@ -272,12 +272,13 @@ def test_heldout8_is_new_and_not_below_its_blind_score() -> None:
 def test_heldout9_is_new_and_not_below_its_blind_score() -> None:
     """Held-out set 9 (docs/progress.md): collected blind after the readers were frozen at
     9dfb7d7, no URL or line shared with the earlier sets; scored once before any change: step
-    27, loss 31, throughput 29 of 36 (the same in process and through the CLI)."""
+    27, loss 31, throughput 29 of 36 (the same in process and through the CLI); after the
+    adjustment made from it (seen) 28, 32, 34: never worse than that."""
     assert len(HELDOUT9) == 36
     _assert_new_and_at_least(
         HELDOUT9,
         (*CASES, *HELDOUT2, *HELDOUT3, *HELDOUT4, *HELDOUT5, *HELDOUT6, *HELDOUT7, *HELDOUT8),
-        step=27,
-        loss=31,
-        throughput=29,
+        step=28,
+        loss=32,
+        throughput=34,
     )
