@@ -49,6 +49,7 @@ HELDOUT6 = load(Path(__file__).resolve().parent.parent / "data" / "progress_held
 HELDOUT7 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout7")
 HELDOUT8 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout8")
 HELDOUT9 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout9")
+HELDOUT10 = load(Path(__file__).resolve().parent.parent / "data" / "progress_heldout10")
 
 
 def test_every_framework_reader_meets_real_lines() -> None:
@@ -281,4 +282,15 @@ def test_heldout9_is_new_and_not_below_its_blind_score() -> None:
         step=28,
         loss=32,
         throughput=34,
+    )
+
+
+def test_heldout10_is_new_and_not_below_its_blind_score() -> None:
+    """Held-out set 10 (docs/progress.md): collected blind after the readers were frozen at
+    7f059c4, labelled by each field's newest value, no URL or line shared with the earlier
+    sets; scored once before any change: step 31, loss 33, throughput 30 of 36."""
+    assert len(HELDOUT10) == 36
+    earlier = (*CASES, *HELDOUT2, *HELDOUT3, *HELDOUT4, *HELDOUT5, *HELDOUT6, *HELDOUT7)
+    _assert_new_and_at_least(
+        HELDOUT10, (*earlier, *HELDOUT8, *HELDOUT9), step=31, loss=33, throughput=30
     )
