@@ -95,6 +95,8 @@ def _field_rx(f: Field) -> re.Pattern[str]:
             body = rf"(?<![\w.])({NUM})\s?([kKM]?)(?:{f.key})(?![\w/])"
         elif f.metric == "eta_s":
             body = rf"(?<![\w/.])(?:{f.key}){_SEP}({_DURATION})"
+        elif f.metric == "rate":  # a rate may print its thousands: 'TPS: 16.88K', 'tps: 5.8k'
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s|[kKM])?(?![\w])"
         else:
             body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s)?(?![\w])"
         flags = 0 if f.metric == "rate" and f.value_first else re.IGNORECASE
@@ -187,7 +189,7 @@ def _field_value(f: Field, rx: re.Pattern[str], text: str) -> float | None:
     if v is None:
         return None
     suffix = m.group(2) or ""
-    if f.value_first:
+    if f.value_first or suffix in ("k", "K", "M"):
         v *= SCALE.get(suffix, 1.0)
     elif suffix == "ms" and f.scale == 1.0:
         v *= 1e-3
