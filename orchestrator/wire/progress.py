@@ -95,10 +95,10 @@ def _field_rx(f: Field) -> re.Pattern[str]:
             body = rf"(?<![\w.])({NUM})\s?([kKM]?)(?:{f.key})(?![\w/])"
         elif f.metric == "eta_s":
             body = rf"(?<![\w/.])(?:{f.key}){_SEP}({_DURATION})"
-        elif f.metric == "rate":  # a rate may print its thousands: 'TPS: 16.88K', 'tps: 5.8k'
-            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s|[kKM])?(?![\w])"
         else:
-            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?(ms|s)?(?![\w])"
+            # a rate may print its thousands ('TPS: 16.88K', 'tps: 5.8k'); other values not
+            suffix = "ms|s|[kKM]" if f.metric == "rate" else "ms|s"
+            body = rf"(?<![\w/.])(?:{f.key}){_SEP}({NUM})\s?({suffix})?(?![\w])"
         flags = 0 if f.metric == "rate" and f.value_first else re.IGNORECASE
         rx = _FIELD_RX[f] = re.compile(body, flags)
     return rx
